@@ -1,0 +1,142 @@
+package fencelock
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/fencelock/fencelock/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// uniqueName returns a lock name unique to the test.
+func uniqueName(t *testing.T) string {
+	return strings.NewReplacer("/", ".", " ", "_").Replace(t.Name())
+}
+
+// errReplyLost is what faultHook returns in place of a reply it dropped.
+var errReplyLost = errors.New("test: reply lost in transit")
+
+// faultHook wraps the real client's command processing. It counts commands,
+// can fail a command before it is sent (Redis unreachable) and can drop a
+// reply after the server applied the command (reply lost in transit).
+type faultHook struct {
+	calls atomic.Int64
+
+	mu     sync.Mutex
+	before func(ctx context.Context, cmd redis.Cmder) error // guarded by mu; non-nil error: not sent
+	after  func(ctx context.Context, cmd redis.Cmder) error // guarded by mu; non-nil error: reply dropped
+}
+
+var _ redis.Hook = (*faultHook)(nil)
+
+func (h *faultHook) set(before, after func(ctx context.Context, cmd redis.Cmder) error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.before, h.after = before, after
+}
+
+func (h *faultHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *faultHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *faultHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.calls.Add(1)
+		h.mu.Lock()
+		before, after := h.before, h.after
+		h.mu.Unlock()
+		if before != nil {
+			if err := before(ctx, cmd); err != nil {
+				cmd.SetErr(err)
+				return err
+			}
+		}
+		if err := next(ctx, cmd); err != nil {
+			return err
+		}
+		if after != nil {
+			if err := after(ctx, cmd); err != nil {
+				cmd.SetErr(err)
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// scriptName tells which of our scripts cmd runs, or "".
+func scriptName(cmd redis.Cmder) string {
+	args := cmd.Args()
+	if len(args) < 2 {
+		return ""
+	}
+	body, _ := args[1].(string)
+	switch cmd.Name() {
+	case "evalsha", "eval":
+		for name, s := range map[string]*redis.Script{"acquire": acquireScript, "release": releaseScript, "extend": extendScript} {
+			if body == s.Hash() || body == scriptSource(s) {
+				return name
+			}
+		}
+	}
+	return ""
+}
+
+func scriptSource(s *redis.Script) string {
+	switch s {
+	case acquireScript:
+		return acquireLua
+	case releaseScript:
+		return releaseLua
+	case extendScript:
+		return extendLua
+	}
+	return ""
+}
+
+// onScript returns a hook function that returns err for the named script.
+func onScript(name string, err error) func(context.Context, redis.Cmder) error {
+	return func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == name {
+			return err
+		}
+		return nil
+	}
+}
+
+type env struct {
+	srv    *redistest.Server
+	client *redis.Client // with hook
+	hook   *faultHook
+	admin  *redis.Client // without hook, for inspecting and meddling
+}
+
+// newEnv starts a redis-server for the test and returns clients for it.
+func newEnv(t *testing.T, opts *redis.Options) *env {
+	t.Helper()
+	srv := redistest.Start(t)
+	e := &env{srv: srv, client: srv.Client(opts), hook: &faultHook{}, admin: srv.Client(nil)}
+	e.client.AddHook(e.hook)
+	return e
+}
+
+func (e *env) locker(t *testing.T, opts *Options) *Locker {
+	t.Helper()
+	l, err := New(e.client, opts)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return l
+}

@@ -1,0 +1,353 @@
+// Package fencelock provides Redis distributed locks with fencing tokens.
+//
+// A Locker acquires a named lock with one round trip (SET key token NX PX ttl
+// and a fencing token in one Lua script) and returns a Lease. The Lease
+// releases and extends the lock with compare-the-token scripts, so it never
+// deletes or extends another holder's lock.
+//
+// A Redis lock is an efficiency lock: a process pause (GC, SIGSTOP, a
+// suspended VM) longer than the TTL, or a failover to a replica that had not
+// received the lock, can let two holders believe they hold it at once. When
+// correctness depends on mutual exclusion, pass Lease.Fence to the protected
+// resource and have it reject writes with an older fence.
+package fencelock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+)
+
+// A Locker acquires locks in one Redis deployment. It is safe for concurrent
+// use; create one per client and share it.
+type Locker struct {
+	client redis.UniversalClient
+	opts   Options
+	now    func() time.Time // time.Now; replaced in tests
+}
+
+// New returns a Locker that keeps its locks in client, configured by opts (nil
+// means all defaults). It returns an error wrapping ErrInvalid for a nil
+// client or an option it cannot honour, and makes no Redis call.
+func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
+	if isNil(client) {
+		return nil, invalidf("nil redis client")
+	}
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Locker{client: client, opts: o, now: time.Now}, nil
+}
+
+func isNil(c redis.UniversalClient) bool {
+	if c == nil {
+		return true
+	}
+	v := reflect.ValueOf(c)
+	return v.Kind() == reflect.Pointer && v.IsNil()
+}
+
+// keys returns the lock key and the fence counter key of name. They share the
+// hash tag {name}.
+func (l *Locker) keys(name string) (key, fenceKey string) {
+	key = l.opts.KeyPrefix + "{" + name + "}"
+	return key, key + ":fence"
+}
+
+func checkName(name string) error {
+	if name == "" {
+		return invalidf("empty lock name")
+	}
+	if strings.ContainsAny(name, "{}") {
+		return invalidf("lock name %q contains '{' or '}'", name)
+	}
+	return nil
+}
+
+// Acquire takes the lock called name and returns its Lease, or an error:
+//
+//   - ErrNotObtained when another holder has the lock. Without WithWait,
+//     Acquire tries once. With WithWait(d) it retries until the lock is
+//     obtained, d has passed or ctx ends; when ctx ended, the error also
+//     matches ctx.Err(). Between attempts it sleeps no longer than the
+//     holder's remaining TTL and a capped, jittered backoff (Options).
+//   - ErrUnavailable, wrapping the cause, when Redis could not be reached or
+//     answered with an error.
+//   - ErrInvalid for an empty name, a name containing '{' or '}', a TTL not
+//     longer than its drift allowance, or a negative wait; no Redis call is
+//     made then.
+//
+// All attempts of one call use the same random token, so an attempt whose
+// reply was lost in transit (including go-redis's own retries) finds the lock
+// already its own and succeeds instead of locking itself out. When an attempt
+// fails with its outcome unknown, Acquire deletes the lock if that attempt took
+// it, on a context that is not cancelled and bounded by
+// Options.ReleaseTimeout, so no lock is left held after a failed or cancelled
+// Acquire (if Redis stays unreachable, the lock expires after its TTL).
+func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lease, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	co := callOptions{ttl: l.opts.TTL}
+	for _, opt := range opts {
+		if opt == nil {
+			return nil, invalidf("nil Option")
+		}
+		opt(&co)
+	}
+	if co.ttlSet {
+		if err := checkTTL("WithTTL", co.ttl); err != nil {
+			return nil, err
+		}
+	}
+	if co.wait < 0 {
+		return nil, invalidf("WithWait %v is negative", co.wait)
+	}
+	token, err := uuid.NewRandom()
+	if err != nil {
+		return nil, fmt.Errorf("fencelock: token: %w", err)
+	}
+	lease := &Lease{
+		locker: l,
+		name:   name,
+		token:  token.String(),
+		ttl:    co.ttl,
+	}
+	lease.key, lease.fenceKey = l.keys(name)
+
+	waitCtx := ctx
+	if co.wait > 0 {
+		var cancel context.CancelFunc
+		waitCtx, cancel = context.WithTimeout(ctx, co.wait)
+		defer cancel()
+	}
+	notObtained := func() error {
+		if err := ctx.Err(); err != nil {
+			return errors.Join(ErrNotObtained, err)
+		}
+		return ErrNotObtained
+	}
+
+	bo := backoff{min: l.opts.MinRetryBackoff, max: l.opts.MaxRetryBackoff}
+	for {
+		start := l.now()
+		ok, val, err := lease.tryAcquire(waitCtx)
+		if err != nil {
+			lease.cleanup(ctx)
+			if waitCtx.Err() != nil {
+				return nil, notObtained()
+			}
+			return nil, unavailable(err)
+		}
+		if ok {
+			lease.fence = val
+			lease.deadline = start.Add(lease.ttl - drift(lease.ttl))
+			return lease, nil
+		}
+		if co.wait == 0 {
+			return nil, notObtained()
+		}
+		sleep := bo.next()
+		if pttl := time.Duration(val) * time.Millisecond; pttl >= 0 && pttl < sleep {
+			// The holder's lock expires before the backoff ends (-1: it
+			// has no expiry).
+			sleep = max(pttl, time.Millisecond)
+		}
+		t := time.NewTimer(sleep)
+		select {
+		case <-waitCtx.Done():
+			t.Stop()
+			return nil, notObtained()
+		case <-t.C:
+		}
+	}
+}
+
+// backoff is the per-call retry pause: exponential from min to max, each
+// value jittered to between half and all of it.
+type backoff struct {
+	min, max time.Duration
+	cur      time.Duration
+}
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else {
+		b.cur = min(2*b.cur, b.max)
+	}
+	half := b.cur / 2
+	return half + rand.N(b.cur-half+1)
+}
+
+// A Lease is one acquisition of a lock. Its methods are safe for concurrent
+// use.
+type Lease struct {
+	locker   *Locker
+	name     string
+	key      string
+	fenceKey string
+	token    string
+	fence    int64
+
+	extendSem chan struct{} // serializes Extend calls; created lazily under mu
+
+	mu       sync.Mutex
+	ttl      time.Duration // guarded by mu; as acquired or last extended
+	deadline time.Time     // guarded by mu
+	done     bool          // guarded by mu; released, or found not held
+}
+
+// Name returns the lock's name as given to Acquire.
+func (l *Lease) Name() string { return l.name }
+
+// Key returns the Redis key that holds the lock: KeyPrefix+"{"+name+"}".
+func (l *Lease) Key() string { return l.key }
+
+// Token returns the random token (a UUID v4) that identifies this acquisition
+// in Redis.
+func (l *Lease) Token() string { return l.token }
+
+// Fence returns the fencing token issued with this acquisition. Fences are
+// strictly increasing across all acquisitions of the same name; see the
+// package documentation for their format.
+func (l *Lease) Fence() int64 { return l.fence }
+
+// Deadline returns the local time until which the lock is certainly held,
+// barring a process pause or a failover: the monotonic time taken before the
+// acquire (or last successful extend) request was sent, plus the TTL, minus a
+// drift allowance of TTL/100 + 2ms. After Release, or once Extend or Release
+// found the lock not held, it returns a time that has passed.
+func (l *Lease) Deadline() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.deadline
+}
+
+func (l *Lease) tryAcquire(ctx context.Context) (ok bool, value int64, err error) {
+	reply, err := acquireScript.Run(ctx, l.locker.client,
+		[]string{l.key, l.fenceKey}, l.token, ttlMillis(l.ttl)).Result()
+	if err != nil {
+		return false, 0, err
+	}
+	return decodeAcquire(reply)
+}
+
+// cleanup deletes the lock if this lease's token holds it, after an attempt
+// whose outcome is unknown. Best effort: if it fails, the lock expires.
+func (l *Lease) cleanup(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.locker.opts.ReleaseTimeout)
+	defer cancel()
+	_ = releaseScript.Run(ctx, l.locker.client, []string{l.key}, l.token).Err()
+}
+
+// Extend resets the lock's time to live to ttl, if this lease still holds it,
+// and moves Deadline to the time before the request plus ttl minus drift. It
+// never recreates a lock that has expired. Concurrent calls are serialized.
+//
+// It returns ErrNotHeld when the lock is no longer this lease's (the lease is
+// then done: later calls return ErrNotHeld without a Redis call);
+// ErrUnavailable when Redis could not be reached, in which case the TTL may or
+// may not have been set and Deadline becomes the earlier of its old value and
+// the one this call would have set; ErrInvalid for a ttl not longer than its
+// drift allowance; or ctx.Err() when ctx ended while waiting for another
+// Extend.
+func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
+	if err := checkTTL("Extend ttl", ttl); err != nil {
+		return err
+	}
+	sem := l.sem()
+	select {
+	case sem <- struct{}{}:
+		defer func() { <-sem }()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if l.isDone() {
+		return ErrNotHeld
+	}
+	start := l.locker.now()
+	n, err := extendScript.Run(ctx, l.locker.client, []string{l.key}, l.token, ttlMillis(ttl)).Int64()
+	newDeadline := start.Add(ttl - drift(ttl))
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case err != nil:
+		if newDeadline.Before(l.deadline) {
+			l.deadline = newDeadline
+		}
+		return unavailable(err)
+	case n == 0:
+		l.markDoneLocked(start)
+		return ErrNotHeld
+	default:
+		if !l.done {
+			l.deadline = newDeadline
+			l.ttl = ttl
+		}
+		return nil
+	}
+}
+
+func (l *Lease) sem() chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.extendSem == nil {
+		l.extendSem = make(chan struct{}, 1)
+	}
+	return l.extendSem
+}
+
+func (l *Lease) isDone() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.done
+}
+
+// markDoneLocked records that the lock is no longer held as of at.
+func (l *Lease) markDoneLocked(at time.Time) {
+	l.done = true
+	if at.Before(l.deadline) {
+		l.deadline = at
+	}
+}
+
+// Release deletes the lock if this lease still holds it, and leaves another
+// holder's lock alone. It runs on a context that keeps ctx's values but not
+// its cancellation, bounded by Options.ReleaseTimeout, so that a cancelled
+// request still gives its lock back.
+//
+// It returns nil when the lock was deleted; ErrNotHeld when it was no longer
+// this lease's (expired, taken over, or released already); in both cases the
+// lease is done. It returns ErrUnavailable when Redis could not be reached: the
+// lease is then unchanged, Release may be called again, and if it is not the
+// lock expires after its TTL.
+func (l *Lease) Release(ctx context.Context) error {
+	if l.isDone() {
+		return ErrNotHeld
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.locker.opts.ReleaseTimeout)
+	defer cancel()
+	start := l.locker.now()
+	n, err := releaseScript.Run(rctx, l.locker.client, []string{l.key}, l.token).Int64()
+	if err != nil {
+		return unavailable(err)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.markDoneLocked(start)
+	if n == 0 {
+		return ErrNotHeld
+	}
+	return nil
+}

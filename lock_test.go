@@ -1,0 +1,695 @@
+package fencelock
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var ctx = context.Background()
+
+func TestAcquireRelease(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	name := uniqueName(t)
+
+	lease, err := l.Acquire(ctx, name, WithTTL(10*time.Second))
+	require.NoError(t, err)
+	assert.Equal(t, name, lease.Name())
+	assert.Equal(t, "lock:{"+name+"}", lease.Key())
+	assert.Len(t, lease.Token(), 36)
+	assert.Positive(t, lease.Fence())
+
+	got, err := e.admin.Get(ctx, lease.Key()).Result()
+	require.NoError(t, err)
+	assert.Equal(t, lease.Token(), got, "the lock key holds the token")
+	pttl, err := e.admin.PTTL(ctx, lease.Key()).Result()
+	require.NoError(t, err)
+	assert.InDelta(t, 10*time.Second, pttl, float64(time.Second))
+
+	require.NoError(t, lease.Release(ctx))
+	n, err := e.admin.Exists(ctx, lease.Key()).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "Release deletes the lock")
+	assert.ErrorIs(t, lease.Release(ctx), ErrNotHeld, "second Release")
+	assert.ErrorIs(t, lease.Extend(ctx, time.Second), ErrNotHeld, "Extend after Release")
+	assert.False(t, lease.Deadline().After(time.Now()), "Deadline after Release has passed")
+}
+
+func TestAcquireBusy(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	name := uniqueName(t)
+
+	held, err := l.Acquire(ctx, name)
+	require.NoError(t, err)
+	_, err = l.Acquire(ctx, name)
+	require.ErrorIs(t, err, ErrNotObtained)
+	assert.NotErrorIs(t, err, ErrUnavailable)
+	assert.Equal(t, ErrNotObtained, err, "no wait: plain ErrNotObtained")
+
+	// A different name is independent.
+	other, err := l.Acquire(ctx, name+"-other")
+	require.NoError(t, err)
+	require.NoError(t, other.Release(ctx))
+	require.NoError(t, held.Release(ctx))
+
+	again, err := l.Acquire(ctx, name)
+	require.NoError(t, err, "free again after Release")
+	require.NoError(t, again.Release(ctx))
+}
+
+func TestOneRoundTrip(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	// Warm the script cache so EVALSHA does not fall back to EVAL.
+	lease, err := l.Acquire(ctx, uniqueName(t))
+	require.NoError(t, err)
+	require.NoError(t, lease.Extend(ctx, time.Minute))
+	require.NoError(t, lease.Release(ctx))
+
+	for _, step := range []struct {
+		name string
+		do   func() error
+	}{
+		{"acquire", func() (err error) { lease, err = l.Acquire(ctx, uniqueName(t)); return err }},
+		{"extend", func() error { return lease.Extend(ctx, time.Minute) }},
+		{"release", func() error { return lease.Release(ctx) }},
+	} {
+		before := e.hook.calls.Load()
+		require.NoError(t, step.do(), step.name)
+		assert.Equal(t, int64(1), e.hook.calls.Load()-before, "%s: Redis commands", step.name)
+	}
+}
+
+func TestFenceStrictlyIncreasing(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	name := uniqueName(t)
+
+	var last int64
+	next := func(what string) {
+		t.Helper()
+		lease, err := l.Acquire(ctx, name)
+		require.NoError(t, err)
+		assert.Greater(t, lease.Fence(), last, what)
+		last = lease.Fence()
+		require.NoError(t, lease.Release(ctx))
+	}
+	for i := range 20 {
+		next("acquisition " + strconv.Itoa(i))
+	}
+
+	// The counter is lost: deleted, flushed.
+	_, fenceKey := l.keys(name)
+	require.NoError(t, e.admin.Del(ctx, fenceKey).Err())
+	next("after the counter was deleted")
+	next("after that")
+	require.NoError(t, e.admin.FlushAll(ctx).Err())
+	next("after FLUSHALL")
+
+	// The counter ahead of the server's clock is incremented, not floored.
+	require.NoError(t, e.admin.Set(ctx, fenceKey, "8000000000000000", 0).Err())
+	lease, err := l.Acquire(ctx, name)
+	require.NoError(t, err)
+	assert.Equal(t, int64(8000000000000001), lease.Fence())
+	require.NoError(t, lease.Release(ctx))
+}
+
+func TestFenceFlooredByServerTime(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+
+	before, err := e.admin.Time(ctx).Result()
+	require.NoError(t, err)
+	lease, err := l.Acquire(ctx, uniqueName(t))
+	require.NoError(t, err)
+	after, err := e.admin.Time(ctx).Result()
+	require.NoError(t, err)
+
+	assert.GreaterOrEqual(t, lease.Fence(), before.UnixMicro(), "fence is at least the server's TIME before")
+	assert.LessOrEqual(t, lease.Fence(), after.UnixMicro(), "a new counter's fence is the server's TIME")
+	_, fenceKey := l.keys(lease.Name())
+	stored, err := e.admin.Get(ctx, fenceKey).Int64()
+	require.NoError(t, err)
+	assert.Equal(t, lease.Fence(), stored, "the counter keeps the last fence")
+	require.NoError(t, lease.Release(ctx))
+}
+
+func TestFenceCounterMemory(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	lease, err := l.Acquire(ctx, "settlement:2026-11-30")
+	require.NoError(t, err)
+	require.NoError(t, lease.Release(ctx))
+	_, fenceKey := l.keys(lease.Name())
+	n, err := e.admin.MemoryUsage(ctx, fenceKey).Result()
+	require.NoError(t, err)
+	t.Logf("MEMORY USAGE %s = %d bytes", fenceKey, n)
+	assert.LessOrEqual(t, n, int64(100), "the documented per-name cost (about 70 bytes) is off")
+	ttl, err := e.admin.PTTL(ctx, fenceKey).Result()
+	require.NoError(t, err)
+	assert.Equal(t, time.Duration(-1), ttl, "the counter has no expiry")
+}
+
+func TestConcurrentFencesUnique(t *testing.T) {
+	e := newEnv(t, nil)
+	name := uniqueName(t)
+	const workers, rounds = 8, 25
+
+	var (
+		inside  atomic.Int32
+		overlap atomic.Int32
+		mu      sync.Mutex
+		fences  []int64 // in the order the critical sections ran
+	)
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Go(func() {
+			l, err := New(e.srv.Client(nil), nil) // a client per "pod"
+			if err != nil {
+				errs <- err
+				return
+			}
+			for range rounds {
+				lease, err := l.Acquire(ctx, name, WithWait(10*time.Second))
+				if err != nil {
+					errs <- err
+					return
+				}
+				if inside.Add(1) > 1 {
+					overlap.Add(1)
+				}
+				mu.Lock()
+				fences = append(fences, lease.Fence())
+				mu.Unlock()
+				inside.Add(-1)
+				if err := lease.Release(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	assert.Zero(t, overlap.Load(), "overlapping holders")
+	require.Len(t, fences, workers*rounds)
+	for i := 1; i < len(fences); i++ {
+		assert.Greater(t, fences[i], fences[i-1], "fence %d in acquisition order", i)
+	}
+}
+
+func TestRetryAfterLostReplyIsIdempotent(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	key, fenceKey := l.keys(uniqueName(t))
+
+	// The script itself: a second attempt with the same token (the first
+	// reply was lost) finds the lock its own and returns the same fence.
+	run := func(token string) []any {
+		t.Helper()
+		reply, err := acquireScript.Run(ctx, e.admin, []string{key, fenceKey}, token, 5000).Slice()
+		require.NoError(t, err)
+		return reply
+	}
+	first := run("token-a")
+	second := run("token-a")
+	assert.Equal(t, int64(1), first[0])
+	assert.Equal(t, first, second, "retry with the same token")
+	busy := run("token-b")
+	assert.Equal(t, int64(0), busy[0], "another token is refused")
+	assert.InDelta(t, 5000, busy[1], 1000, "and told the holder's PTTL")
+
+	// Through Acquire: the first reply is lost after the server applied it;
+	// the next attempt of the same call succeeds with the fence it issued.
+	var dropped atomic.Bool
+	e.hook.set(nil, func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == "acquire" && dropped.CompareAndSwap(false, true) {
+			return errReplyLost
+		}
+		return nil
+	})
+	_, err := l.Acquire(ctx, uniqueName(t)+"-2", WithWait(time.Second))
+	require.ErrorIs(t, err, ErrUnavailable, "a lost reply is an error")
+	require.ErrorIs(t, err, errReplyLost)
+	k2, _ := l.keys(uniqueName(t) + "-2")
+	n, err := e.admin.Exists(ctx, k2).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "the lock taken by the attempt whose reply was lost is given back")
+}
+
+func TestGoRedisRetryAfterLostReply(t *testing.T) {
+	// go-redis retries a command whose connection broke (MaxRetries). The
+	// retry resends the script with the same token and must succeed.
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	name := uniqueName(t)
+	var once atomic.Bool
+	// Apply the script, then make the hook call it once more, as go-redis's
+	// retry would after a lost reply: the second run's reply is the one
+	// returned.
+	e.client.AddHook(&resendHook{once: &once})
+
+	lease, err := l.Acquire(ctx, name)
+	require.NoError(t, err, "the resent acquire is not locked out by its own lock")
+	require.True(t, once.Load(), "the acquire was resent")
+	_, fenceKey := l.keys(name)
+	stored, err := e.admin.Get(ctx, fenceKey).Int64()
+	require.NoError(t, err)
+	assert.Equal(t, stored, lease.Fence(), "one fence issued, not two")
+	require.NoError(t, lease.Release(ctx))
+}
+
+// resendHook sends the first acquire script twice and returns the second
+// reply, as a client retrying after a lost reply does.
+type resendHook struct{ once *atomic.Bool }
+
+func (h *resendHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *resendHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *resendHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == "acquire" && h.once.CompareAndSwap(false, true) {
+			if err := next(ctx, cmd); err != nil {
+				return err
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func TestCancelledAcquireLeavesNothingHeld(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	name := uniqueName(t)
+
+	// The request reaches the server and takes the lock; the caller's
+	// context ends before the reply arrives.
+	cctx, cancel := context.WithCancel(ctx)
+	e.hook.set(nil, func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == "acquire" {
+			cancel()
+			return context.Canceled
+		}
+		return nil
+	})
+	_, err := l.Acquire(cctx, name)
+	require.ErrorIs(t, err, ErrNotObtained)
+	require.ErrorIs(t, err, context.Canceled)
+	key, _ := l.keys(name)
+	n, err := e.admin.Exists(ctx, key).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "the lock is not left held after a cancelled Acquire")
+}
+
+func TestReleaseTakenOver(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	name := uniqueName(t)
+
+	old, err := l.Acquire(ctx, name, WithTTL(50*time.Millisecond))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		n, err := e.admin.Exists(ctx, old.Key()).Result()
+		return err == nil && n == 0
+	}, 5*time.Second, 5*time.Millisecond, "the lock expires")
+
+	current, err := l.Acquire(ctx, name)
+	require.NoError(t, err)
+	assert.Greater(t, current.Fence(), old.Fence())
+
+	assert.ErrorIs(t, old.Extend(ctx, time.Minute), ErrNotHeld, "Extend of a taken-over lock")
+	assert.ErrorIs(t, old.Release(ctx), ErrNotHeld, "Release of a taken-over lock")
+	got, err := e.admin.Get(ctx, current.Key()).Result()
+	require.NoError(t, err)
+	assert.Equal(t, current.Token(), got, "the other holder's lock is left alone")
+	pttl, err := e.admin.PTTL(ctx, current.Key()).Result()
+	require.NoError(t, err)
+	assert.Greater(t, pttl, 20*time.Second, "and its TTL untouched")
+	require.NoError(t, current.Release(ctx))
+}
+
+func TestExtend(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	lease, err := l.Acquire(ctx, uniqueName(t), WithTTL(time.Second))
+	require.NoError(t, err)
+
+	require.NoError(t, lease.Extend(ctx, time.Minute))
+	pttl, err := e.admin.PTTL(ctx, lease.Key()).Result()
+	require.NoError(t, err)
+	assert.Greater(t, pttl, 50*time.Second)
+	assert.WithinDuration(t, time.Now().Add(time.Minute-drift(time.Minute)), lease.Deadline(), time.Second)
+
+	// Deleted from outside: Extend finds it gone and does not recreate it.
+	require.NoError(t, e.admin.Del(ctx, lease.Key()).Err())
+	assert.ErrorIs(t, lease.Extend(ctx, time.Minute), ErrNotHeld)
+	n, err := e.admin.Exists(ctx, lease.Key()).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "Extend never recreates the lock")
+	assert.False(t, lease.Deadline().After(time.Now()))
+	assert.ErrorIs(t, lease.Release(ctx), ErrNotHeld)
+}
+
+func TestDeadline(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	// A clock that moves one second per reading: the deadline must come from
+	// the reading taken before the request, not after the reply.
+	var clock atomic.Int64
+	base := time.Now()
+	l.now = func() time.Time { return base.Add(time.Duration(clock.Add(1)) * time.Second) }
+
+	lease, err := l.Acquire(ctx, uniqueName(t), WithTTL(10*time.Second))
+	require.NoError(t, err)
+	sent := base.Add(1 * time.Second)
+	assert.Equal(t, sent.Add(10*time.Second-100*time.Millisecond-2*time.Millisecond), lease.Deadline())
+
+	require.NoError(t, lease.Extend(ctx, 20*time.Second))
+	sent = base.Add(2 * time.Second)
+	assert.Equal(t, sent.Add(20*time.Second-200*time.Millisecond-2*time.Millisecond), lease.Deadline())
+	require.NoError(t, lease.Release(ctx))
+}
+
+func TestExtendUnknownOutcomeKeepsDeadlineConservative(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	lease, err := l.Acquire(ctx, uniqueName(t), WithTTL(time.Minute))
+	require.NoError(t, err)
+
+	// A shorter TTL is applied but its reply lost: the server now expires
+	// the lock sooner, and Deadline must not claim the old, later time.
+	e.hook.set(nil, onScript("extend", errReplyLost))
+	err = lease.Extend(ctx, time.Second)
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.True(t, lease.Deadline().Before(time.Now().Add(time.Second)), "deadline moved down to the shorter TTL")
+
+	// A longer TTL with a lost reply leaves the old deadline.
+	e.hook.set(nil, nil)
+	require.NoError(t, lease.Extend(ctx, time.Minute))
+	before := lease.Deadline()
+	e.hook.set(nil, onScript("extend", errReplyLost))
+	require.ErrorIs(t, lease.Extend(ctx, 2*time.Minute), ErrUnavailable)
+	assert.Equal(t, before, lease.Deadline())
+	e.hook.set(nil, nil)
+	require.NoError(t, lease.Release(ctx))
+}
+
+func TestWaitObtainsAfterRelease(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	name := uniqueName(t)
+	held, err := l.Acquire(ctx, name)
+	require.NoError(t, err)
+
+	got := make(chan error, 1)
+	go func() {
+		lease, err := l.Acquire(ctx, name, WithWait(10*time.Second))
+		if err == nil {
+			err = lease.Release(ctx)
+		}
+		got <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	require.NoError(t, held.Release(ctx))
+	require.NoError(t, <-got)
+}
+
+func TestWaitSleepsNoLongerThanHolderTTL(t *testing.T) {
+	e := newEnv(t, nil)
+	// A backoff far longer than the holder's remaining TTL: the waiter must
+	// wake when the holder's lock expires, not after the backoff.
+	l := e.locker(t, &Options{MinRetryBackoff: 10 * time.Second, MaxRetryBackoff: 10 * time.Second})
+	name := uniqueName(t)
+	_, err := l.Acquire(ctx, name, WithTTL(100*time.Millisecond)) // crashed holder: never released
+	require.NoError(t, err)
+
+	start := time.Now()
+	lease, err := l.Acquire(ctx, name, WithWait(20*time.Second))
+	require.NoError(t, err)
+	assert.Less(t, time.Since(start), 4*time.Second, "woke at the holder's expiry, not after the 5-10s backoff")
+	require.NoError(t, lease.Release(ctx))
+}
+
+func TestWaitDoesNotBusyLoop(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil) // backoff 8ms doubling to 256ms
+	name := uniqueName(t)
+	held, err := l.Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+
+	before := e.hook.calls.Load()
+	start := time.Now()
+	_, err = l.Acquire(ctx, name, WithWait(time.Second))
+	elapsed := time.Since(start)
+	require.ErrorIs(t, err, ErrNotObtained)
+	assert.Equal(t, ErrNotObtained, err, "the wait ran out, ctx did not end")
+	attempts := e.hook.calls.Load() - before
+	// 4+8+16+32+64+128+256+256+256 ms already exceed 1s at the jitter's
+	// minimum (half): at most about 12 attempts.
+	assert.LessOrEqual(t, attempts, int64(14), "attempts in a 1s wait")
+	assert.GreaterOrEqual(t, attempts, int64(4), "it did retry")
+	assert.GreaterOrEqual(t, elapsed, time.Second, "waited the whole limit")
+	assert.Less(t, elapsed, 3*time.Second, "and not much longer")
+	require.NoError(t, held.Release(ctx))
+}
+
+func TestWaitEndsWithContext(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	name := uniqueName(t)
+	held, err := l.Acquire(ctx, name)
+	require.NoError(t, err)
+
+	cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = l.Acquire(cctx, name, WithWait(time.Minute))
+	require.ErrorIs(t, err, ErrNotObtained)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Less(t, time.Since(start), 5*time.Second)
+
+	cctx, cancel = context.WithCancel(ctx)
+	time.AfterFunc(50*time.Millisecond, cancel)
+	_, err = l.Acquire(cctx, name, WithWait(time.Minute))
+	require.ErrorIs(t, err, ErrNotObtained)
+	require.ErrorIs(t, err, context.Canceled)
+	require.NoError(t, held.Release(ctx))
+}
+
+func TestUnavailable(t *testing.T) {
+	e := newEnv(t, &redis.Options{MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	l := e.locker(t, &Options{ReleaseTimeout: 500 * time.Millisecond})
+	name := uniqueName(t)
+	lease, err := l.Acquire(ctx, name)
+	require.NoError(t, err)
+
+	e.srv.Kill() // the server is stopped mid-test
+	_, err = l.Acquire(ctx, name+"-2")
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.NotErrorIs(t, err, ErrNotObtained)
+	assert.ErrorIs(t, lease.Extend(ctx, time.Minute), ErrUnavailable)
+	assert.ErrorIs(t, lease.Release(ctx), ErrUnavailable)
+	assert.True(t, lease.Deadline().After(time.Now()), "the lease is unchanged by a failed Release")
+
+	// The server comes back empty: the lock is gone, Release says so.
+	e.srv.Restart()
+	assert.ErrorIs(t, lease.Release(ctx), ErrNotHeld)
+
+	// A server answering with an error is unavailable too.
+	require.NoError(t, e.admin.Set(ctx, "lock:{wrongtype}", "x", 0).Err())
+	require.NoError(t, e.admin.Del(ctx, "lock:{wrongtype}").Err())
+	require.NoError(t, e.admin.HSet(ctx, "lock:{wrongtype}:fence", "f", "v").Err())
+	_, err = l.Acquire(ctx, "wrongtype")
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.Contains(t, err.Error(), "WRONGTYPE")
+}
+
+func TestUnreachableBeforeSend(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	down := errors.New("test: connection refused")
+	e.hook.set(func(context.Context, redis.Cmder) error { return down }, nil)
+	_, err := l.Acquire(ctx, uniqueName(t))
+	require.ErrorIs(t, err, ErrUnavailable)
+	require.ErrorIs(t, err, down)
+	assert.Equal(t, "fencelock: redis unavailable: test: connection refused", err.Error())
+}
+
+func TestPausedServer(t *testing.T) {
+	e := newEnv(t, &redis.Options{ContextTimeoutEnabled: true, MaxRetries: -1})
+	l := e.locker(t, &Options{ReleaseTimeout: 200 * time.Millisecond})
+	name := uniqueName(t)
+	lease, err := l.Acquire(ctx, name)
+	require.NoError(t, err)
+
+	e.srv.Pause()
+	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = l.Acquire(cctx, name+"-2")
+	require.ErrorIs(t, err, ErrNotObtained)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Less(t, time.Since(start), 3*time.Second, "bounded by ctx and ReleaseTimeout")
+
+	cctx2, cancel2 := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel2()
+	assert.ErrorIs(t, lease.Extend(cctx2, time.Minute), ErrUnavailable)
+	e.srv.Resume()
+	require.NoError(t, lease.Release(ctx))
+}
+
+func TestInvalidInput(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	lease, err := l.Acquire(ctx, uniqueName(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = lease.Release(ctx) })
+
+	var nilClient *redis.Client
+	for _, tc := range []struct {
+		name string
+		do   func() error
+		msg  string
+	}{
+		{"nil client", func() error { _, err := New(nil, nil); return err }, "nil redis client"},
+		{"typed nil client", func() error { _, err := New(nilClient, nil); return err }, "nil redis client"},
+		{"prefix with brace", func() error { _, err := New(e.client, &Options{KeyPrefix: "a{b"}); return err }, "KeyPrefix"},
+		{"prefix with close brace", func() error { _, err := New(e.client, &Options{KeyPrefix: "a}"}); return err }, "KeyPrefix"},
+		{"TTL within drift", func() error { _, err := New(e.client, &Options{TTL: 2 * time.Millisecond}); return err }, "drift"},
+		{"negative TTL", func() error { _, err := New(e.client, &Options{TTL: -time.Second}); return err }, "drift"},
+		{"tiny backoff", func() error { _, err := New(e.client, &Options{MinRetryBackoff: time.Microsecond}); return err }, "MinRetryBackoff"},
+		{"max below min", func() error {
+			_, err := New(e.client, &Options{MinRetryBackoff: time.Second, MaxRetryBackoff: time.Millisecond})
+			return err
+		}, "MaxRetryBackoff"},
+		{"negative release timeout", func() error { _, err := New(e.client, &Options{ReleaseTimeout: -1}); return err }, "ReleaseTimeout"},
+		{"empty name", func() error { _, err := l.Acquire(ctx, ""); return err }, "empty lock name"},
+		{"name with brace", func() error { _, err := l.Acquire(ctx, "a{b}"); return err }, "contains"},
+		{"WithTTL within drift", func() error { _, err := l.Acquire(ctx, "x", WithTTL(2*time.Millisecond)); return err }, "drift"},
+		{"WithTTL zero", func() error { _, err := l.Acquire(ctx, "x", WithTTL(0)); return err }, "drift"},
+		{"negative wait", func() error { _, err := l.Acquire(ctx, "x", WithWait(-time.Second)); return err }, "negative"},
+		{"nil option", func() error { _, err := l.Acquire(ctx, "x", nil); return err }, "nil Option"},
+		{"Extend within drift", func() error { return lease.Extend(ctx, time.Millisecond) }, "drift"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := e.hook.calls.Load()
+			err := tc.do()
+			require.ErrorIs(t, err, ErrInvalid)
+			assert.Contains(t, err.Error(), tc.msg)
+			assert.NotErrorIs(t, err, ErrUnavailable)
+			assert.Equal(t, before, e.hook.calls.Load(), "no Redis call")
+		})
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	got, err := (*Options)(nil).withDefaults()
+	require.NoError(t, err)
+	assert.Equal(t, Options{
+		KeyPrefix:       "lock:",
+		TTL:             30 * time.Second,
+		MinRetryBackoff: 8 * time.Millisecond,
+		MaxRetryBackoff: 256 * time.Millisecond,
+		ReleaseTimeout:  5 * time.Second,
+	}, got)
+	got, err = (&Options{MinRetryBackoff: time.Second}).withDefaults()
+	require.NoError(t, err)
+	assert.Equal(t, time.Second, got.MaxRetryBackoff, "a default max below a given min is raised to it")
+}
+
+func TestTTLRounding(t *testing.T) {
+	for _, tc := range []struct {
+		ttl  time.Duration
+		want int64
+	}{
+		{3 * time.Millisecond, 3},
+		{3*time.Millisecond + 1, 4},
+		{1500 * time.Microsecond, 2},
+		{30 * time.Second, 30000},
+	} {
+		assert.Equal(t, tc.want, ttlMillis(tc.ttl), "ttlMillis(%v)", tc.ttl)
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	b := backoff{min: 8 * time.Millisecond, max: 64 * time.Millisecond}
+	for i, ceil := range []time.Duration{8, 16, 32, 64, 64, 64} {
+		ceil *= time.Millisecond
+		d := b.next()
+		assert.GreaterOrEqual(t, d, ceil/2, "pause %d", i)
+		assert.LessOrEqual(t, d, ceil, "pause %d", i)
+	}
+}
+
+func TestDecodeAcquire(t *testing.T) {
+	for _, tc := range []struct {
+		reply   any
+		ok      bool
+		val     int64
+		wantErr bool
+	}{
+		{[]any{int64(1), int64(42)}, true, 42, false},
+		{[]any{int64(0), int64(1500)}, false, 1500, false},
+		{[]any{int64(0), int64(-1)}, false, -1, false},
+		{[]any{int64(1), int64(0)}, false, 0, true},
+		{[]any{int64(2), int64(1)}, false, 0, true},
+		{[]any{int64(1)}, false, 0, true},
+		{"OK", false, 0, true},
+	} {
+		ok, val, err := decodeAcquire(tc.reply)
+		if tc.wantErr {
+			assert.Error(t, err, "%v", tc.reply)
+			continue
+		}
+		require.NoError(t, err)
+		assert.Equal(t, tc.ok, ok)
+		assert.Equal(t, tc.val, val)
+	}
+}
+
+func TestLeaseConcurrentUse(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	lease, err := l.Acquire(ctx, uniqueName(t))
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	var released atomic.Int32
+	for i := range 8 {
+		wg.Go(func() {
+			for range 20 {
+				_ = lease.Deadline()
+				if err := lease.Extend(ctx, time.Minute); err != nil && !errors.Is(err, ErrNotHeld) {
+					t.Errorf("Extend: %v", err)
+				}
+			}
+			if i%2 == 0 {
+				switch err := lease.Release(ctx); {
+				case err == nil:
+					released.Add(1)
+				case !errors.Is(err, ErrNotHeld):
+					t.Errorf("Release: %v", err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, int32(1), released.Load(), "exactly one Release deletes the lock")
+	n, err := e.admin.Exists(ctx, lease.Key()).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n)
+}

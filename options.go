@@ -1,0 +1,131 @@
+package fencelock
+
+import (
+	"strings"
+	"time"
+)
+
+// Options configures a Locker. The zero value of every field means its
+// default; New applies the defaults in one place and rejects values it cannot
+// honour with ErrInvalid. A nil *Options means all defaults.
+type Options struct {
+	// KeyPrefix is prepended to every lock name. The lock for name is stored
+	// at KeyPrefix+"{"+name+"}" and its fence counter at the same key plus
+	// ":fence", so both share one Redis Cluster hash slot. It must not
+	// contain '{' or '}'. Default "lock:".
+	KeyPrefix string
+
+	// TTL is how long Redis keeps a lock that is not extended or released.
+	// It must be longer than its drift allowance (TTL/100 + 2ms), so at least
+	// 3ms. Acquire's WithTTL overrides it per call. Default 30s.
+	TTL time.Duration
+
+	// MinRetryBackoff is the first pause between two attempts of an Acquire
+	// that waits (WithWait). The pause doubles after each busy attempt up to
+	// MaxRetryBackoff, is jittered to between half and all of that value, and
+	// is never longer than the holder's remaining TTL nor than what is left
+	// of the wait. It must be at least 1ms. Default 8ms.
+	MinRetryBackoff time.Duration
+
+	// MaxRetryBackoff caps the pause between two attempts of an Acquire that
+	// waits. It must not be smaller than MinRetryBackoff. Default 256ms.
+	MaxRetryBackoff time.Duration
+
+	// ReleaseTimeout bounds the Redis calls that give a lock back: Release,
+	// and the clean-up after an Acquire whose outcome is unknown. They run
+	// on a context that is not cancelled with the caller's, so a cancelled
+	// request does not leave its lock held for a whole TTL. Default 5s.
+	ReleaseTimeout time.Duration
+}
+
+// Defaults.
+const (
+	defaultKeyPrefix       = "lock:"
+	defaultTTL             = 30 * time.Second
+	defaultMinRetryBackoff = 8 * time.Millisecond
+	defaultMaxRetryBackoff = 256 * time.Millisecond
+	defaultReleaseTimeout  = 5 * time.Second
+)
+
+// withDefaults returns a copy of o with every zero field set to its default,
+// or an error wrapping ErrInvalid.
+func (o *Options) withDefaults() (Options, error) {
+	var out Options
+	if o != nil {
+		out = *o
+	}
+	if out.KeyPrefix == "" {
+		out.KeyPrefix = defaultKeyPrefix
+	}
+	if strings.ContainsAny(out.KeyPrefix, "{}") {
+		return out, invalidf("KeyPrefix %q contains '{' or '}'", out.KeyPrefix)
+	}
+	if out.TTL == 0 {
+		out.TTL = defaultTTL
+	}
+	if err := checkTTL("Options.TTL", out.TTL); err != nil {
+		return out, err
+	}
+	if out.MinRetryBackoff == 0 {
+		out.MinRetryBackoff = defaultMinRetryBackoff
+	}
+	if out.MaxRetryBackoff == 0 {
+		out.MaxRetryBackoff = max(defaultMaxRetryBackoff, out.MinRetryBackoff)
+	}
+	if out.MinRetryBackoff < time.Millisecond {
+		return out, invalidf("MinRetryBackoff %v is less than 1ms", out.MinRetryBackoff)
+	}
+	if out.MaxRetryBackoff < out.MinRetryBackoff {
+		return out, invalidf("MaxRetryBackoff %v is less than MinRetryBackoff %v", out.MaxRetryBackoff, out.MinRetryBackoff)
+	}
+	if out.ReleaseTimeout == 0 {
+		out.ReleaseTimeout = defaultReleaseTimeout
+	}
+	if out.ReleaseTimeout < 0 {
+		return out, invalidf("ReleaseTimeout %v is negative", out.ReleaseTimeout)
+	}
+	return out, nil
+}
+
+// Option changes one Acquire call.
+type Option func(*callOptions)
+
+// callOptions holds what the Options of one call set; zero means "not set".
+type callOptions struct {
+	ttl    time.Duration
+	ttlSet bool
+	wait   time.Duration
+}
+
+// WithTTL sets the lock's time to live for this call, overriding Options.TTL.
+// It must be longer than its drift allowance (ttl/100 + 2ms); Acquire rejects
+// other values with ErrInvalid.
+func WithTTL(ttl time.Duration) Option {
+	return func(c *callOptions) { c.ttl, c.ttlSet = ttl, true }
+}
+
+// WithWait makes Acquire wait up to d for a busy lock instead of trying once.
+// The wait also ends with the caller's context. Zero means try once; a
+// negative d is rejected with ErrInvalid.
+func WithWait(d time.Duration) Option {
+	return func(c *callOptions) { c.wait = d }
+}
+
+// drift is the clock drift and network allowance subtracted from a TTL when
+// computing a lease's local deadline (the Redis distlock formula).
+func drift(ttl time.Duration) time.Duration {
+	return ttl/100 + 2*time.Millisecond
+}
+
+func checkTTL(what string, ttl time.Duration) error {
+	if ttl <= drift(ttl) {
+		return invalidf("%s %v is not longer than its drift allowance %v (TTL/100 + 2ms)", what, ttl, drift(ttl))
+	}
+	return nil
+}
+
+// ttlMillis is the TTL sent to Redis: rounded up to whole milliseconds, so the
+// server never holds the lock for less time than the local deadline assumes.
+func ttlMillis(ttl time.Duration) int64 {
+	return int64((ttl + time.Millisecond - 1) / time.Millisecond)
+}
