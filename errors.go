@@ -25,7 +25,18 @@ var (
 	// ErrInvalid means an argument or option was rejected before any Redis
 	// call was made.
 	ErrInvalid = errors.New("fencelock: invalid argument")
+
+	// ErrLost means a lease was lost while its work ran: the lock was taken
+	// over or deleted, or its local deadline passed before a renewal
+	// succeeded. Mutual exclusion may have been broken; only the fencing
+	// token protects the resource from here on. It is the cause of the
+	// cancelled work context (context.Cause) and part of RunWithLock's
+	// error.
+	ErrLost = errors.New("fencelock: lease lost")
 )
+
+// errReleased is the cause of a KeepAlive context cancelled by Release.
+var errReleased = fmt.Errorf("%w: lease released", ErrNotHeld)
 
 func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)

@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"reflect"
 	"strings"
@@ -109,6 +110,11 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 			return nil, err
 		}
 	}
+	if co.ttlSet {
+		if err := checkRenewInterval(l.opts.RenewInterval, co.ttl); err != nil {
+			return nil, err
+		}
+	}
 	if co.wait < 0 {
 		return nil, invalidf("WithWait %v is negative", co.wait)
 	}
@@ -124,6 +130,8 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 	}
 	lease.key, lease.fenceKey = l.keys(name)
 
+	log := l.opts.Logger
+	callStart := l.now()
 	waitCtx := ctx
 	if co.wait > 0 {
 		var cancel context.CancelFunc
@@ -131,6 +139,8 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 		defer cancel()
 	}
 	notObtained := func() error {
+		log.LogAttrs(ctx, slog.LevelDebug, "fencelock: not obtained",
+			slog.String("lock", name), slog.Duration("waited", l.now().Sub(callStart)))
 		if err := ctx.Err(); err != nil {
 			return errors.Join(ErrNotObtained, err)
 		}
@@ -150,7 +160,11 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 		}
 		if ok {
 			lease.fence = val
+			lease.acquired = start
 			lease.deadline = start.Add(lease.ttl - drift(lease.ttl))
+			log.LogAttrs(ctx, slog.LevelDebug, "fencelock: acquired",
+				slog.String("lock", name), slog.Int64("fence", val),
+				slog.Duration("ttl", lease.ttl), slog.Duration("waited", start.Sub(callStart)))
 			return lease, nil
 		}
 		if co.wait == 0 {
@@ -198,13 +212,18 @@ type Lease struct {
 	fenceKey string
 	token    string
 	fence    int64
+	acquired time.Time // when the acquire request was sent
+	degraded bool      // fail-open stand-in: no lock is held
 
 	extendSem chan struct{} // serializes Extend calls; created lazily under mu
 
 	mu       sync.Mutex
-	ttl      time.Duration // guarded by mu; as acquired or last extended
-	deadline time.Time     // guarded by mu
-	done     bool          // guarded by mu; released, or found not held
+	ttl      time.Duration             // guarded by mu; as acquired or last extended
+	deadline time.Time                 // guarded by mu
+	done     bool                      // guarded by mu; released, or found not held
+	wd       *watchdog                 // guarded by mu; nil until KeepAlive
+	cancels  []context.CancelCauseFunc // guarded by mu; KeepAlive contexts
+	lost     error                     // guarded by mu; why the lease was lost
 }
 
 // Name returns the lock's name as given to Acquire.
@@ -219,8 +238,12 @@ func (l *Lease) Token() string { return l.token }
 
 // Fence returns the fencing token issued with this acquisition. Fences are
 // strictly increasing across all acquisitions of the same name; see the
-// package documentation for their format.
+// package documentation for their format. A degraded lease's fence is 0.
 func (l *Lease) Fence() int64 { return l.fence }
+
+// Degraded reports whether this is a fail-open stand-in (Options.FailOpen):
+// RunWithLock could not reach Redis and ran the work without a lock.
+func (l *Lease) Degraded() bool { return l.degraded }
 
 // Deadline returns the local time until which the lock is certainly held,
 // barring a process pause or a failover: the monotonic time taken before the
@@ -272,7 +295,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	if l.isDone() {
+	if l.degraded || l.isDone() {
 		return ErrNotHeld
 	}
 	start := l.locker.now()
@@ -322,8 +345,10 @@ func (l *Lease) markDoneLocked(at time.Time) {
 	}
 }
 
-// Release deletes the lock if this lease still holds it, and leaves another
-// holder's lock alone. It runs on a context that keeps ctx's values but not
+// Release stops the lease's watchdog, if KeepAlive started one, and waits for
+// it to exit, so no renewal is sent after Release. It then deletes the lock if
+// this lease still holds it, leaving another holder's lock alone, and cancels
+// the contexts KeepAlive returned. It runs on a context that keeps ctx's values but not
 // its cancellation, bounded by Options.ReleaseTimeout, so that a cancelled
 // request still gives its lock back.
 //
@@ -333,7 +358,9 @@ func (l *Lease) markDoneLocked(at time.Time) {
 // lease is then unchanged, Release may be called again, and if it is not the
 // lock expires after its TTL.
 func (l *Lease) Release(ctx context.Context) error {
-	if l.isDone() {
+	l.stopWatchdog()
+	defer l.cancelContexts(errReleased)
+	if l.degraded || l.isDone() {
 		return ErrNotHeld
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.locker.opts.ReleaseTimeout)
@@ -344,10 +371,13 @@ func (l *Lease) Release(ctx context.Context) error {
 		return unavailable(err)
 	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	l.markDoneLocked(start)
+	l.mu.Unlock()
 	if n == 0 {
 		return ErrNotHeld
 	}
+	l.locker.opts.Logger.LogAttrs(ctx, slog.LevelDebug, "fencelock: released",
+		slog.String("lock", l.name), slog.Int64("fence", l.fence),
+		slog.Duration("held", l.locker.now().Sub(l.acquired)))
 	return nil
 }

@@ -3,6 +3,7 @@ package fencelock
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -368,19 +369,25 @@ func TestExtend(t *testing.T) {
 func TestDeadline(t *testing.T) {
 	e := newEnv(t, nil)
 	l := e.locker(t, nil)
-	// A clock that moves one second per reading: the deadline must come from
-	// the reading taken before the request, not after the reply.
+	// A fake clock that a round trip moves by one second: the deadline must
+	// come from the reading taken before the request was sent, not after the
+	// reply arrived.
 	var clock atomic.Int64
 	base := time.Now()
-	l.now = func() time.Time { return base.Add(time.Duration(clock.Add(1)) * time.Second) }
+	l.now = func() time.Time { return base.Add(time.Duration(clock.Load())) }
+	e.hook.set(nil, func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) != "" {
+			clock.Add(int64(time.Second))
+		}
+		return nil
+	})
 
 	lease, err := l.Acquire(ctx, uniqueName(t), WithTTL(10*time.Second))
 	require.NoError(t, err)
-	sent := base.Add(1 * time.Second)
-	assert.Equal(t, sent.Add(10*time.Second-100*time.Millisecond-2*time.Millisecond), lease.Deadline())
+	assert.Equal(t, base.Add(10*time.Second-100*time.Millisecond-2*time.Millisecond), lease.Deadline())
 
 	require.NoError(t, lease.Extend(ctx, 20*time.Second))
-	sent = base.Add(2 * time.Second)
+	sent := base.Add(time.Second)
 	assert.Equal(t, sent.Add(20*time.Second-200*time.Millisecond-2*time.Millisecond), lease.Deadline())
 	require.NoError(t, lease.Release(ctx))
 }
@@ -600,6 +607,9 @@ func TestInvalidInput(t *testing.T) {
 func TestDefaults(t *testing.T) {
 	got, err := (*Options)(nil).withDefaults()
 	require.NoError(t, err)
+	require.NotNil(t, got.Logger)
+	assert.False(t, got.Logger.Enabled(ctx, slog.LevelError), "the default logger discards")
+	got.Logger = nil
 	assert.Equal(t, Options{
 		KeyPrefix:       "lock:",
 		TTL:             30 * time.Second,

@@ -1,6 +1,7 @@
 package fencelock
 
 import (
+	"log/slog"
 	"strings"
 	"time"
 )
@@ -36,6 +37,43 @@ type Options struct {
 	// on a context that is not cancelled with the caller's, so a cancelled
 	// request does not leave its lock held for a whole TTL. Default 5s.
 	ReleaseTimeout time.Duration
+
+	// RenewInterval is how often the watchdog (Lease.KeepAlive and
+	// RunWithLock) extends a lease while its work runs. It must be shorter
+	// than the TTL minus its drift allowance. Default: a third of the
+	// lease's TTL.
+	RenewInterval time.Duration
+
+	// MaxHold caps how long the watchdog keeps renewing one lease. Once a
+	// lease has been held this long it is no longer renewed, and its work
+	// context is cancelled with ErrLost at its deadline, within one TTL.
+	// Unbounded renewal lets a hung (not crashed) holder keep the lock
+	// forever; set MaxHold to the longest the work may legitimately take.
+	// Default 0: no cap.
+	MaxHold time.Duration
+
+	// FailOpen decides in advance what RunWithLock does when Redis is
+	// unavailable at acquisition. false (the default, fail-closed):
+	// RunWithLock returns ErrUnavailable and does not run the work. true
+	// (fail-open): the work runs without the lock, on a degraded Lease whose
+	// Degraded reports true and whose Fence is 0, and the event is logged at
+	// Error level. Choose fail-open only where running the work twice is
+	// acceptable, or where the resource's own checks make it safe.
+	FailOpen bool
+
+	// Logger receives the library's events: acquired, not obtained and
+	// released at Debug level, a failed renewal at Warn, a lost lease and a
+	// fail-open run at Error, each with the lock name, the fence and
+	// timings. Default: discard.
+	Logger *slog.Logger
+
+	// OnLost, if set, is called once for each lease lost while the watchdog
+	// ran (taken over, deleted, or its deadline passed unrenewed), after the
+	// work context was cancelled, with the cause (which matches ErrLost).
+	// It runs on the watchdog's goroutine and must not block for long nor
+	// call the lease's Release.
+	// Default nil.
+	OnLost func(lease *Lease, cause error)
 }
 
 // Defaults.
@@ -84,6 +122,18 @@ func (o *Options) withDefaults() (Options, error) {
 	if out.ReleaseTimeout < 0 {
 		return out, invalidf("ReleaseTimeout %v is negative", out.ReleaseTimeout)
 	}
+	if out.RenewInterval < 0 {
+		return out, invalidf("RenewInterval %v is negative", out.RenewInterval)
+	}
+	if err := checkRenewInterval(out.RenewInterval, out.TTL); err != nil {
+		return out, err
+	}
+	if out.MaxHold < 0 {
+		return out, invalidf("MaxHold %v is negative", out.MaxHold)
+	}
+	if out.Logger == nil {
+		out.Logger = slog.New(slog.DiscardHandler)
+	}
 	return out, nil
 }
 
@@ -120,6 +170,21 @@ func drift(ttl time.Duration) time.Duration {
 func checkTTL(what string, ttl time.Duration) error {
 	if ttl <= drift(ttl) {
 		return invalidf("%s %v is not longer than its drift allowance %v (TTL/100 + 2ms)", what, ttl, drift(ttl))
+	}
+	return nil
+}
+
+// renewInterval returns the watchdog's interval for a lease with ttl.
+func (o *Options) renewInterval(ttl time.Duration) time.Duration {
+	if o.RenewInterval != 0 {
+		return o.RenewInterval
+	}
+	return ttl / 3
+}
+
+func checkRenewInterval(interval, ttl time.Duration) error {
+	if interval != 0 && interval >= ttl-drift(ttl) {
+		return invalidf("RenewInterval %v is not shorter than TTL %v minus its drift allowance", interval, ttl)
 	}
 	return nil
 }

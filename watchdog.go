@@ -1,0 +1,270 @@
+package fencelock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// RunWithLock acquires the lock called name, runs work while a watchdog
+// renews the lease every RenewInterval (default TTL/3), then releases it.
+// Without WithWait it tries once.
+//
+// work's context is derived from ctx and is cancelled with cause ErrLost
+// (see context.Cause) as soon as the lease is no longer certainly held: the
+// lock was taken over or deleted, or Redis could not renew it before the
+// lease's local Deadline, which comes before the server could grant the lock
+// to anyone else. Pass lease.Fence() to the resource the work writes.
+//
+// RunWithLock returns
+//
+//   - ErrNotObtained when the lock is busy; work did not run;
+//   - ErrUnavailable when Redis could not be reached at acquisition; work did
+//     not run (unless Options.FailOpen, when work runs on a degraded lease
+//     and its error is returned);
+//   - ErrInvalid for a nil work or a bad argument; work did not run;
+//   - otherwise work's error, joined with an error matching ErrLost whenever
+//     the lease was lost while work ran or was found not held when released,
+//     even if work returned nil: mutual exclusion may have been broken.
+//
+// The lock is released on a context that is not cancelled with ctx and is
+// bounded by Options.ReleaseTimeout, also when work panics (the panic then
+// continues) or calls runtime.Goexit. A release that fails because Redis is
+// unreachable is logged at Warn level and not returned: the work's outcome
+// stands, and the lock expires after its TTL.
+func (l *Locker) RunWithLock(ctx context.Context, name string,
+	work func(ctx context.Context, lease *Lease) error, opts ...Option) error {
+	if work == nil {
+		return invalidf("nil work function")
+	}
+	lease, err := l.Acquire(ctx, name, opts...)
+	if err != nil {
+		if !l.opts.FailOpen || !errors.Is(err, ErrUnavailable) {
+			return err
+		}
+		l.opts.Logger.LogAttrs(ctx, slog.LevelError, "fencelock: redis unavailable, running without the lock (fail-open)",
+			slog.String("lock", name), slog.Any("error", err))
+		key, _ := l.keys(name)
+		return work(ctx, &Lease{locker: l, name: name, key: key, degraded: true})
+	}
+
+	workCtx := lease.KeepAlive(ctx)
+	returned := false
+	defer func() {
+		if !returned { // work panicked or called runtime.Goexit
+			_ = lease.Release(ctx)
+		}
+	}()
+	werr := work(workCtx, lease)
+	returned = true
+	// The deadline may pass as work returns, before the watchdog's timer
+	// has been handled: that counts as lost too.
+	overdue := !l.now().Before(lease.Deadline())
+
+	rerr := lease.Release(ctx)
+	lost := lease.lostCause()
+	switch {
+	case lost != nil:
+		return errors.Join(werr, lost)
+	case overdue:
+		return errors.Join(werr, fmt.Errorf("%w: deadline passed before the work returned", ErrLost))
+	case errors.Is(rerr, ErrNotHeld):
+		return errors.Join(werr, fmt.Errorf("%w: not held when released after the work", ErrLost))
+	case rerr != nil:
+		l.opts.Logger.LogAttrs(ctx, slog.LevelWarn, "fencelock: release failed, the lock expires after its TTL",
+			slog.String("lock", name), slog.Int64("fence", lease.fence), slog.Any("error", rerr))
+	}
+	return werr
+}
+
+// KeepAlive starts the lease's watchdog, if it is not running yet, and returns
+// a context derived from ctx that is cancelled with cause ErrLost when the
+// lease is lost: the watchdog renews the lock every Options.RenewInterval
+// (default TTL/3) and cancels the context when a renewal finds the lock taken
+// over or deleted, or when the lease's Deadline passes before a renewal
+// succeeded (a local timer: a hung Redis call does not delay it). Failed
+// renewals are retried with a short, capped, jittered backoff.
+//
+// The watchdog runs until Release, which stops it, waits for it to exit, and
+// cancels the returned context (with a cause matching ErrNotHeld). Cancelling
+// ctx cancels the returned context but does not stop the watchdog: the lock
+// stays held until Release. Call Release exactly when the work is done, also
+// on error paths (defer it).
+//
+// On a lease that is already lost, released or found not held, KeepAlive
+// returns a context that is already cancelled with the cause.
+func (l *Lease) KeepAlive(ctx context.Context) context.Context {
+	workCtx, cancel := context.WithCancelCause(ctx)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.lost != nil:
+		cancel(l.lost)
+		return workCtx
+	case l.done:
+		cancel(errReleased)
+		return workCtx
+	}
+	l.cancels = append(l.cancels, cancel)
+	if l.wd == nil && !l.degraded {
+		l.wd = &watchdog{stop: make(chan struct{}), done: make(chan struct{})}
+		go l.watch(l.wd)
+	}
+	return workCtx
+}
+
+// A watchdog is the renewal goroutine of one lease. Its only owner is the
+// lease: started once by KeepAlive, stopped by Release (close stop, wait for
+// done).
+type watchdog struct {
+	stop chan struct{} // closed to ask the goroutine to exit
+	done chan struct{} // closed by the goroutine when it has exited
+}
+
+// stopWatchdog stops the watchdog, if any, and waits for it to exit. It is
+// safe to call more than once and concurrently.
+func (l *Lease) stopWatchdog() {
+	l.mu.Lock()
+	wd := l.wd
+	if wd != nil {
+		select {
+		case <-wd.stop:
+		default:
+			close(wd.stop)
+		}
+	}
+	l.mu.Unlock()
+	if wd != nil {
+		<-wd.done
+	}
+}
+
+// cancelContexts cancels the contexts KeepAlive returned.
+func (l *Lease) cancelContexts(cause error) {
+	l.mu.Lock()
+	cancels := l.cancels
+	l.cancels = nil
+	l.mu.Unlock()
+	for _, cancel := range cancels {
+		cancel(cause)
+	}
+}
+
+func (l *Lease) lostCause() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lost
+}
+
+// lose records that the lease is lost, cancels the work contexts with cause,
+// logs it and calls OnLost.
+func (l *Lease) lose(cause error) {
+	l.mu.Lock()
+	if l.lost != nil {
+		l.mu.Unlock()
+		return
+	}
+	l.lost = cause
+	deadline := l.deadline
+	l.mu.Unlock()
+	l.cancelContexts(cause)
+
+	now := l.locker.now()
+	l.locker.opts.Logger.LogAttrs(context.Background(), slog.LevelError, "fencelock: lease lost",
+		slog.String("lock", l.name), slog.Int64("fence", l.fence),
+		slog.Duration("held", now.Sub(l.acquired)), slog.Duration("before_deadline", deadline.Sub(now)),
+		slog.Any("cause", cause))
+	if f := l.locker.opts.OnLost; f != nil {
+		f(l, cause)
+	}
+}
+
+// watch is the watchdog goroutine. It renews the lease every interval; one
+// renewal call at a time runs on a helper goroutine that watch waits for
+// before it exits, so that the local deadline timer fires on time even while
+// a call hangs.
+func (l *Lease) watch(wd *watchdog) {
+	defer close(wd.done)
+
+	l.mu.Lock()
+	ttl := l.ttl
+	l.mu.Unlock()
+	o := &l.locker.opts
+	interval := o.renewInterval(ttl)
+	retry := backoff{min: max(interval/16, time.Millisecond), max: max(interval/2, time.Millisecond)}
+
+	renewTimer := time.NewTimer(interval)
+	defer renewTimer.Stop()
+	deadlineTimer := time.NewTimer(l.Deadline().Sub(l.locker.now()))
+	defer deadlineTimer.Stop()
+
+	var (
+		results     = make(chan error, 1)
+		inFlight    bool
+		cancelRenew context.CancelFunc = func() {}
+		lastErr     error
+	)
+	defer func() {
+		cancelRenew()
+		if inFlight {
+			<-results
+		}
+	}()
+
+	for {
+		select {
+		case <-wd.stop:
+			return
+
+		case <-deadlineTimer.C:
+			remaining := l.Deadline().Sub(l.locker.now())
+			if remaining > 0 { // moved by an Extend since the timer was set
+				deadlineTimer.Reset(remaining)
+				continue
+			}
+			cause := fmt.Errorf("%w: deadline passed before a renewal succeeded", ErrLost)
+			if lastErr != nil {
+				cause = fmt.Errorf("%w: deadline passed before a renewal succeeded: %w", ErrLost, lastErr)
+			}
+			l.lose(cause)
+			return
+
+		case <-renewTimer.C:
+			if o.MaxHold > 0 && l.locker.now().Sub(l.acquired) >= o.MaxHold {
+				lastErr = fmt.Errorf("held for MaxHold %v, no longer renewed", o.MaxHold)
+				continue // the deadline timer ends it
+			}
+			l.mu.Lock()
+			ttl := l.ttl // as last extended, by the watchdog or the user
+			l.mu.Unlock()
+			ctx, cancel := context.WithDeadline(context.Background(), l.Deadline())
+			cancelRenew = cancel
+			inFlight = true
+			go func() { results <- l.Extend(ctx, ttl) }()
+
+		case err := <-results:
+			inFlight = false
+			cancelRenew()
+			switch {
+			case err == nil:
+				lastErr = nil
+				retry = backoff{min: retry.min, max: retry.max}
+				renewTimer.Reset(interval)
+				deadlineTimer.Reset(l.Deadline().Sub(l.locker.now()))
+			case errors.Is(err, ErrNotHeld):
+				l.lose(fmt.Errorf("%w: taken over or deleted", ErrLost))
+				return
+			default:
+				lastErr = err
+				pause := retry.next()
+				l.locker.opts.Logger.LogAttrs(context.Background(), slog.LevelWarn, "fencelock: renewal failed",
+					slog.String("lock", l.name), slog.Int64("fence", l.fence),
+					slog.Duration("until_deadline", l.Deadline().Sub(l.locker.now())),
+					slog.Duration("retry_in", pause), slog.Any("error", err))
+				renewTimer.Reset(pause)
+			}
+		}
+	}
+}

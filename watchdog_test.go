@@ -1,0 +1,341 @@
+package fencelock
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// syncBuffer is a goroutine-safe log sink.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func testLogger() (*slog.Logger, *syncBuffer) {
+	var b syncBuffer
+	return slog.New(slog.NewTextHandler(&b, &slog.HandlerOptions{Level: slog.LevelDebug})), &b
+}
+
+// countScript counts the runs of the named script that reached the server.
+func countScript(e *env, name string) *atomic.Int64 {
+	var n atomic.Int64
+	e.hook.set(nil, func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == name {
+			n.Add(1)
+		}
+		return nil
+	})
+	return &n
+}
+
+func TestRunWithLockRenewsWhileWorkRuns(t *testing.T) {
+	e := newEnv(t, nil)
+	log, logs := testLogger()
+	l := e.locker(t, &Options{TTL: 300 * time.Millisecond, Logger: log})
+	renewals := countScript(e, "extend")
+	name := uniqueName(t)
+
+	var key string
+	err := l.RunWithLock(ctx, name, func(ctx context.Context, lease *Lease) error {
+		key = lease.Key()
+		time.Sleep(time.Second) // more than three TTLs
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		got, err := e.admin.Get(ctx, lease.Key()).Result()
+		if err != nil {
+			return err
+		}
+		assert.Equal(t, lease.Token(), got, "still held after three TTLs")
+		return nil
+	})
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, renewals.Load(), int64(5), "renewed about every 100ms over 1s")
+	n, err := e.admin.Exists(ctx, key).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "released after the work")
+	assert.Contains(t, logs.String(), "fencelock: acquired")
+	assert.Contains(t, logs.String(), "fencelock: released")
+	assert.NotContains(t, logs.String(), "lost")
+}
+
+func TestRunWithLockReturnsWorkError(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	boom := errors.New("boom")
+	err := l.RunWithLock(ctx, uniqueName(t), func(context.Context, *Lease) error { return boom })
+	assert.Equal(t, boom, err, "the work's own error, unwrapped")
+	n, err := e.admin.Exists(ctx, "lock:{"+uniqueName(t)+"}").Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "released after a failed work")
+}
+
+func TestRunWithLockTakenOverOrDeleted(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		meddle func(e *env, key string) error
+	}{
+		{"overwritten", func(e *env, key string) error { return e.admin.Set(ctx, key, "someone-else", time.Minute).Err() }},
+		{"deleted", func(e *env, key string) error { return e.admin.Del(ctx, key).Err() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, nil)
+			var onLost atomic.Int32
+			log, logs := testLogger()
+			l := e.locker(t, &Options{TTL: 3 * time.Second, Logger: log, OnLost: func(lease *Lease, cause error) {
+				assert.ErrorIs(t, cause, ErrLost)
+				onLost.Add(1)
+			}})
+			var lag time.Duration
+			var key string
+			err := l.RunWithLock(ctx, uniqueName(t), func(ctx context.Context, lease *Lease) error {
+				key = lease.Key()
+				meddled := time.Now()
+				if err := tc.meddle(e, lease.Key()); err != nil {
+					return err
+				}
+				<-ctx.Done()
+				lag = time.Since(meddled)
+				assert.ErrorIs(t, context.Cause(ctx), ErrLost)
+				return ctx.Err()
+			})
+			require.ErrorIs(t, err, ErrLost, "RunWithLock reports the loss")
+			require.ErrorIs(t, err, context.Canceled, "joined with the work's error")
+			assert.Less(t, lag, 2*time.Second, "noticed within one renewal interval (1s) plus slack")
+			assert.Equal(t, int32(1), onLost.Load())
+			assert.Contains(t, logs.String(), "level=ERROR msg=\"fencelock: lease lost\"")
+			if tc.name == "overwritten" {
+				got, err := e.admin.Get(ctx, key).Result()
+				require.NoError(t, err)
+				assert.Equal(t, "someone-else", got, "the new holder's lock is left alone")
+			}
+		})
+	}
+}
+
+func TestLostWhenLossHiddenByNilWork(t *testing.T) {
+	// The work ignores its context and returns nil: RunWithLock still tells
+	// the caller that exclusion may have been broken.
+	e := newEnv(t, nil)
+	l := e.locker(t, &Options{TTL: 300 * time.Millisecond})
+	err := l.RunWithLock(ctx, uniqueName(t), func(ctx context.Context, lease *Lease) error {
+		require.NoError(t, e.admin.Del(ctx, lease.Key()).Err())
+		time.Sleep(500 * time.Millisecond)
+		return nil
+	})
+	require.ErrorIs(t, err, ErrLost)
+}
+
+func TestRedisStoppedMidWorkCancelsBeforeExpiry(t *testing.T) {
+	e := newEnv(t, &redis.Options{MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	const ttl = 3 * time.Second
+	log, logs := testLogger()
+	l := e.locker(t, &Options{TTL: ttl, ReleaseTimeout: 200 * time.Millisecond, Logger: log})
+
+	var acquired, cancelled, deadline time.Time
+	err := l.RunWithLock(ctx, uniqueName(t), func(ctx context.Context, lease *Lease) error {
+		acquired = lease.acquired
+		e.srv.Kill()
+		<-ctx.Done()
+		cancelled = time.Now()
+		deadline = lease.Deadline()
+		return context.Cause(ctx)
+	})
+	require.ErrorIs(t, err, ErrLost)
+	require.ErrorIs(t, err, ErrUnavailable, "the cause wraps the last renewal error")
+	assert.False(t, cancelled.Before(deadline), "not cancelled while the lease was still certainly held")
+	assert.True(t, cancelled.Before(acquired.Add(ttl)),
+		"cancelled %v after the request was sent, before the server could expire the lock at %v", cancelled.Sub(acquired), ttl)
+	assert.Contains(t, logs.String(), "level=WARN msg=\"fencelock: renewal failed\"")
+}
+
+func TestHungRenewalDoesNotDelayCancellation(t *testing.T) {
+	// SIGSTOP the server: the renewal call hangs (go-redis's ReadTimeout is
+	// 3s by default and ContextTimeoutEnabled is off), but the work context
+	// is cancelled on the local deadline timer, before the TTL runs out.
+	e := newEnv(t, nil)
+	const ttl = time.Second
+	l := e.locker(t, &Options{TTL: ttl})
+	var acquired, cancelled time.Time
+	err := l.RunWithLock(ctx, uniqueName(t), func(ctx context.Context, lease *Lease) error {
+		acquired = lease.acquired
+		e.srv.Pause()
+		t.Cleanup(e.srv.Resume)
+		<-ctx.Done()
+		cancelled = time.Now()
+		e.srv.Resume()
+		return nil
+	})
+	require.ErrorIs(t, err, ErrLost)
+	assert.True(t, cancelled.Before(acquired.Add(ttl)), "cancelled %v after acquisition, TTL %v", cancelled.Sub(acquired), ttl)
+}
+
+func TestNoRenewalAfterRelease(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, &Options{TTL: time.Second, RenewInterval: 5 * time.Millisecond})
+	renewals := countScript(e, "extend")
+	lease, err := l.Acquire(ctx, uniqueName(t))
+	require.NoError(t, err)
+	workCtx := lease.KeepAlive(ctx)
+	time.Sleep(100 * time.Millisecond)
+	require.NoError(t, lease.Release(ctx))
+	after := renewals.Load()
+	assert.Positive(t, after, "the watchdog renewed")
+	time.Sleep(100 * time.Millisecond)
+	assert.Equal(t, after, renewals.Load(), "no renewal after Release")
+	assert.ErrorIs(t, context.Cause(workCtx), ErrNotHeld, "Release cancels the KeepAlive context")
+	assert.NotErrorIs(t, context.Cause(workCtx), ErrLost)
+
+	again := lease.KeepAlive(ctx)
+	assert.Error(t, again.Err(), "KeepAlive after Release returns a cancelled context")
+}
+
+func TestCancelledRequestStillReleases(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil) // TTL 30s: a lock left behind would be visible
+	name := uniqueName(t)
+	reqCtx, cancel := context.WithCancel(ctx)
+	err := l.RunWithLock(reqCtx, name, func(ctx context.Context, lease *Lease) error {
+		cancel() // the client hung up
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	assert.NotErrorIs(t, err, ErrLost)
+	n, err := e.admin.Exists(ctx, "lock:{"+name+"}").Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "released although the request context was cancelled")
+}
+
+func TestPanicReleasesThenRepanics(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	name := uniqueName(t)
+	func() {
+		defer func() {
+			assert.Equal(t, "boom", recover(), "the panic continues")
+		}()
+		_ = l.RunWithLock(ctx, name, func(context.Context, *Lease) error { panic("boom") })
+	}()
+	n, err := e.admin.Exists(ctx, "lock:{"+name+"}").Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "released before the panic continued")
+}
+
+func TestRunWithLockNotRun(t *testing.T) {
+	e := newEnv(t, &redis.Options{MaxRetries: -1})
+	l := e.locker(t, nil)
+	name := uniqueName(t)
+	ran := false
+	work := func(context.Context, *Lease) error { ran = true; return nil }
+
+	assert.ErrorIs(t, l.RunWithLock(ctx, name, nil), ErrInvalid)
+	assert.ErrorIs(t, l.RunWithLock(ctx, "", work), ErrInvalid)
+
+	held, err := l.Acquire(ctx, name)
+	require.NoError(t, err)
+	assert.ErrorIs(t, l.RunWithLock(ctx, name, work), ErrNotObtained)
+	assert.False(t, ran, "work does not run when the lock is busy")
+	require.NoError(t, held.Release(ctx))
+
+	e.srv.Kill()
+	err = l.RunWithLock(ctx, name, work)
+	assert.ErrorIs(t, err, ErrUnavailable)
+	assert.False(t, ran, "fail-closed: work does not run when Redis is down")
+}
+
+func TestFailOpen(t *testing.T) {
+	e := newEnv(t, &redis.Options{MaxRetries: -1})
+	log, logs := testLogger()
+	l := e.locker(t, &Options{FailOpen: true, Logger: log})
+	name := uniqueName(t)
+
+	held, err := l.Acquire(ctx, name)
+	require.NoError(t, err)
+	ran := false
+	err = l.RunWithLock(ctx, name, func(context.Context, *Lease) error { ran = true; return nil })
+	assert.ErrorIs(t, err, ErrNotObtained, "fail-open does not bypass a busy lock")
+	assert.False(t, ran)
+	_ = held
+
+	e.srv.Kill()
+	boom := errors.New("boom")
+	err = l.RunWithLock(ctx, name, func(ctx context.Context, lease *Lease) error {
+		ran = true
+		assert.True(t, lease.Degraded())
+		assert.Zero(t, lease.Fence())
+		assert.ErrorIs(t, lease.Extend(ctx, time.Minute), ErrNotHeld)
+		return boom
+	})
+	assert.True(t, ran, "fail-open: work runs when Redis is down")
+	assert.Equal(t, boom, err)
+	assert.Contains(t, logs.String(), "level=ERROR msg=\"fencelock: redis unavailable, running without the lock (fail-open)\"")
+}
+
+func TestMaxHold(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, &Options{TTL: 300 * time.Millisecond, MaxHold: 500 * time.Millisecond})
+	start := time.Now()
+	err := l.RunWithLock(ctx, uniqueName(t), func(ctx context.Context, lease *Lease) error {
+		<-ctx.Done() // a hung work
+		return nil
+	})
+	held := time.Since(start)
+	require.ErrorIs(t, err, ErrLost)
+	assert.Contains(t, err.Error(), "MaxHold")
+	assert.GreaterOrEqual(t, held, 500*time.Millisecond, "renewed until MaxHold")
+	assert.Less(t, held, 2*time.Second, "then stopped within about a TTL")
+}
+
+func TestKeepAliveWithAcquire(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, &Options{TTL: 300 * time.Millisecond})
+	lease, err := l.Acquire(ctx, uniqueName(t))
+	require.NoError(t, err)
+	workCtx := lease.KeepAlive(ctx)
+	second := lease.KeepAlive(ctx) // a second call shares the watchdog
+	time.Sleep(700 * time.Millisecond)
+	require.NoError(t, workCtx.Err(), "kept alive past two TTLs")
+	require.NoError(t, e.admin.Del(ctx, lease.Key()).Err())
+	<-workCtx.Done()
+	<-second.Done()
+	assert.ErrorIs(t, context.Cause(workCtx), ErrLost)
+	assert.ErrorIs(t, context.Cause(second), ErrLost)
+	assert.ErrorIs(t, lease.Release(ctx), ErrNotHeld)
+	assert.ErrorIs(t, context.Cause(lease.KeepAlive(ctx)), ErrLost, "KeepAlive on a lost lease")
+}
+
+func TestRenewIntervalValidation(t *testing.T) {
+	e := newEnv(t, nil)
+	_, err := New(e.client, &Options{TTL: time.Second, RenewInterval: time.Second})
+	assert.ErrorIs(t, err, ErrInvalid)
+	_, err = New(e.client, &Options{MaxHold: -1})
+	assert.ErrorIs(t, err, ErrInvalid)
+	_, err = New(e.client, &Options{RenewInterval: -1})
+	assert.ErrorIs(t, err, ErrInvalid)
+	l := e.locker(t, &Options{RenewInterval: time.Second})
+	_, err = l.Acquire(ctx, "x", WithTTL(time.Second))
+	assert.ErrorIs(t, err, ErrInvalid, "RenewInterval not shorter than the call's TTL")
+}
