@@ -32,7 +32,7 @@ import (
 type Locker struct {
 	client redis.UniversalClient
 	opts   Options
-	now    func() time.Time // time.Now; replaced in tests
+	clock  Clock
 }
 
 // New returns a Locker that keeps its locks in client, configured by opts (nil
@@ -46,7 +46,7 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Locker{client: client, opts: o, now: time.Now}, nil
+	return &Locker{client: client, opts: o, clock: o.Clock}, nil
 }
 
 func isNil(c redis.UniversalClient) bool {
@@ -131,7 +131,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 	lease.key, lease.fenceKey = l.keys(name)
 
 	log := l.opts.Logger
-	callStart := l.now()
+	callStart := l.clock.Now()
 	waitCtx := ctx
 	if co.wait > 0 {
 		var cancel context.CancelFunc
@@ -140,7 +140,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 	}
 	notObtained := func() error {
 		log.LogAttrs(ctx, slog.LevelDebug, "fencelock: not obtained",
-			slog.String("lock", name), slog.Duration("waited", l.now().Sub(callStart)))
+			slog.String("lock", name), slog.Duration("waited", l.clock.Now().Sub(callStart)))
 		if err := ctx.Err(); err != nil {
 			return errors.Join(ErrNotObtained, err)
 		}
@@ -149,7 +149,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 
 	bo := backoff{min: l.opts.MinRetryBackoff, max: l.opts.MaxRetryBackoff}
 	for {
-		start := l.now()
+		start := l.clock.Now()
 		ok, val, err := lease.tryAcquire(waitCtx)
 		if err != nil {
 			lease.cleanup(ctx)
@@ -176,7 +176,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 			// has no expiry).
 			sleep = max(pttl, time.Millisecond)
 		}
-		t := time.NewTimer(sleep)
+		t := l.clock.NewTimer(sleep)
 		select {
 		case <-waitCtx.Done():
 			t.Stop()
@@ -298,7 +298,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l.degraded || l.isDone() {
 		return ErrNotHeld
 	}
-	start := l.locker.now()
+	start := l.locker.clock.Now()
 	n, err := extendScript.Run(ctx, l.locker.client, []string{l.key}, l.token, ttlMillis(ttl)).Int64()
 	newDeadline := start.Add(ttl - drift(ttl))
 
@@ -365,7 +365,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.locker.opts.ReleaseTimeout)
 	defer cancel()
-	start := l.locker.now()
+	start := l.locker.clock.Now()
 	n, err := releaseScript.Run(rctx, l.locker.client, []string{l.key}, l.token).Int64()
 	if err != nil {
 		return unavailable(err)
@@ -378,6 +378,6 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	l.locker.opts.Logger.LogAttrs(ctx, slog.LevelDebug, "fencelock: released",
 		slog.String("lock", l.name), slog.Int64("fence", l.fence),
-		slog.Duration("held", l.locker.now().Sub(l.acquired)))
+		slog.Duration("held", l.locker.clock.Now().Sub(l.acquired)))
 	return nil
 }

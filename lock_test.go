@@ -374,7 +374,7 @@ func TestDeadline(t *testing.T) {
 	// reply arrived.
 	var clock atomic.Int64
 	base := time.Now()
-	l.now = func() time.Time { return base.Add(time.Duration(clock.Load())) }
+	l.clock = fakeNow(func() time.Time { return base.Add(time.Duration(clock.Load())) })
 	e.hook.set(nil, func(_ context.Context, cmd redis.Cmder) error {
 		if scriptName(cmd) != "" {
 			clock.Add(int64(time.Second))
@@ -610,6 +610,8 @@ func TestDefaults(t *testing.T) {
 	require.NotNil(t, got.Logger)
 	assert.False(t, got.Logger.Enabled(ctx, slog.LevelError), "the default logger discards")
 	got.Logger = nil
+	assert.Equal(t, systemClock{}, got.Clock)
+	got.Clock = nil
 	assert.Equal(t, Options{
 		KeyPrefix:       "lock:",
 		TTL:             30 * time.Second,
@@ -703,3 +705,9 @@ func TestLeaseConcurrentUse(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, n)
 }
+
+// fakeNow is a Clock whose Now is f; its timers are real.
+type fakeNow func() time.Time
+
+func (f fakeNow) Now() time.Time                       { return f() }
+func (f fakeNow) NewTimer(d time.Duration) *time.Timer { return time.NewTimer(d) }

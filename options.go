@@ -74,7 +74,25 @@ type Options struct {
 	// call the lease's Release.
 	// Default nil.
 	OnLost func(lease *Lease, cause error)
+
+	// Clock is the local time source for lease deadlines, the watchdog's
+	// timers and the pauses of a wait. Replace it only to test how the lock
+	// behaves when the local clock runs fast or slow. Default: the system's
+	// monotonic clock (time.Now and time.NewTimer).
+	Clock Clock
 }
+
+// Clock is a source of local time. Now must be monotonic; NewTimer returns a
+// timer that fires when Now has advanced by d.
+type Clock interface {
+	Now() time.Time
+	NewTimer(d time.Duration) *time.Timer
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time                       { return time.Now() }
+func (systemClock) NewTimer(d time.Duration) *time.Timer { return time.NewTimer(d) }
 
 // Defaults.
 const (
@@ -130,6 +148,9 @@ func (o *Options) withDefaults() (Options, error) {
 	}
 	if out.MaxHold < 0 {
 		return out, invalidf("MaxHold %v is negative", out.MaxHold)
+	}
+	if out.Clock == nil {
+		out.Clock = systemClock{}
 	}
 	if out.Logger == nil {
 		out.Logger = slog.New(slog.DiscardHandler)

@@ -61,7 +61,7 @@ func (l *Locker) RunWithLock(ctx context.Context, name string,
 	returned = true
 	// The deadline may pass as work returns, before the watchdog's timer
 	// has been handled: that counts as lost too.
-	overdue := !l.now().Before(lease.Deadline())
+	overdue := !l.clock.Now().Before(lease.Deadline())
 
 	rerr := lease.Release(ctx)
 	lost := lease.lostCause()
@@ -171,7 +171,7 @@ func (l *Lease) lose(cause error) {
 	l.mu.Unlock()
 	l.cancelContexts(cause)
 
-	now := l.locker.now()
+	now := l.locker.clock.Now()
 	l.locker.opts.Logger.LogAttrs(context.Background(), slog.LevelError, "fencelock: lease lost",
 		slog.String("lock", l.name), slog.Int64("fence", l.fence),
 		slog.Duration("held", now.Sub(l.acquired)), slog.Duration("before_deadline", deadline.Sub(now)),
@@ -195,9 +195,9 @@ func (l *Lease) watch(wd *watchdog) {
 	interval := o.renewInterval(ttl)
 	retry := backoff{min: max(interval/16, time.Millisecond), max: max(interval/2, time.Millisecond)}
 
-	renewTimer := time.NewTimer(interval)
+	renewTimer := l.locker.clock.NewTimer(interval)
 	defer renewTimer.Stop()
-	deadlineTimer := time.NewTimer(l.Deadline().Sub(l.locker.now()))
+	deadlineTimer := l.locker.clock.NewTimer(l.Deadline().Sub(l.locker.clock.Now()))
 	defer deadlineTimer.Stop()
 
 	var (
@@ -219,7 +219,7 @@ func (l *Lease) watch(wd *watchdog) {
 			return
 
 		case <-deadlineTimer.C:
-			remaining := l.Deadline().Sub(l.locker.now())
+			remaining := l.Deadline().Sub(l.locker.clock.Now())
 			if remaining > 0 { // moved by an Extend since the timer was set
 				deadlineTimer.Reset(remaining)
 				continue
@@ -232,7 +232,7 @@ func (l *Lease) watch(wd *watchdog) {
 			return
 
 		case <-renewTimer.C:
-			if o.MaxHold > 0 && l.locker.now().Sub(l.acquired) >= o.MaxHold {
+			if o.MaxHold > 0 && l.locker.clock.Now().Sub(l.acquired) >= o.MaxHold {
 				lastErr = fmt.Errorf("held for MaxHold %v, no longer renewed", o.MaxHold)
 				continue // the deadline timer ends it
 			}
@@ -252,7 +252,7 @@ func (l *Lease) watch(wd *watchdog) {
 				lastErr = nil
 				retry = backoff{min: retry.min, max: retry.max}
 				renewTimer.Reset(interval)
-				deadlineTimer.Reset(l.Deadline().Sub(l.locker.now()))
+				deadlineTimer.Reset(l.Deadline().Sub(l.locker.clock.Now()))
 			case errors.Is(err, ErrNotHeld):
 				l.lose(fmt.Errorf("%w: taken over or deleted", ErrLost))
 				return
@@ -261,7 +261,7 @@ func (l *Lease) watch(wd *watchdog) {
 				pause := retry.next()
 				l.locker.opts.Logger.LogAttrs(context.Background(), slog.LevelWarn, "fencelock: renewal failed",
 					slog.String("lock", l.name), slog.Int64("fence", l.fence),
-					slog.Duration("until_deadline", l.Deadline().Sub(l.locker.now())),
+					slog.Duration("until_deadline", l.Deadline().Sub(l.locker.clock.Now())),
 					slog.Duration("retry_in", pause), slog.Any("error", err))
 				renewTimer.Reset(pause)
 			}
