@@ -41,4 +41,30 @@ func TestCluster(t *testing.T) {
 		last = again.Fence()
 	}
 	assert.Positive(t, last)
+
+	// Waiting: the release script's SPUBLISH on the key's shard wakes a
+	// waiter subscribed with SSUBSCRIBE through the cluster client.
+	slow, err := New(client, slowPolling)
+	require.NoError(t, err)
+	held, err := slow.Acquire(ctx, "order:7", WithTTL(time.Minute))
+	require.NoError(t, err)
+	got := make(chan error, 1)
+	go func() {
+		lease, err := slow.Acquire(ctx, "order:7", WithWait(time.Minute))
+		if err == nil {
+			err = lease.Release(ctx)
+		}
+		got <- err
+	}()
+	require.Eventually(t, func() bool {
+		chans, err := client.PubSubShardChannels(ctx, "*").Result()
+		return err == nil && len(chans) == 1
+	}, 5*time.Second, time.Millisecond)
+	require.NoError(t, held.Release(ctx))
+	select {
+	case err := <-got:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("no wake-up on Redis Cluster")
+	}
 }

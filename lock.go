@@ -33,6 +33,7 @@ type Locker struct {
 	client redis.UniversalClient
 	opts   Options
 	clock  Clock
+	waits  *notifier
 }
 
 // New returns a Locker that keeps its locks in client, configured by opts (nil
@@ -46,7 +47,7 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Locker{client: client, opts: o, clock: o.Clock}, nil
+	return &Locker{client: client, opts: o, clock: o.Clock, waits: newNotifier(client)}, nil
 }
 
 func isNil(c redis.UniversalClient) bool {
@@ -77,21 +78,24 @@ func checkName(name string) error {
 // Acquire takes the lock called name and returns its Lease, or an error:
 //
 //   - ErrNotObtained when another holder has the lock. Without WithWait,
-//     Acquire tries once. With WithWait(d) it retries until the lock is
+//     Acquire tries once. With WithWait(d) it tries again until the lock is
 //     obtained, d has passed or ctx ends; when ctx ended, the error also
-//     matches ctx.Err(). Between attempts it sleeps no longer than the
-//     holder's remaining TTL and a capped, jittered backoff (Options).
+//     matches ctx.Err(). Between attempts it sleeps until the holder releases
+//     the lock (a pub/sub wake-up), the holder's remaining TTL runs out, or a
+//     capped, jittered backoff (Options) ends, whichever comes first.
 //   - ErrUnavailable, wrapping the cause, when Redis could not be reached or
-//     answered with an error.
+//     answered with an error. Without WithWait this is the first attempt's
+//     error; with it, failed attempts are retried like busy ones until the
+//     wait ends, and the error is returned if the last attempt failed.
 //   - ErrInvalid for an empty name, a name containing '{' or '}', a TTL not
 //     longer than its drift allowance, or a negative wait; no Redis call is
 //     made then.
 //
 // All attempts of one call use the same random token, so an attempt whose
 // reply was lost in transit (including go-redis's own retries) finds the lock
-// already its own and succeeds instead of locking itself out. When an attempt
-// fails with its outcome unknown, Acquire deletes the lock if that attempt took
-// it, on a context that is not cancelled and bounded by
+// already its own and succeeds instead of locking itself out. When Acquire
+// gives up after an attempt whose outcome is unknown, it deletes the lock if
+// that attempt took it, on a context that is not cancelled and bounded by
 // Options.ReleaseTimeout, so no lock is left held after a failed or cancelled
 // Acquire (if Redis stays unreachable, the lock expires after its TTL).
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lease, error) {
@@ -109,8 +113,6 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 		if err := checkTTL("WithTTL", co.ttl); err != nil {
 			return nil, err
 		}
-	}
-	if co.ttlSet {
 		if err := checkRenewInterval(l.opts.RenewInterval, co.ttl); err != nil {
 			return nil, err
 		}
@@ -138,25 +140,48 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 		waitCtx, cancel = context.WithTimeout(ctx, co.wait)
 		defer cancel()
 	}
-	notObtained := func() error {
-		log.LogAttrs(ctx, slog.LevelDebug, "fencelock: not obtained",
-			slog.String("lock", name), slog.Duration("waited", l.clock.Now().Sub(callStart)))
-		if err := ctx.Err(); err != nil {
-			return errors.Join(ErrNotObtained, err)
+
+	var (
+		bo      = backoff{min: l.opts.MinRetryBackoff, max: l.opts.MaxRetryBackoff}
+		lastErr error   // the last attempt's error, nil if it found the lock busy
+		unsure  bool    // an attempt's outcome is unknown: it may hold the lock
+		w       *waiter // wake-ups on release, once the lock was found busy
+		polling bool    // subscribing failed: wait without wake-ups
+	)
+	defer func() {
+		if w != nil {
+			w.leave()
 		}
-		return ErrNotObtained
+	}()
+	giveUp := func() error {
+		if unsure {
+			lease.cleanup(ctx)
+		}
+		log.LogAttrs(ctx, slog.LevelDebug, "fencelock: not obtained",
+			slog.String("lock", name), slog.Duration("waited", l.clock.Now().Sub(callStart)),
+			slog.Any("error", lastErr))
+		var err error = ErrNotObtained
+		if lastErr != nil {
+			err = unavailable(lastErr)
+		}
+		if cerr := ctxErr(ctx); cerr != nil {
+			return errors.Join(err, cerr)
+		}
+		return err
 	}
 
-	bo := backoff{min: l.opts.MinRetryBackoff, max: l.opts.MaxRetryBackoff}
 	for {
 		start := l.clock.Now()
 		ok, val, err := lease.tryAcquire(waitCtx)
+		if err != nil && ctxErr(waitCtx) != nil {
+			// The wait or ctx ended during the call: no verdict from
+			// Redis. lastErr keeps the previous attempt's.
+			unsure = true
+			return nil, giveUp()
+		}
+		lastErr = err
 		if err != nil {
-			lease.cleanup(ctx)
-			if waitCtx.Err() != nil {
-				return nil, notObtained()
-			}
-			return nil, unavailable(err)
+			unsure = true
 		}
 		if ok {
 			lease.fence = val
@@ -168,10 +193,21 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 			return lease, nil
 		}
 		if co.wait == 0 {
-			return nil, notObtained()
+			return nil, giveUp()
+		}
+		if w == nil && !polling && err == nil {
+			// Subscribe before the next attempt, so that a release from
+			// now on wakes this waiter.
+			if w, err = l.waits.register(waitCtx, wakeChannel(lease.key)); err != nil {
+				w, polling = nil, true
+			}
+		}
+		var wake <-chan struct{}
+		if w != nil {
+			wake = w.wake
 		}
 		sleep := bo.next()
-		if pttl := time.Duration(val) * time.Millisecond; pttl >= 0 && pttl < sleep {
+		if pttl := time.Duration(val) * time.Millisecond; lastErr == nil && pttl >= 0 && pttl < sleep {
 			// The holder's lock expires before the backoff ends (-1: it
 			// has no expiry).
 			sleep = max(pttl, time.Millisecond)
@@ -180,10 +216,25 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 		select {
 		case <-waitCtx.Done():
 			t.Stop()
-			return nil, notObtained()
+			return nil, giveUp()
 		case <-t.C:
+		case <-wake:
+			t.Stop()
 		}
 	}
+}
+
+// ctxErr is ctx.Err(), or context.DeadlineExceeded once ctx's deadline has
+// passed even if its timer has not fired yet (a call that honours the deadline
+// may return first).
+func ctxErr(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // backoff is the per-call retry pause: exponential from min to max, each
@@ -270,7 +321,7 @@ func (l *Lease) tryAcquire(ctx context.Context) (ok bool, value int64, err error
 func (l *Lease) cleanup(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.locker.opts.ReleaseTimeout)
 	defer cancel()
-	_ = releaseScript.Run(ctx, l.locker.client, []string{l.key}, l.token).Err()
+	_ = releaseScript.Run(ctx, l.locker.client, []string{l.key}, l.token, wakeChannel(l.key)).Err()
 }
 
 // Extend resets the lock's time to live to ttl, if this lease still holds it,
@@ -366,7 +417,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.locker.opts.ReleaseTimeout)
 	defer cancel()
 	start := l.locker.clock.Now()
-	n, err := releaseScript.Run(rctx, l.locker.client, []string{l.key}, l.token).Int64()
+	n, err := releaseScript.Run(rctx, l.locker.client, []string{l.key}, l.token, wakeChannel(l.key)).Int64()
 	if err != nil {
 		return unavailable(err)
 	}

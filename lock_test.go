@@ -234,22 +234,37 @@ func TestRetryAfterLostReplyIsIdempotent(t *testing.T) {
 	assert.Equal(t, int64(0), busy[0], "another token is refused")
 	assert.InDelta(t, 5000, busy[1], 1000, "and told the holder's PTTL")
 
-	// Through Acquire: the first reply is lost after the server applied it;
-	// the next attempt of the same call succeeds with the fence it issued.
-	var dropped atomic.Bool
+	// Through Acquire: the first reply is lost after the server applied it.
+	var dropped atomic.Int32
 	e.hook.set(nil, func(_ context.Context, cmd redis.Cmder) error {
-		if scriptName(cmd) == "acquire" && dropped.CompareAndSwap(false, true) {
+		if scriptName(cmd) == "acquire" && dropped.Add(1) == 1 {
 			return errReplyLost
 		}
 		return nil
 	})
-	_, err := l.Acquire(ctx, uniqueName(t)+"-2", WithWait(time.Second))
+	// Trying once: the error is returned, and the lock that the attempt took
+	// is given back.
+	name2 := uniqueName(t) + "-once"
+	_, err := l.Acquire(ctx, name2)
 	require.ErrorIs(t, err, ErrUnavailable, "a lost reply is an error")
 	require.ErrorIs(t, err, errReplyLost)
-	k2, _ := l.keys(uniqueName(t) + "-2")
+	k2, _ := l.keys(name2)
 	n, err := e.admin.Exists(ctx, k2).Result()
 	require.NoError(t, err)
 	assert.Zero(t, n, "the lock taken by the attempt whose reply was lost is given back")
+
+	// Waiting: the next attempt of the same call finds the lock its own and
+	// succeeds with the fence that the lost attempt issued.
+	dropped.Store(0)
+	name3 := uniqueName(t) + "-wait"
+	lease, err := l.Acquire(ctx, name3, WithWait(time.Second))
+	require.NoError(t, err)
+	assert.Equal(t, int32(2), dropped.Load(), "two attempts")
+	_, f3 := l.keys(name3)
+	stored, err := e.admin.Get(ctx, f3).Int64()
+	require.NoError(t, err)
+	assert.Equal(t, stored, lease.Fence(), "one fence issued, not two")
+	require.NoError(t, lease.Release(ctx))
 }
 
 func TestGoRedisRetryAfterLostReply(t *testing.T) {

@@ -1,0 +1,289 @@
+package fencelock
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Push-based waiting
+//
+// Release publishes a wake-up on the lock's channel (KeyPrefix+"{"+name+"}:released")
+// in the same script that deletes the lock. An Acquire that waits subscribes to
+// that channel after its first busy attempt and before its next one, so a
+// release between the two is not missed, and then sleeps until a wake-up, the
+// holder's remaining TTL, a capped jittered backoff or the end of the wait,
+// whichever comes first. Wake-ups only make a waiter try sooner: a lost one (a
+// crashed holder publishes nothing; a dropped subscription connection or a
+// Redis restart loses messages) costs at most the backoff or the holder's TTL,
+// never correctness.
+//
+// All waiters of a Locker share one subscription connection (on Redis Cluster,
+// one per contended lock name, on the node that serves it), opened when the
+// first waiter arrives and closed when the last one leaves, so no goroutine or
+// connection outlives the Acquire calls that wait. Sharded pub/sub (SSUBSCRIBE,
+// Redis 7) is used where the server has it, classic SUBSCRIBE elsewhere.
+
+// wakeChannel returns the pub/sub channel on which the release of key is
+// announced. It shares key's hash tag.
+func wakeChannel(key string) string { return key + ":released" }
+
+// notifier fans release announcements out to the waiting Acquire calls of one
+// Locker.
+type notifier struct {
+	client  redis.UniversalClient
+	cluster bool // one hub per channel instead of one per Locker
+
+	mu      sync.Mutex
+	hubs    map[string]*hub // guarded by mu; by hubKey
+	classic bool            // guarded by mu; the server has no sharded pub/sub
+}
+
+func newNotifier(client redis.UniversalClient) *notifier {
+	_, cluster := client.(*redis.ClusterClient)
+	return &notifier{client: client, cluster: cluster, hubs: make(map[string]*hub)}
+}
+
+// A hub is one subscription connection and the goroutine that reads it. The
+// goroutine is started by the first waiter and stopped, and waited for, by the
+// last one to leave.
+type hub struct {
+	ps      *redis.PubSub
+	sharded bool
+	key     string
+	waiters map[string]map[*waiter]struct{} // guarded by notifier.mu; by channel
+	stop    chan struct{}                   // closed when the last waiter leaves
+	done    chan struct{}                   // closed by the goroutine on exit
+}
+
+// A waiter is one waiting Acquire call's registration.
+type waiter struct {
+	n       *notifier
+	h       *hub
+	channel string
+	wake    chan struct{} // buffered: a pending wake-up
+}
+
+func (n *notifier) hubKey(channel string) string {
+	if n.cluster {
+		return channel
+	}
+	return ""
+}
+
+// register subscribes to channel for a waiting Acquire and returns once the
+// server has confirmed the subscription (for a channel new to its hub, the
+// confirmation arrives as a wake-up). On error the caller waits without
+// wake-ups.
+func (n *notifier) register(ctx context.Context, channel string) (*waiter, error) {
+	n.mu.Lock()
+	h := n.hubs[n.hubKey(channel)]
+	if h == nil {
+		classic := n.classic
+		n.mu.Unlock()
+		var err error
+		h, err = n.open(ctx, channel, classic)
+		if err != nil {
+			return nil, err
+		}
+		n.mu.Lock()
+		if other := n.hubs[h.key]; other != nil {
+			// Another waiter opened one meanwhile: use it.
+			n.mu.Unlock()
+			_ = h.ps.Close()
+			return n.register(ctx, channel)
+		}
+		n.hubs[h.key] = h
+		go n.read(h)
+	}
+	w := &waiter{n: n, h: h, channel: channel, wake: make(chan struct{}, 1)}
+	set := h.waiters[channel]
+	first := set == nil
+	if first {
+		set = make(map[*waiter]struct{})
+		h.waiters[channel] = set
+	}
+	set[w] = struct{}{}
+	n.mu.Unlock()
+	if !first {
+		// The channel is subscribed, or its confirmation is on its way and
+		// will wake w again: try now.
+		w.signal()
+		return w, nil
+	}
+	if err := h.subscribe(ctx, channel); err != nil {
+		w.leave()
+		return nil, err
+	}
+	return w, nil // the server's confirmation wakes w
+}
+
+// open opens a hub's connection, subscribed to channel, and waits for the
+// server's confirmation. A server without sharded pub/sub answers SSUBSCRIBE
+// with an error; open then falls back to SUBSCRIBE for good.
+func (n *notifier) open(ctx context.Context, channel string, classic bool) (*hub, error) {
+	h := &hub{
+		key:     n.hubKey(channel),
+		waiters: map[string]map[*waiter]struct{}{channel: {}},
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	if !classic {
+		h.ps, h.sharded = n.client.SSubscribe(ctx, channel), true
+		err := confirm(ctx, h.ps)
+		if err == nil {
+			return h, nil
+		}
+		_ = h.ps.Close()
+		if !isUnknownCommand(err) {
+			return nil, err
+		}
+		n.mu.Lock()
+		n.classic = true
+		n.mu.Unlock()
+	}
+	h.ps, h.sharded = n.client.Subscribe(ctx, channel), false
+	if err := confirm(ctx, h.ps); err != nil {
+		_ = h.ps.Close()
+		return nil, err
+	}
+	return h, nil
+}
+
+// confirm reads the reply to the first subscription of ps, for no longer than
+// ctx allows and at most confirmTimeout (go-redis does not bound a pub/sub
+// read by the context alone).
+func confirm(ctx context.Context, ps *redis.PubSub) error {
+	timeout := confirmTimeout
+	if d, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(d))
+	}
+	if timeout <= 0 {
+		return context.DeadlineExceeded
+	}
+	for {
+		msg, err := ps.ReceiveTimeout(ctx, timeout)
+		if err != nil {
+			return err
+		}
+		if _, ok := msg.(*redis.Subscription); ok {
+			return nil
+		}
+	}
+}
+
+const confirmTimeout = 2 * time.Second
+
+func isUnknownCommand(err error) bool {
+	s := strings.ToLower(err.Error())
+	return strings.Contains(s, "unknown command")
+}
+
+func (h *hub) subscribe(ctx context.Context, channel string) error {
+	if h.sharded {
+		return h.ps.SSubscribe(ctx, channel)
+	}
+	return h.ps.Subscribe(ctx, channel)
+}
+
+func (h *hub) unsubscribe(ctx context.Context, channel string) error {
+	if h.sharded {
+		return h.ps.SUnsubscribe(ctx, channel)
+	}
+	return h.ps.Unsubscribe(ctx, channel)
+}
+
+// leave deregisters w. The last waiter on a channel unsubscribes it; the last
+// waiter of a hub closes its connection and waits for its goroutine to exit.
+func (w *waiter) leave() {
+	n, h := w.n, w.h
+	n.mu.Lock()
+	set := h.waiters[w.channel]
+	delete(set, w)
+	lastOnChannel := len(set) == 0
+	if lastOnChannel {
+		delete(h.waiters, w.channel)
+	}
+	lastOfHub := len(h.waiters) == 0
+	if lastOfHub && n.hubs[h.key] == h {
+		delete(n.hubs, h.key)
+		close(h.stop)
+	}
+	n.mu.Unlock()
+	switch {
+	case lastOfHub:
+		_ = h.ps.Close()
+		<-h.done
+	case lastOnChannel:
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = h.unsubscribe(ctx, w.channel)
+		cancel()
+	}
+}
+
+// read is a hub's goroutine: it delivers wake-ups until the hub is stopped.
+func (n *notifier) read(h *hub) {
+	defer close(h.done)
+	pause := backoff{min: 10 * time.Millisecond, max: time.Second}
+	for {
+		msg, err := h.ps.Receive(context.Background())
+		select {
+		case <-h.stop:
+			return
+		default:
+		}
+		if err != nil {
+			// The connection broke: go-redis reconnects and resubscribes on
+			// the next Receive. Messages may have been lost meanwhile, so
+			// every waiter tries again now.
+			n.wakeAll(h)
+			t := time.NewTimer(pause.next())
+			select {
+			case <-h.stop:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			continue
+		}
+		pause = backoff{min: pause.min, max: pause.max}
+		switch m := msg.(type) {
+		case *redis.Message:
+			n.wakeChannel(h, m.Channel)
+		case *redis.Subscription:
+			if m.Kind == "subscribe" || m.Kind == "ssubscribe" {
+				// A new or renewed subscription: wake-ups sent before it
+				// may have been missed.
+				n.wakeChannel(h, m.Channel)
+			}
+		}
+	}
+}
+
+func (n *notifier) wakeChannel(h *hub, channel string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for w := range h.waiters[channel] {
+		w.signal()
+	}
+}
+
+func (n *notifier) wakeAll(h *hub) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, set := range h.waiters {
+		for w := range set {
+			w.signal()
+		}
+	}
+}
+
+func (w *waiter) signal() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,195 @@
+package fencelock
+
+import (
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A backoff so long that a waiter woken in time can only have been woken by
+// the release's pub/sub message.
+var slowPolling = &Options{MinRetryBackoff: 20 * time.Second, MaxRetryBackoff: 20 * time.Second}
+
+// pubsubClients returns how many connections of the server are in pub/sub
+// mode.
+func pubsubClients(t *testing.T, e *env) int {
+	t.Helper()
+	list, err := e.admin.ClientList(ctx).Result()
+	require.NoError(t, err)
+	n := 0
+	for _, line := range strings.Split(strings.TrimSpace(list), "\n") {
+		for _, f := range strings.Fields(line) {
+			if (strings.HasPrefix(f, "sub=") && f != "sub=0") || (strings.HasPrefix(f, "ssub=") && f != "ssub=0") {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
+func TestReleaseWakesWaiter(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, slowPolling)
+	name := uniqueName(t)
+	held, err := l.Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+
+	got := make(chan time.Time, 1)
+	go func() {
+		lease, err := l.Acquire(ctx, name, WithWait(time.Minute))
+		if !assert.NoError(t, err) {
+			got <- time.Time{}
+			return
+		}
+		got <- time.Now()
+		assert.NoError(t, lease.Release(ctx))
+	}()
+	require.Eventually(t, func() bool { return pubsubClients(t, e) == 1 }, 5*time.Second, time.Millisecond, "the waiter subscribes")
+	time.Sleep(50 * time.Millisecond)
+	released := time.Now()
+	require.NoError(t, held.Release(ctx))
+	obtained := <-got
+	require.False(t, obtained.IsZero())
+	assert.Less(t, obtained.Sub(released), 5*time.Second, "woken by the release, not by the 10-20s backoff nor the 1 minute TTL")
+	require.Eventually(t, func() bool { return pubsubClients(t, e) == 0 }, 5*time.Second, 10*time.Millisecond,
+		"the subscription connection is closed when the last waiter leaves")
+}
+
+func TestWaitersShareOneSubscription(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, slowPolling)
+	const locks, perLock = 4, 3
+	var held []*Lease
+	for i := range locks {
+		lease, err := l.Acquire(ctx, uniqueName(t)+strings.Repeat("x", i))
+		require.NoError(t, err)
+		held = append(held, lease)
+	}
+	var wg sync.WaitGroup
+	for _, h := range held {
+		for range perLock {
+			wg.Go(func() {
+				lease, err := l.Acquire(ctx, h.Name(), WithWait(time.Minute))
+				if assert.NoError(t, err) {
+					time.Sleep(time.Millisecond)
+					assert.NoError(t, lease.Release(ctx))
+				}
+			})
+		}
+	}
+	// Every waiter is subscribed once its channel is: count the channels.
+	require.Eventually(t, func() bool {
+		chans, err := e.admin.PubSubShardChannels(ctx, "*").Result()
+		return err == nil && len(chans) == locks
+	}, 5*time.Second, time.Millisecond)
+	assert.Equal(t, 1, pubsubClients(t, e), "12 waiters on 4 locks share one connection")
+
+	start := time.Now()
+	for _, h := range held {
+		require.NoError(t, h.Release(ctx))
+	}
+	wg.Wait() // each release hands over to a waiter, whose release wakes the next
+	assert.Less(t, time.Since(start), 10*time.Second, "all hand-overs by wake-up, none by the 10-20s backoff")
+	require.Eventually(t, func() bool { return pubsubClients(t, e) == 0 }, 5*time.Second, 10*time.Millisecond)
+}
+
+func TestWaiterSurvivesDroppedSubscription(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, slowPolling)
+	name := uniqueName(t)
+	held, err := l.Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+
+	got := make(chan error, 1)
+	go func() {
+		lease, err := l.Acquire(ctx, name, WithWait(time.Minute))
+		if err == nil {
+			err = lease.Release(ctx)
+		}
+		got <- err
+	}()
+	require.Eventually(t, func() bool { return pubsubClients(t, e) == 1 }, 5*time.Second, time.Millisecond)
+	// Drop the subscription connection; the waiter's client reconnects and
+	// subscribes again.
+	require.NoError(t, e.admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Err())
+	require.Eventually(t, func() bool { return pubsubClients(t, e) == 1 }, 5*time.Second, time.Millisecond, "resubscribed")
+	time.Sleep(20 * time.Millisecond)
+	released := time.Now()
+	require.NoError(t, held.Release(ctx))
+	select {
+	case err := <-got:
+		require.NoError(t, err)
+		assert.Less(t, time.Since(released), 5*time.Second)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter was not woken after its subscription was dropped")
+	}
+}
+
+func TestWaiterSurvivesRedisRestart(t *testing.T) {
+	e := newEnv(t, &redis.Options{MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	l := e.locker(t, &Options{MinRetryBackoff: 100 * time.Millisecond, MaxRetryBackoff: 500 * time.Millisecond})
+	name := uniqueName(t)
+	_, err := l.Acquire(ctx, name, WithTTL(time.Hour)) // held for an hour, never released
+	require.NoError(t, err)
+
+	got := make(chan error, 1)
+	go func() {
+		lease, err := l.Acquire(ctx, name, WithWait(time.Minute))
+		if err == nil {
+			err = lease.Release(ctx)
+		}
+		got <- err
+	}()
+	require.Eventually(t, func() bool { return pubsubClients(t, e) == 1 }, 5*time.Second, time.Millisecond)
+	// Without persistence a restart loses the lock: the waiter, which keeps
+	// trying through the outage, must get it without waiting for the hour.
+	e.srv.Restart()
+	select {
+	case err := <-got:
+		require.NoError(t, err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the waiter stalled after a Redis restart")
+	}
+}
+
+func TestWaitUnavailableThroughout(t *testing.T) {
+	e := newEnv(t, &redis.Options{MaxRetries: -1, DialTimeout: 50 * time.Millisecond})
+	l := e.locker(t, &Options{ReleaseTimeout: 100 * time.Millisecond})
+	e.srv.Kill()
+	start := time.Now()
+	_, err := l.Acquire(ctx, uniqueName(t), WithWait(500*time.Millisecond))
+	require.ErrorIs(t, err, ErrUnavailable, "Redis down for the whole wait")
+	assert.NotErrorIs(t, err, ErrNotObtained)
+	assert.Less(t, time.Since(start), 3*time.Second, "bounded by the wait")
+}
+
+func TestMiniredisFallsBackToClassicPubSub(t *testing.T) {
+	m, l := newMini(t)
+	l2, err := New(redis.NewClient(&redis.Options{Addr: m.Addr()}), slowPolling)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l2.client.Close() })
+	held, err := l.Acquire(ctx, "job", WithTTL(time.Minute))
+	require.NoError(t, err)
+	got := make(chan error, 1)
+	go func() {
+		lease, err := l2.Acquire(ctx, "job", WithWait(time.Minute))
+		if err == nil {
+			err = lease.Release(ctx)
+		}
+		got <- err
+	}()
+	require.Eventually(t, func() bool { return len(m.PubSubChannels("*")) == 1 }, 5*time.Second, time.Millisecond)
+	require.NoError(t, held.Release(ctx))
+	select {
+	case err := <-got:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("no wake-up through PUBLISH/SUBSCRIBE")
+	}
+}
