@@ -1,15 +1,3 @@
-// Package fencelock provides Redis distributed locks with fencing tokens.
-//
-// A Locker acquires a named lock with one round trip (SET key token NX PX ttl
-// and a fencing token in one Lua script) and returns a Lease. The Lease
-// releases and extends the lock with compare-the-token scripts, so it never
-// deletes or extends another holder's lock.
-//
-// A Redis lock is an efficiency lock: a process pause (GC, SIGSTOP, a
-// suspended VM) longer than the TTL, or a failover to a replica that had not
-// received the lock, can let two holders believe they hold it at once. When
-// correctness depends on mutual exclusion, pass Lease.Fence to the protected
-// resource and have it reject writes with an older fence.
 package fencelock
 
 import (

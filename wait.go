@@ -9,23 +9,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Push-based waiting
-//
-// Release publishes a wake-up on the lock's channel (KeyPrefix+"{"+name+"}:released")
-// in the same script that deletes the lock. An Acquire that waits subscribes to
-// that channel after its first busy attempt and before its next one, so a
-// release between the two is not missed, and then sleeps until a wake-up, the
-// holder's remaining TTL, a capped jittered backoff or the end of the wait,
-// whichever comes first. Wake-ups only make a waiter try sooner: a lost one (a
-// crashed holder publishes nothing; a dropped subscription connection or a
-// Redis restart loses messages) costs at most the backoff or the holder's TTL,
-// never correctness.
-//
-// All waiters of a Locker share one subscription connection (on Redis Cluster,
-// one per contended lock name, on the node that serves it), opened when the
-// first waiter arrives and closed when the last one leaves, so no goroutine or
-// connection outlives the Acquire calls that wait. Sharded pub/sub (SSUBSCRIBE,
-// Redis 7) is used where the server has it, classic SUBSCRIBE elsewhere.
+// Push-based waiting, as documented in doc.go: the release script publishes
+// on wakeChannel(key), and waiting Acquire calls listen through a notifier.
 
 // wakeChannel returns the pub/sub channel on which the release of key is
 // announced. It shares key's hash tag.
