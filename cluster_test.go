@@ -48,23 +48,11 @@ func TestCluster(t *testing.T) {
 	require.NoError(t, err)
 	held, err := slow.Acquire(ctx, "order:7", WithTTL(time.Minute))
 	require.NoError(t, err)
-	got := make(chan error, 1)
-	go func() {
-		lease, err := slow.Acquire(ctx, "order:7", WithWait(time.Minute))
-		if err == nil {
-			err = lease.Release(ctx)
-		}
-		got <- err
-	}()
+	got := waitInBackground(slow, "order:7")
 	require.Eventually(t, func() bool {
 		chans, err := client.PubSubShardChannels(ctx, "*").Result()
 		return err == nil && len(chans) == 1
 	}, 5*time.Second, time.Millisecond)
 	require.NoError(t, held.Release(ctx))
-	select {
-	case err := <-got:
-		require.NoError(t, err)
-	case <-time.After(5 * time.Second):
-		t.Fatal("no wake-up on Redis Cluster")
-	}
+	requireObtained(t, got, 5*time.Second, "no wake-up on Redis Cluster")
 }

@@ -33,6 +33,31 @@ func pubsubClients(t *testing.T, e *env) int {
 	return n
 }
 
+// waitInBackground acquires name with a one-minute wait, releases it, and
+// sends the outcome.
+func waitInBackground(l *Locker, name string) <-chan error {
+	got := make(chan error, 1)
+	go func() {
+		lease, err := l.Acquire(ctx, name, WithWait(time.Minute))
+		if err == nil {
+			err = lease.Release(ctx)
+		}
+		got <- err
+	}()
+	return got
+}
+
+// requireObtained waits up to d for waitInBackground's outcome.
+func requireObtained(t *testing.T, got <-chan error, d time.Duration, msg string) {
+	t.Helper()
+	select {
+	case err := <-got:
+		require.NoError(t, err)
+	case <-time.After(d):
+		t.Fatal(msg)
+	}
+}
+
 func TestReleaseWakesWaiter(t *testing.T) {
 	e := newEnv(t, nil)
 	l := e.locker(t, slowPolling)
@@ -106,14 +131,7 @@ func TestWaiterSurvivesDroppedSubscription(t *testing.T) {
 	held, err := l.Acquire(ctx, name, WithTTL(time.Minute))
 	require.NoError(t, err)
 
-	got := make(chan error, 1)
-	go func() {
-		lease, err := l.Acquire(ctx, name, WithWait(time.Minute))
-		if err == nil {
-			err = lease.Release(ctx)
-		}
-		got <- err
-	}()
+	got := waitInBackground(l, name)
 	require.Eventually(t, func() bool { return pubsubClients(t, e) == 1 }, 5*time.Second, time.Millisecond)
 	// Drop the subscription connection; the waiter's client reconnects and
 	// subscribes again.
@@ -122,13 +140,8 @@ func TestWaiterSurvivesDroppedSubscription(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	released := time.Now()
 	require.NoError(t, held.Release(ctx))
-	select {
-	case err := <-got:
-		require.NoError(t, err)
-		assert.Less(t, time.Since(released), 5*time.Second)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the waiter was not woken after its subscription was dropped")
-	}
+	requireObtained(t, got, 10*time.Second, "the waiter was not woken after its subscription was dropped")
+	assert.Less(t, time.Since(released), 5*time.Second)
 }
 
 func TestWaiterSurvivesRedisRestart(t *testing.T) {
@@ -138,24 +151,12 @@ func TestWaiterSurvivesRedisRestart(t *testing.T) {
 	_, err := l.Acquire(ctx, name, WithTTL(time.Hour)) // held for an hour, never released
 	require.NoError(t, err)
 
-	got := make(chan error, 1)
-	go func() {
-		lease, err := l.Acquire(ctx, name, WithWait(time.Minute))
-		if err == nil {
-			err = lease.Release(ctx)
-		}
-		got <- err
-	}()
+	got := waitInBackground(l, name)
 	require.Eventually(t, func() bool { return pubsubClients(t, e) == 1 }, 5*time.Second, time.Millisecond)
 	// Without persistence a restart loses the lock: the waiter, which keeps
 	// trying through the outage, must get it without waiting for the hour.
 	e.srv.Restart()
-	select {
-	case err := <-got:
-		require.NoError(t, err)
-	case <-time.After(15 * time.Second):
-		t.Fatal("the waiter stalled after a Redis restart")
-	}
+	requireObtained(t, got, 15*time.Second, "the waiter stalled after a Redis restart")
 }
 
 func TestWaitUnavailableThroughout(t *testing.T) {
@@ -176,20 +177,8 @@ func TestMiniredisFallsBackToClassicPubSub(t *testing.T) {
 	t.Cleanup(func() { _ = l2.client.Close() })
 	held, err := l.Acquire(ctx, "job", WithTTL(time.Minute))
 	require.NoError(t, err)
-	got := make(chan error, 1)
-	go func() {
-		lease, err := l2.Acquire(ctx, "job", WithWait(time.Minute))
-		if err == nil {
-			err = lease.Release(ctx)
-		}
-		got <- err
-	}()
+	got := waitInBackground(l2, "job")
 	require.Eventually(t, func() bool { return len(m.PubSubChannels("*")) == 1 }, 5*time.Second, time.Millisecond)
 	require.NoError(t, held.Release(ctx))
-	select {
-	case err := <-got:
-		require.NoError(t, err)
-	case <-time.After(5 * time.Second):
-		t.Fatal("no wake-up through PUBLISH/SUBSCRIBE")
-	}
+	requireObtained(t, got, 5*time.Second, "no wake-up through PUBLISH/SUBSCRIBE")
 }
