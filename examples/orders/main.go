@@ -1,0 +1,370 @@
+// Command orders shows fencelock keeping a duplicated notification from
+// shipping an order twice.
+//
+// A payment provider delivers "payment completed" for order 42 twice, to two
+// instances of the order service at the same moment (at-least-once delivery
+// does that). Both call RunWithLock("order:42", ..., WithWait(5s)): one gets
+// the lock, picks and packs the order and marks it shipped; the other waits
+// for the lock, then finds the order shipped and acknowledges the duplicate.
+// The lock saves the second instance the work; the conditional update
+//
+//	UPDATE orders SET status = 'shipped', fence_token = ?
+//	WHERE id = ? AND status = 'paid' AND fence_token < ?
+//
+// and the shipments table's primary key are what make "ships once" hold even
+// if a holder lost its lock without knowing it.
+//
+// Run it with nothing but Go installed:
+//
+//	go run ./examples/orders
+//
+// It starts an embedded miniredis on a loopback port and an SQLite file in a
+// temporary directory. REDIS_ADDR (host:port or redis:// URL) switches to a
+// real Redis, DATABASE_URL (postgres:// URL) to PostgreSQL. The run uses its
+// own tables and lock key prefix and removes them at the end.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/examples/internal/demo"
+)
+
+func main() {
+	os.Exit(runMain())
+}
+
+// runMain runs the story as the command does and returns its exit code.
+func runMain() int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	_, err := run(ctx, Config{
+		RedisAddr:   os.Getenv("REDIS_ADDR"),
+		DatabaseURL: os.Getenv("DATABASE_URL"),
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "orders:", err)
+		return 1
+	}
+	return 0
+}
+
+// Config configures one run of the story.
+type Config struct {
+	RedisAddr   string        // REDIS_ADDR; empty starts an embedded miniredis
+	DatabaseURL string        // DATABASE_URL; empty uses an embedded SQLite file
+	Pack        time.Duration // how long picking and packing takes; default 300ms
+	Out         io.Writer     // the timeline; default os.Stdout
+}
+
+// Handling is what one instance did with its notification.
+type Handling struct {
+	Instance string
+	Fence    int64         // the fencing token it held; 0 if it did not get the lock
+	Waited   time.Duration // how long it waited for the lock
+	Found    string        // the order's status when it looked, under the lock
+	Shipped  bool          // this instance shipped the order
+	Err      error
+}
+
+// Shipment is one row of the shipments table.
+type Shipment struct {
+	OrderID   int64
+	ShippedBy string
+	Fence     int64
+}
+
+// Result is what a run of the story did.
+type Result struct {
+	OrderID   int64
+	Status    string // the order's status at the end
+	Fence     int64  // the order's fence_token at the end
+	Handlings []Handling
+	Shipments []Shipment
+	Tables    []string // the run's tables, dropped at the end of the run
+	Keys      []string // the run's Redis keys, deleted at the end of the run
+}
+
+const orderID = 42
+
+// run tells the story: two instances, as goroutines with a Redis client and
+// a database pool each, handle the same notification at the same moment.
+func run(ctx context.Context, cfg Config) (res Result, err error) {
+	if cfg.Pack == 0 {
+		cfg.Pack = 300 * time.Millisecond
+	}
+	if cfg.Out == nil {
+		cfg.Out = os.Stdout
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+
+	tl := demo.NewTimeline(cfg.Out)
+	rds, err := demo.StartRedis(ctx, cfg.RedisAddr)
+	if err != nil {
+		return res, err
+	}
+	defer rds.Close()
+	db, err := demo.OpenDB(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return res, err
+	}
+	defer db.Close()
+
+	runID := demo.RunID()
+	q := newQueries(db, runID)
+	res.OrderID, res.Tables = orderID, []string{q.orders, q.shipments}
+	for _, stmt := range q.create {
+		if _, err := db.ExecContext(ctx, stmt); err != nil {
+			return res, fmt.Errorf("create tables: %w", err)
+		}
+	}
+	defer func() {
+		if derr := db.DropTables(ctx, res.Tables...); derr != nil && err == nil {
+			err = derr
+		}
+	}()
+	prefix := "fencelock-example:" + runID + ":"
+	lockName := fmt.Sprintf("order:%d", orderID)
+	lockKey := prefix + "{" + lockName + "}" // Options.KeyPrefix documents the key format
+	res.Keys = []string{lockKey, lockKey + ":fence"}
+	defer func() {
+		if derr := demo.DeleteKeys(ctx, rds.Addr, res.Keys...); derr != nil && err == nil {
+			err = derr
+		}
+	}()
+	if _, err := db.ExecContext(ctx, q.insertOrder, orderID); err != nil {
+		return res, fmt.Errorf("create order: %w", err)
+	}
+
+	tl.Printf("parent", "redis: %s", rds.Desc)
+	tl.Printf("parent", "database: %s, tables %s and %s", db.Desc, q.orders, q.shipments)
+	tl.Printf("parent", "order %d is paid; its \"payment completed\" notification arrives twice, at two instances at once",
+		orderID)
+
+	// Each instance has its own Redis client and database pool, as separate
+	// processes would.
+	names := []string{"instance-a", "instance-b"}
+	instances := make([]*instance, 0, len(names))
+	defer func() {
+		for _, in := range instances {
+			in.close()
+		}
+	}()
+	for _, name := range names {
+		in, err := newInstance(ctx, name, rds.Addr, db, q, prefix, cfg.Pack, tl)
+		if err != nil {
+			return res, err
+		}
+		instances = append(instances, in)
+	}
+
+	res.Handlings = make([]Handling, len(instances))
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i, in := range instances {
+		wg.Go(func() {
+			<-start
+			res.Handlings[i] = in.handle(ctx, lockName)
+		})
+	}
+	close(start) // both notifications arrive now
+	wg.Wait()
+
+	for _, h := range res.Handlings {
+		if h.Err != nil {
+			return res, fmt.Errorf("%s: %w", h.Instance, h.Err)
+		}
+	}
+	if err := db.QueryRowContext(ctx, q.selectOrder, orderID).Scan(&res.Status, &res.Fence); err != nil {
+		return res, fmt.Errorf("read order: %w", err)
+	}
+	if res.Shipments, err = q.allShipments(ctx, db); err != nil {
+		return res, err
+	}
+	for _, s := range res.Shipments {
+		tl.Printf("parent", "order %d: status %s, fence %d; shipped once, by %s", orderID, res.Status, res.Fence, s.ShippedBy)
+	}
+	if len(res.Shipments) != 1 {
+		tl.Printf("parent", "order %d: status %s, %d shipments", orderID, res.Status, len(res.Shipments))
+	}
+	return res, nil
+}
+
+// instance is one instance of the order service.
+type instance struct {
+	name   string
+	locker *fencelock.Locker
+	db     *demo.DB
+	q      queries
+	pack   time.Duration
+	tl     *demo.Timeline
+	close  func()
+}
+
+func newInstance(ctx context.Context, name, redisAddr string, shared *demo.DB, q queries,
+	prefix string, pack time.Duration, tl *demo.Timeline) (*instance, error) {
+	rdb, err := demo.NewRedisClient(ctx, redisAddr)
+	if err != nil {
+		return nil, err
+	}
+	db, err := demo.Connect(ctx, shared.Driver, shared.DSN)
+	if err != nil {
+		_ = rdb.Close()
+		return nil, err
+	}
+	locker, err := fencelock.New(rdb, &fencelock.Options{KeyPrefix: prefix})
+	if err != nil {
+		_ = db.Close()
+		_ = rdb.Close()
+		return nil, err
+	}
+	return &instance{
+		name: name, locker: locker, db: db, q: q, pack: pack, tl: tl,
+		close: func() { _ = db.Close(); _ = rdb.Close() },
+	}, nil
+}
+
+// handle handles a "payment completed" notification for the order: under the
+// order's lock, ship it unless it has been shipped already.
+func (in *instance) handle(ctx context.Context, lockName string) Handling {
+	h := Handling{Instance: in.name}
+	const wait = 5 * time.Second
+	in.tl.Printf(in.name, "payment completed for order %d: RunWithLock(%q, WithWait(%v))", orderID, lockName, wait)
+	begin := time.Now()
+	err := in.locker.RunWithLock(ctx, lockName, func(ctx context.Context, lease *fencelock.Lease) error {
+		h.Fence, h.Waited = lease.Fence(), time.Since(begin)
+		got := fmt.Sprintf("acquired the lock, fence %d", h.Fence)
+		if h.Waited > 50*time.Millisecond {
+			got = fmt.Sprintf("acquired the lock after waiting %.2fs, fence %d", h.Waited.Seconds(), h.Fence)
+		}
+		if err := in.db.QueryRowContext(ctx, in.q.selectStatus, orderID).Scan(&h.Found); err != nil {
+			return fmt.Errorf("read order: %w", err)
+		}
+		if h.Found != "paid" {
+			in.tl.Printf(in.name, "%s; order %d is already %s: acknowledge the duplicate notification",
+				got, orderID, h.Found)
+			return nil
+		}
+		in.tl.Printf(in.name, "%s; order %d is paid: picking and packing", got, orderID)
+		select {
+		case <-time.After(in.pack):
+		case <-ctx.Done(): // the lease was lost (or the run cancelled): stop here
+			return context.Cause(ctx)
+		}
+		shipped, err := ship(ctx, in.db, in.q, orderID, in.name, h.Fence)
+		if err != nil {
+			return err
+		}
+		h.Shipped = shipped
+		if shipped {
+			in.tl.Printf(in.name, "conditional update matched the paid order: shipped, shipment recorded with fence %d", h.Fence)
+		} else {
+			// Only possible if this instance lost its lock while packing and
+			// another one shipped the order meanwhile.
+			in.tl.Printf(in.name, "conditional update matched no row: shipped already, nothing written")
+		}
+		return nil
+	}, fencelock.WithWait(wait))
+	if err != nil {
+		if errors.Is(err, fencelock.ErrNotObtained) {
+			err = fmt.Errorf("the lock stayed busy for %v: %w", wait, err)
+		}
+		in.tl.Printf(in.name, "failed: %v", err)
+		h.Err = err
+	}
+	return h
+}
+
+// ship marks the order shipped and records its shipment, in one
+// transaction, if the order is still paid and no holder with a newer fence
+// has written it. It reports whether it did.
+func ship(ctx context.Context, db *demo.DB, q queries, id int64, by string, fence int64) (shipped bool, err error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return false, fmt.Errorf("ship order %d: %w", id, err)
+	}
+	defer func() {
+		if !shipped {
+			_ = tx.Rollback()
+		}
+	}()
+	res, err := tx.ExecContext(ctx, q.markShipped, fence, id, fence)
+	if err != nil {
+		return false, fmt.Errorf("ship order %d: %w", id, err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return false, err
+	}
+	// The shipment's primary key is the order: even a write that got past
+	// the update could not record a second shipment.
+	if _, err := tx.ExecContext(ctx, q.insertShipment, id, by, fence); err != nil {
+		return false, fmt.Errorf("record shipment of order %d: %w", id, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return false, fmt.Errorf("ship order %d: %w", id, err)
+	}
+	return true, nil
+}
+
+// queries are the story's statements, written with ? and rebound once for
+// the database's placeholder style.
+type queries struct {
+	orders, shipments string // table names
+	create            []string
+	insertOrder, selectStatus, selectOrder,
+	markShipped, insertShipment, selectShipments string
+}
+
+func newQueries(db *demo.DB, runID string) queries {
+	orders, shipments := "orders_"+runID, "shipments_"+runID
+	return queries{
+		orders: orders, shipments: shipments,
+		create: []string{
+			`CREATE TABLE ` + orders + ` (
+				id          BIGINT PRIMARY KEY,
+				status      TEXT NOT NULL,   -- 'paid', then 'shipped'
+				fence_token BIGINT NOT NULL) -- fence of the last accepted write`,
+			`CREATE TABLE ` + shipments + ` (
+				order_id    BIGINT PRIMARY KEY, -- one shipment per order
+				shipped_by  TEXT NOT NULL,
+				fence_token BIGINT NOT NULL)`,
+		},
+		insertOrder:  db.Rebind(`INSERT INTO ` + orders + ` (id, status, fence_token) VALUES (?, 'paid', 0)`),
+		selectStatus: db.Rebind(`SELECT status FROM ` + orders + ` WHERE id = ?`),
+		selectOrder:  db.Rebind(`SELECT status, fence_token FROM ` + orders + ` WHERE id = ?`),
+		// The idempotent, fenced write: it matches only a paid order that no
+		// newer holder has written.
+		markShipped: db.Rebind(`UPDATE ` + orders + ` SET status = 'shipped', fence_token = ?
+			WHERE id = ? AND status = 'paid' AND fence_token < ?`),
+		insertShipment:  db.Rebind(`INSERT INTO ` + shipments + ` (order_id, shipped_by, fence_token) VALUES (?, ?, ?)`),
+		selectShipments: `SELECT order_id, shipped_by, fence_token FROM ` + shipments + ` ORDER BY order_id`,
+	}
+}
+
+// allShipments reads the shipments table.
+func (q queries) allShipments(ctx context.Context, db *demo.DB) ([]Shipment, error) {
+	rows, err := db.QueryContext(ctx, q.selectShipments)
+	if err != nil {
+		return nil, fmt.Errorf("read shipments: %w", err)
+	}
+	defer rows.Close()
+	var all []Shipment
+	for rows.Next() {
+		var s Shipment
+		if err := rows.Scan(&s.OrderID, &s.ShippedBy, &s.Fence); err != nil {
+			return nil, fmt.Errorf("read shipments: %w", err)
+		}
+		all = append(all, s)
+	}
+	return all, rows.Err()
+}

@@ -1,0 +1,198 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/fencelock/fencelock/examples/internal/demo"
+	"github.com/fencelock/fencelock/examples/internal/demotest"
+)
+
+// commandEnv makes the test binary run as the orders command itself.
+const commandEnv = "FENCELOCK_ORDERS_COMMAND"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(commandEnv) == "1" {
+		os.Exit(runMain())
+	}
+	// Under -race a process sleeps 1s at exit by default (the race
+	// detector's atexit_sleep_ms); the command runs in a child process.
+	_ = os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	goleak.VerifyTestMain(m)
+}
+
+// TestStory runs the story against each combination of embedded and real
+// servers and checks that the order shipped once.
+func TestStory(t *testing.T) {
+	tests := []struct {
+		name            string
+		redis, database func(t testing.TB) string
+	}{
+		{name: "embedded"},
+		{name: "real redis", redis: demotest.RealRedis},
+		{name: "postgres", database: demotest.RealPostgres},
+		{name: "real redis and postgres", redis: demotest.RealRedis, database: demotest.RealPostgres},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := Config{Out: demotest.Output(t)}
+			if tt.redis != nil {
+				cfg.RedisAddr = tt.redis(t)
+			}
+			if tt.database != nil {
+				cfg.DatabaseURL = tt.database(t)
+			}
+			res, err := run(t.Context(), cfg)
+			require.NoError(t, err)
+			checkStory(t, res)
+			if cfg.RedisAddr != "" {
+				c, err := demo.NewRedisClient(t.Context(), cfg.RedisAddr)
+				require.NoError(t, err)
+				defer c.Close()
+				n, err := c.Exists(t.Context(), res.Keys...).Result()
+				require.NoError(t, err)
+				assert.Zero(t, n, "keys left behind of %v", res.Keys)
+			}
+			if cfg.DatabaseURL != "" {
+				db, err := demo.Connect(t.Context(), "pgx", cfg.DatabaseURL)
+				require.NoError(t, err)
+				defer db.Close()
+				for _, table := range res.Tables {
+					var found bool
+					require.NoError(t, db.QueryRowContext(t.Context(), "SELECT to_regclass($1) IS NOT NULL", table).Scan(&found))
+					assert.False(t, found, "table %s left behind", table)
+				}
+			}
+		})
+	}
+}
+
+func checkStory(t *testing.T, res Result) {
+	t.Helper()
+	require.Len(t, res.Handlings, 2)
+	var shipper, duplicate Handling
+	switch {
+	case res.Handlings[0].Shipped && !res.Handlings[1].Shipped:
+		shipper, duplicate = res.Handlings[0], res.Handlings[1]
+	case res.Handlings[1].Shipped && !res.Handlings[0].Shipped:
+		shipper, duplicate = res.Handlings[1], res.Handlings[0]
+	default:
+		t.Fatalf("want exactly one instance to ship, got %+v", res.Handlings)
+	}
+	assert.Equal(t, "paid", shipper.Found)
+	assert.Equal(t, "shipped", duplicate.Found, "the second instance found the order shipped")
+	assert.Greater(t, duplicate.Fence, shipper.Fence, "the second instance held the lock after the first")
+	assert.Greater(t, duplicate.Waited, shipper.Waited, "the second instance waited for the lock")
+	assert.NoError(t, shipper.Err)
+	assert.NoError(t, duplicate.Err)
+
+	assert.Equal(t, "shipped", res.Status)
+	assert.Equal(t, shipper.Fence, res.Fence)
+	assert.Equal(t, []Shipment{{OrderID: orderID, ShippedBy: shipper.Instance, Fence: shipper.Fence}}, res.Shipments,
+		"shipped once")
+}
+
+// TestShipIsConditional checks the write on its own: it ships a paid order
+// once, and never with a fence older than the order's.
+func TestShipIsConditional(t *testing.T) {
+	ctx := t.Context()
+	db, err := demo.OpenDB(ctx, "")
+	require.NoError(t, err)
+	defer db.Close()
+	q := newQueries(db, "test")
+	for _, stmt := range q.create {
+		_, err := db.ExecContext(ctx, stmt)
+		require.NoError(t, err)
+	}
+	for _, id := range []int64{1, 2} {
+		_, err := db.ExecContext(ctx, q.insertOrder, id)
+		require.NoError(t, err)
+	}
+	// Order 2 was last written with fence 50.
+	_, err = db.ExecContext(ctx, "UPDATE orders_test SET fence_token = 50 WHERE id = 2")
+	require.NoError(t, err)
+
+	tests := []struct {
+		id    int64
+		fence int64
+		want  bool
+	}{
+		{id: 1, fence: 10, want: true},  // paid: ships
+		{id: 1, fence: 20, want: false}, // shipped already, even with a newer fence
+		{id: 2, fence: 40, want: false}, // paid, but the fence is older than the order's
+		{id: 2, fence: 60, want: true},
+	}
+	for _, tt := range tests {
+		got, err := ship(ctx, db, q, tt.id, "test", tt.fence)
+		require.NoError(t, err)
+		assert.Equal(t, tt.want, got, "ship order %d with fence %d", tt.id, tt.fence)
+	}
+	shipments, err := q.allShipments(ctx, db)
+	require.NoError(t, err)
+	assert.Equal(t, []Shipment{{1, "test", 10}, {2, "test", 60}}, shipments)
+}
+
+// TestCommand runs the command as `go run ./examples/orders` does.
+func TestCommand(t *testing.T) {
+	cmd := command(t)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	require.NoError(t, cmd.Run(), "stderr: %s", stderr.String())
+	out := stdout.String()
+	t.Log("\n" + out)
+	assert.Empty(t, stderr.String())
+	assert.Equal(t, 2, strings.Count(out, "payment completed for order 42"))
+	assert.Equal(t, 1, strings.Count(out, "is paid: picking and packing"))
+	assert.Equal(t, 1, strings.Count(out, "shipped, shipment recorded"))
+	assert.Equal(t, 1, strings.Count(out, "is already shipped: acknowledge the duplicate notification"))
+	assert.Contains(t, out, "shipped once, by instance-")
+}
+
+// TestCommandBadInput checks that bad configuration ends the command with a
+// clear message and exit code 1.
+func TestCommandBadInput(t *testing.T) {
+	tests := []struct{ env, want string }{
+		{"REDIS_ADDR=localhost", `REDIS_ADDR "localhost": want host:port or a redis:// URL`},
+		{"REDIS_ADDR=127.0.0.1:1", "redis at 127.0.0.1:1 does not answer"},
+		{"DATABASE_URL=sqlite:///tmp/x.db", "DATABASE_URL must be a postgres:// or postgresql:// URL"},
+		{"DATABASE_URL=postgres://postgres:secret@127.0.0.1:1/test", "postgresql does not answer"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.env, func(t *testing.T) {
+			cmd := command(t, tt.env)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			err := cmd.Run()
+			var exit *exec.ExitError
+			require.ErrorAs(t, err, &exit)
+			assert.Equal(t, 1, exit.ExitCode())
+			assert.Contains(t, stderr.String(), "orders: "+tt.want)
+			assert.NotContains(t, stderr.String(), "secret", "a password in an error message")
+			assert.NotContains(t, stderr.String(), "goroutine ", "a panic")
+		})
+	}
+}
+
+// command returns the test binary set up to run as the orders command, on
+// the embedded servers unless env says otherwise.
+func command(t *testing.T, env ...string) *exec.Cmd {
+	t.Helper()
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	cmd := exec.CommandContext(t.Context(), exe)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "REDIS_ADDR=") && !strings.HasPrefix(kv, "DATABASE_URL=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, commandEnv+"=1")
+	cmd.Env = append(cmd.Env, env...)
+	return cmd
+}

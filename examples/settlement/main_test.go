@@ -1,0 +1,321 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/fencelock/fencelock/examples/internal/demo"
+	"github.com/fencelock/fencelock/examples/internal/demotest"
+)
+
+// commandEnv makes the test binary run as the settlement command itself, so
+// that tests can check what the command prints, its exit code and what it
+// leaves behind.
+const commandEnv = "FENCELOCK_SETTLEMENT_COMMAND"
+
+func TestMain(m *testing.M) {
+	// The story re-executes its own binary as the pods; under test that is
+	// this test binary, so the roles are dispatched before any test runs.
+	if code, isPod := podMain(); isPod {
+		os.Exit(code)
+	}
+	if os.Getenv(commandEnv) == "1" {
+		os.Exit(runMain())
+	}
+	// Under -race every process sleeps 1s at exit by default (the race
+	// detector's atexit_sleep_ms); the pods inherit this and exit at once.
+	_ = os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	goleak.VerifyTestMain(m)
+}
+
+// TestStory runs the story against each combination of embedded and real
+// servers and checks what happened, not just that it ran.
+func TestStory(t *testing.T) {
+	tests := []struct {
+		name            string
+		redis, database func(t testing.TB) string
+	}{
+		{name: "embedded"},
+		{name: "real redis", redis: demotest.RealRedis},
+		{name: "postgres", database: demotest.RealPostgres},
+		{name: "real redis and postgres", redis: demotest.RealRedis, database: demotest.RealPostgres},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := Config{Out: demotest.Output(t)}
+			cfg.Stderr = cfg.Out
+			if tt.redis != nil {
+				cfg.RedisAddr = tt.redis(t)
+			}
+			if tt.database != nil {
+				cfg.DatabaseURL = tt.database(t)
+			}
+			res, err := run(t.Context(), cfg)
+			require.NoError(t, err)
+			checkStory(t, res)
+			if cfg.RedisAddr != "" {
+				checkKeysGone(t, cfg.RedisAddr, res.Keys)
+			}
+			if cfg.DatabaseURL != "" {
+				checkTableGone(t, cfg.DatabaseURL, res.Table)
+			}
+		})
+	}
+}
+
+// checkStory checks the outcome of every firing and the settlements table.
+func checkStory(t *testing.T, res Result) {
+	t.Helper()
+	require.Len(t, res.Firings, 5, "three firings at 00:05, a catch-up at 00:06, a late one at 00:07")
+
+	// 00:05: one pod got the lock, was paused, and its write was rejected;
+	// the two others skipped because the lock was busy.
+	var stale Firing
+	var busy []string
+	for _, f := range res.Firings[:3] {
+		assert.Equal(t, "00:05", f.At)
+		if f.Pod == res.Paused {
+			stale = f
+			continue
+		}
+		assert.Equal(t, SkippedBusy, f.Outcome, "%s", f.Pod)
+		assert.Zero(t, f.Fence, "%s did not get the lock", f.Pod)
+		assert.False(t, f.Lost, "%s", f.Pod)
+		busy = append(busy, f.Pod)
+	}
+	require.Len(t, busy, 2, "pods that skipped at 00:05")
+	assert.Equal(t, Rejected, stale.Outcome, "the paused pod's write")
+	assert.Positive(t, stale.Fence)
+	assert.True(t, stale.Lost, "RunWithLock reported ErrLost to the paused pod: %s", stale.Err)
+
+	// 00:06: the catch-up run got a newer fence and settled the day.
+	catchUp := res.Firings[3]
+	assert.Equal(t, "00:06", catchUp.At)
+	assert.Contains(t, busy, catchUp.Pod)
+	assert.Equal(t, Settled, catchUp.Outcome)
+	assert.Greater(t, catchUp.Fence, stale.Fence, "the catch-up run's fence is newer")
+	assert.False(t, catchUp.Lost, catchUp.Err)
+
+	// 00:07: the late run got the free lock, found the day done and skipped.
+	late := res.Firings[4]
+	assert.Equal(t, "00:07", late.At)
+	assert.Contains(t, busy, late.Pod)
+	assert.NotEqual(t, catchUp.Pod, late.Pod)
+	assert.Equal(t, SkippedDone, late.Outcome)
+	assert.Greater(t, late.Fence, catchUp.Fence, "the late run held the lock, with a newer fence")
+	assert.False(t, late.Lost, late.Err)
+
+	// Exactly one row, settled once, by the catch-up run, with its fence.
+	want := []Row{{
+		Date: res.Date, Status: "done", TotalCents: 19329,
+		Fence: catchUp.Fence, SettledBy: catchUp.Pod,
+	}}
+	assert.Equal(t, want, res.Rows)
+}
+
+func checkKeysGone(t *testing.T, addr string, keys []string) {
+	t.Helper()
+	require.NotEmpty(t, keys)
+	c, err := demo.NewRedisClient(t.Context(), addr)
+	require.NoError(t, err)
+	defer c.Close()
+	n, err := c.Exists(t.Context(), keys...).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "keys left behind of %v", keys)
+}
+
+func checkTableGone(t *testing.T, url, table string) {
+	t.Helper()
+	db, err := demo.Connect(t.Context(), "pgx", url)
+	require.NoError(t, err)
+	defer db.Close()
+	var found bool
+	require.NoError(t, db.QueryRowContext(t.Context(), "SELECT to_regclass($1) IS NOT NULL", table).Scan(&found))
+	assert.False(t, found, "table %s left behind", table)
+}
+
+// TestFencedWrite checks the settlement's SQL on its own: a write lands only
+// with a fence newer than the row's, and the seed does not reset a row.
+func TestFencedWrite(t *testing.T) {
+	ctx := t.Context()
+	db, err := demo.OpenDB(ctx, "")
+	require.NoError(t, err)
+	defer db.Close()
+	q := newQueries(db, "settlements")
+	_, err = db.ExecContext(ctx, q.create)
+	require.NoError(t, err)
+
+	const day = "2026-11-29"
+	settle := func(fence int64, by string) int64 {
+		t.Helper()
+		_, err := db.ExecContext(ctx, q.seed, day)
+		require.NoError(t, err)
+		res, err := db.ExecContext(ctx, q.settle, 100*fence, fence, by, day, fence)
+		require.NoError(t, err)
+		n, err := res.RowsAffected()
+		require.NoError(t, err)
+		return n
+	}
+	assert.EqualValues(t, 1, settle(20, "new"), "first write")
+	assert.EqualValues(t, 0, settle(10, "stale"), "older fence")
+	assert.EqualValues(t, 0, settle(20, "same"), "same fence again")
+	assert.EqualValues(t, 1, settle(30, "newer"), "newer fence")
+
+	rows, err := q.rows(ctx, db)
+	require.NoError(t, err)
+	assert.Equal(t, []Row{{Date: day, Status: "done", TotalCents: 3000, Fence: 30, SettledBy: "newer"}}, rows)
+}
+
+// command returns the test binary set up to run as the settlement command.
+func command(t *testing.T, env ...string) *exec.Cmd {
+	t.Helper()
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	cmd := exec.CommandContext(t.Context(), exe)
+	// Unset the switches so that the command uses the embedded servers
+	// unless a test sets them.
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "REDIS_ADDR=") && !strings.HasPrefix(kv, "DATABASE_URL=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, commandEnv+"=1")
+	cmd.Env = append(cmd.Env, env...)
+	return cmd
+}
+
+// TestCommand runs the command as `go run ./examples/settlement` does, on
+// the embedded servers, and checks the timeline it prints.
+func TestCommand(t *testing.T) {
+	cmd := command(t)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	start := time.Now()
+	require.NoError(t, cmd.Run(), "stderr: %s", stderr.String())
+	t.Logf("the command took %v", time.Since(start).Round(time.Millisecond))
+	out := stdout.String()
+	t.Log("\n" + out)
+	assert.Empty(t, stderr.String())
+	for _, want := range []string{
+		`(?m)^ *\d+\.\d\ds  parent +00:05 the schedulers of pod-1, pod-2, pod-3 fire together$`,
+		`(?m)^.* pod-\d +acquired the lock, fence \d+$`,
+		`(?m)^.* pod-\d +lock busy, another pod is settling .*: skip \(fencelock: not obtained\)$`,
+		`(?m)^.* pod-\d +ready-to-write fence=\d+$`,
+		`(?m)^.* parent +(SIGSTOP|in-process pause of) pod-\d \(pid \d+\)`,
+		`(?m)^.* pod-\d +write ACCEPTED with fence \d+`,
+		`(?m)^.* pod-\d +write REJECTED with fence \d+: the row already has fence \d+ \(status done, by pod-\d\), so mine is stale$`,
+		`(?m)^.* pod-\d +RunWithLock returned ErrLost: .*fencelock: lease lost`,
+		`(?m)^.* pod-\d +\S+ is already settled \(status done, fence \d+, by pod-\d\): skip$`,
+		`(?m)^.* parent +settled once: `,
+	} {
+		assert.Regexp(t, regexp.MustCompile(want), out)
+	}
+	assert.Equal(t, 2, strings.Count(out, "lock busy"), "two pods skipped at 00:05")
+	assert.Equal(t, 1, strings.Count(out, "write ACCEPTED"))
+	assert.Equal(t, 1, strings.Count(out, "write REJECTED"))
+}
+
+// TestCommandBadInput checks that a bad REDIS_ADDR or DATABASE_URL ends the
+// command with a message saying what is wrong and exit code 1, not a panic.
+func TestCommandBadInput(t *testing.T) {
+	tests := []struct {
+		env  string
+		want string
+	}{
+		{"REDIS_ADDR=localhost", `REDIS_ADDR "localhost": want host:port or a redis:// URL`},
+		{"REDIS_ADDR=redis://:secret@%zz", "REDIS_ADDR is not a valid redis:// URL"},
+		{"REDIS_ADDR=127.0.0.1:1", "redis at 127.0.0.1:1 does not answer"},
+		{"DATABASE_URL=mysql://root@127.0.0.1/test", "DATABASE_URL must be a postgres:// or postgresql:// URL"},
+		{"DATABASE_URL=postgres://%zz:secret@127.0.0.1/test", "DATABASE_URL: cannot parse"},
+		{"DATABASE_URL=postgres://postgres:secret@127.0.0.1:1/test?connect_timeout=2", "postgresql does not answer"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.env, func(t *testing.T) {
+			cmd := command(t, tt.env)
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			err := cmd.Run()
+			var exit *exec.ExitError
+			require.ErrorAs(t, err, &exit, "stdout: %s", stdout.String())
+			assert.Equal(t, 1, exit.ExitCode())
+			assert.Contains(t, stderr.String(), "settlement: "+tt.want)
+			assert.NotContains(t, stderr.String(), "secret", "a password in an error message")
+			assert.NotContains(t, stderr.String(), "goroutine ", "a panic")
+		})
+	}
+}
+
+// TestInterrupt interrupts the command while a pod is frozen and checks
+// that no pod outlives it and its temporary database is gone.
+func TestInterrupt(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("finds leftover processes through /proc")
+	}
+	marker := "FENCELOCK_TEST_MARKER=" + demo.RunID()
+	cmd := command(t, marker)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+
+	// Read up to the pause, then interrupt the command (not its pods).
+	var out strings.Builder
+	var dbPath string
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		line := sc.Text()
+		out.WriteString(line + "\n")
+		if m := regexp.MustCompile(`embedded SQLite (\S+),`).FindStringSubmatch(line); m != nil {
+			dbPath = m[1]
+		}
+		if strings.Contains(line, "right before its write") {
+			break
+		}
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT), "output so far:\n%s", out.String())
+	for sc.Scan() {
+		out.WriteString(sc.Text() + "\n")
+	}
+	err = cmd.Wait()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "output:\n%s", out.String())
+	assert.Equal(t, 1, exit.ExitCode())
+	assert.Contains(t, stderr.String(), "interrupt")
+
+	assert.Empty(t, processesWith(t, marker), "processes left behind")
+	require.NotEmpty(t, dbPath, "output:\n%s", out.String())
+	assert.NoDirExists(t, filepath.Dir(dbPath), "temporary database left behind")
+}
+
+// processesWith returns the PIDs of the processes whose environment holds
+// kv.
+func processesWith(t *testing.T, kv string) []string {
+	t.Helper()
+	environs, err := filepath.Glob("/proc/[0-9]*/environ")
+	require.NoError(t, err)
+	var pids []string
+	for _, path := range environs {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue // gone meanwhile, or not ours to read
+		}
+		if bytes.Contains(b, []byte(kv+"\x00")) {
+			pids = append(pids, filepath.Base(filepath.Dir(path)))
+		}
+	}
+	return pids
+}

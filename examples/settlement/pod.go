@@ -1,0 +1,310 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/examples/internal/demo"
+)
+
+// podEnv is the environment variable that makes this program a pod: it holds
+// the pod's podConfig as JSON. The parent sets it when it re-executes itself.
+const podEnv = "FENCELOCK_SETTLEMENT_POD"
+
+// podConfig is what the parent tells a pod.
+type podConfig struct {
+	Pod       string        `json:"pod"`        // the pod's name: pod-1, pod-2, pod-3
+	At        string        `json:"at"`         // when its scheduler fired, in the story's clock
+	Redis     string        `json:"redis"`      // address for demo.NewRedisClient
+	Driver    string        `json:"driver"`     // database driver and DSN for demo.Connect
+	DSN       string        `json:"dsn"`        //
+	Table     string        `json:"table"`      // the settlements table of this run
+	KeyPrefix string        `json:"key_prefix"` // fencelock.Options.KeyPrefix of this run
+	Date      string        `json:"date"`       // the day to settle
+	TTL       time.Duration `json:"ttl"`        // the lock's TTL
+	Wait      time.Duration `json:"wait"`       // WithWait; 0 tries once
+	// Hold makes the pod, if it gets to write, stop right before the write
+	// and wait for the parent's "write" line, so the parent can freeze it
+	// at that point and nowhere else.
+	Hold bool `json:"hold"`
+}
+
+// podMain runs this process as a pod when podEnv is set, and returns the
+// exit code and true; otherwise it returns false at once. main and the
+// tests' TestMain call it first thing.
+func podMain() (code int, isPod bool) {
+	v, ok := os.LookupEnv(podEnv)
+	if !ok {
+		return 0, false
+	}
+	var cfg podConfig
+	if err := json.Unmarshal([]byte(v), &cfg); err != nil {
+		fmt.Fprintf(os.Stderr, "settlement pod: %s: %v\n", podEnv, err)
+		return 1, true
+	}
+	return runPod(cfg), true
+}
+
+// pod is one process of the settlement service.
+type pod struct {
+	cfg    podConfig
+	locker *fencelock.Locker
+	db     *demo.DB
+	q      queries
+	pause  selfPause
+	stdin  *bufio.Scanner // the parent's commands
+	out    *json.Encoder  // events to the parent
+}
+
+// runPod runs one scheduler firing of a pod and returns the process's exit
+// code. Outcomes of the story, including a rejected write, are reported to
+// the parent as events, not as exit codes; a non-zero code means the pod
+// could not run at all.
+func runPod(cfg podConfig) int {
+	ctx := context.Background()
+	p := &pod{cfg: cfg, stdin: bufio.NewScanner(os.Stdin), out: json.NewEncoder(os.Stdout)}
+	err := p.run(ctx)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", cfg.Pod, err)
+		return 1
+	}
+	return 0
+}
+
+func (p *pod) run(ctx context.Context) error {
+	rdb, err := demo.NewRedisClient(ctx, p.cfg.Redis)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	p.pause = newSelfPause(rdb)
+	if p.db, err = demo.Connect(ctx, p.cfg.Driver, p.cfg.DSN); err != nil {
+		return err
+	}
+	defer p.db.Close()
+	p.q = newQueries(p.db, p.cfg.Table)
+	p.locker, err = fencelock.New(rdb, &fencelock.Options{KeyPrefix: p.cfg.KeyPrefix, TTL: p.cfg.TTL})
+	if err != nil {
+		return err
+	}
+
+	p.emit(event{Kind: "ready"})
+	if err := p.waitFor("go"); err != nil {
+		return err
+	}
+	f := p.fire(ctx)
+	p.emit(event{Kind: "result", Firing: &f})
+	return nil
+}
+
+// fire is the settlement job as the scheduler runs it: under the day's lock,
+// settle the day unless it is settled already.
+func (p *pod) fire(ctx context.Context) Firing {
+	f := Firing{Pod: p.cfg.Pod, At: p.cfg.At}
+	var opts []fencelock.Option
+	if p.cfg.Wait > 0 {
+		opts = append(opts, fencelock.WithWait(p.cfg.Wait))
+	}
+	start := time.Now()
+	err := p.locker.RunWithLock(ctx, "settlement:"+p.cfg.Date, func(ctx context.Context, lease *fencelock.Lease) error {
+		f.Fence = lease.Fence()
+		waited := ""
+		if d := time.Since(start); d > 100*time.Millisecond {
+			waited = fmt.Sprintf(" after waiting %.1fs", d.Seconds())
+		}
+		p.emit(event{Kind: "acquired", Fence: f.Fence,
+			Msg: fmt.Sprintf("acquired the lock%s, fence %d", waited, f.Fence)})
+		return p.settle(ctx, lease, &f)
+	}, opts...)
+
+	switch {
+	case err == nil:
+	case errors.Is(err, fencelock.ErrNotObtained):
+		f.Outcome = SkippedBusy
+		p.say("lock busy, another pod is settling %s: skip (%v)", p.cfg.Date, err)
+	case errors.Is(err, fencelock.ErrLost):
+		// The lease was lost while the work ran: mutual exclusion may have
+		// been broken. Here it was, and the fence kept the data right.
+		f.Lost = true
+		f.Err = err.Error()
+		p.say("RunWithLock returned ErrLost: %v", err)
+	default:
+		f.Outcome, f.Err = Failed, err.Error()
+		p.say("settlement failed: %v", err)
+	}
+	return f
+}
+
+// settle settles the day with the lease's fence, unless it is done already.
+func (p *pod) settle(ctx context.Context, lease *fencelock.Lease, f *Firing) error {
+	date, fence := p.cfg.Date, lease.Fence()
+	// The day's row exists before anyone settles it, pending with fence 0.
+	// Whoever comes first creates it; the primary key makes that happen once.
+	if _, err := p.db.ExecContext(ctx, p.q.seed, date); err != nil {
+		return fmt.Errorf("seed %s: %w", date, err)
+	}
+	row, err := p.q.row(ctx, p.db, date)
+	if err != nil {
+		return err
+	}
+	// The lock keeps two pods from settling at once, not a late pod from
+	// settling again once the lock is free. The row does that.
+	if row.Status == "done" {
+		f.Outcome = SkippedDone
+		p.say("%s is already settled (status done, fence %d, by %s): skip", date, row.Fence, row.SettledBy)
+		return nil
+	}
+
+	total, err := computeTotal(ctx, date)
+	if err != nil {
+		return err
+	}
+	p.say("%s is %s: computed total %s", date, row.Status, dollars(total))
+
+	writeCtx := ctx
+	if p.cfg.Hold {
+		// The last check a careful holder can make: is the lease still
+		// ours? It is. Whatever happens between this check and the write
+		// landing, no lock can stop: the pause hits right here.
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		p.emit(event{Kind: "hold", Fence: fence,
+			Msg: fmt.Sprintf("ready-to-write fence=%d", fence)})
+		p.pause.start()
+		err := p.waitFor("write")
+		p.pause.end()
+		if err != nil {
+			return err
+		}
+		// When the pod resumes, its watchdog sees that the lease's deadline
+		// has passed and cancels ctx with ErrLost. The write was already
+		// in flight when the pause hit (on the wire, in the driver's
+		// buffer): cancelling ctx cannot call it back. The demo models that
+		// by sending it on a context the watchdog cannot cancel. What
+		// keeps the data right is the fence in its WHERE clause.
+		writeCtx = context.WithoutCancel(ctx)
+	}
+
+	res, err := p.db.ExecContext(writeCtx, p.q.settle, total, fence, p.cfg.Pod, date, fence)
+	if err != nil {
+		return fmt.Errorf("settle %s: %w", date, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("settle %s: %w", date, err)
+	}
+	if n == 1 {
+		f.Outcome = Settled
+		p.say("write ACCEPTED with fence %d: %s done, total %s", fence, date, dollars(total))
+		return nil
+	}
+
+	f.Outcome = Rejected
+	row, err = p.q.row(writeCtx, p.db, date)
+	if err != nil {
+		return err
+	}
+	p.say("write REJECTED with fence %d: the row already has fence %d (status %s, by %s), so mine is stale",
+		fence, row.Fence, row.Status, row.SettledBy)
+	return fmt.Errorf("settlement write rejected: fence %d is older than the row's %d", fence, row.Fence)
+}
+
+// computeTotal stands in for the real work: adding up the day's payments.
+func computeTotal(ctx context.Context, date string) (int64, error) {
+	_ = date // a real service would query the day's payments
+	if err := ctx.Err(); err != nil {
+		return 0, context.Cause(ctx)
+	}
+	var total int64
+	for _, cents := range []int64{1999, 4550, 12000, 780} {
+		total += cents
+	}
+	return total, nil
+}
+
+// say reports a line for the timeline.
+func (p *pod) say(format string, args ...any) {
+	p.emit(event{Kind: "say", Msg: fmt.Sprintf(format, args...)})
+}
+
+// emit sends an event to the parent. A pod whose parent is gone cannot report
+// anything, so a failed write ends it.
+func (p *pod) emit(ev event) {
+	if err := p.out.Encode(ev); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: parent gone: %v\n", p.cfg.Pod, err)
+		os.Exit(1)
+	}
+}
+
+// waitFor reads the parent's next command and checks that it is want.
+func (p *pod) waitFor(want string) error {
+	if !p.stdin.Scan() {
+		return fmt.Errorf("parent gone while waiting for %q", want)
+	}
+	if got := p.stdin.Text(); got != want {
+		return fmt.Errorf("parent said %q, want %q", got, want)
+	}
+	return nil
+}
+
+// queries are the settlements table's statements, written with ? and
+// rebound once for the database's placeholder style.
+type queries struct {
+	create, seed, settle, selectRow, selectAll string
+}
+
+func newQueries(db *demo.DB, table string) queries {
+	return queries{
+		create: `CREATE TABLE ` + table + ` (
+			settle_date DATE PRIMARY KEY,   -- one row per day: settle once
+			status      TEXT NOT NULL,      -- 'pending' or 'done'
+			total_cents BIGINT NOT NULL,
+			fence_token BIGINT NOT NULL,    -- fence of the last accepted write
+			settled_by  TEXT NOT NULL)`,
+		seed: db.Rebind(`INSERT INTO ` + table + ` (settle_date, status, total_cents, fence_token, settled_by)
+			VALUES (?, 'pending', 0, 0, '') ON CONFLICT (settle_date) DO NOTHING`),
+		// The fenced write: it lands only if no write with a newer fence
+		// landed first. RowsAffected tells which.
+		settle: db.Rebind(`UPDATE ` + table + ` SET status = 'done', total_cents = ?, fence_token = ?, settled_by = ?
+			WHERE settle_date = ? AND fence_token < ?`),
+		selectRow: db.Rebind(`SELECT CAST(settle_date AS TEXT), status, total_cents, fence_token, settled_by
+			FROM ` + table + ` WHERE settle_date = ?`),
+		selectAll: `SELECT CAST(settle_date AS TEXT), status, total_cents, fence_token, settled_by
+			FROM ` + table + ` ORDER BY settle_date`,
+	}
+}
+
+// row reads the day's row.
+func (q queries) row(ctx context.Context, db *demo.DB, date string) (Row, error) {
+	var r Row
+	err := db.QueryRowContext(ctx, q.selectRow, date).Scan(&r.Date, &r.Status, &r.TotalCents, &r.Fence, &r.SettledBy)
+	if err != nil {
+		return Row{}, fmt.Errorf("read %s: %w", date, err)
+	}
+	return r, nil
+}
+
+// rows reads the whole table.
+func (q queries) rows(ctx context.Context, db *demo.DB) ([]Row, error) {
+	rows, err := db.QueryContext(ctx, q.selectAll)
+	if err != nil {
+		return nil, fmt.Errorf("read settlements: %w", err)
+	}
+	defer rows.Close()
+	var all []Row
+	for rows.Next() {
+		var r Row
+		if err := rows.Scan(&r.Date, &r.Status, &r.TotalCents, &r.Fence, &r.SettledBy); err != nil {
+			return nil, fmt.Errorf("read settlements: %w", err)
+		}
+		all = append(all, r)
+	}
+	return all, rows.Err()
+}
