@@ -9,28 +9,30 @@
 -- this token because a retry follows a lost reply), {0, pttl} when another
 -- token holds it (pttl as PTTL reports it: -1 when the key has no expiry).
 --
--- The fence is INCR of the counter, floored by the server's TIME in
+-- The fence is the previous fence plus one, floored by the server's TIME in
 -- microseconds, so it keeps increasing when the counter key is lost.
 
-local cur = redis.call('GET', KEYS[1])
-if cur == ARGV[1] then
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+	if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+		return {0, redis.call('PTTL', KEYS[1])}
+	end
+	-- Ours already: this is a retry after a lost reply.
 	redis.call('PEXPIRE', KEYS[1], ARGV[2])
 	local issued = redis.call('GET', KEYS[2])
 	if issued then
 		return {1, tonumber(issued)}
 	end
 	-- The counter was lost while we held the lock: issue a new, larger fence.
-elseif cur then
-	return {0, redis.call('PTTL', KEYS[1])}
-else
-	redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 end
 
 local t = redis.call('TIME')
-local floor = t[1] .. string.rep('0', 6 - string.len(t[2])) .. t[2]
-local fence = redis.call('INCR', KEYS[2])
-if fence < tonumber(floor) then
-	redis.call('SET', KEYS[2], floor)
-	fence = tonumber(floor)
+local floor = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+local prev = redis.call('SET', KEYS[2], floor, 'GET')
+if prev and tonumber(prev) >= tonumber(floor) then
+	-- The counter is ahead of the clock (several fences within one
+	-- microsecond, or a server clock that stepped back): count on from it.
+	local fence = tonumber(prev) + 1
+	redis.call('SET', KEYS[2], string.format('%.0f', fence))
+	return {1, fence}
 end
-return {1, fence}
+return {1, tonumber(floor)}

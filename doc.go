@@ -46,8 +46,8 @@
 // # Waiting
 //
 // WithWait makes Acquire wait for a busy lock. Release publishes a wake-up on
-// the lock's channel (KeyPrefix+"{"+name+"}:released") in the same script
-// that deletes the lock; a waiting Acquire subscribes to it after its first
+// a pub/sub channel named like the lock key, in the same script that deletes
+// the lock; a waiting Acquire subscribes to it after its first
 // busy attempt and before the next one, so a release in between is not
 // missed. It then sleeps until a wake-up, the holder's remaining TTL, a capped
 // jittered backoff (Options.MinRetryBackoff, Options.MaxRetryBackoff) or the

@@ -2,10 +2,10 @@ package fencelock
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
-	"fmt"
 	"log/slog"
-	"math/rand/v2"
+	mathrand "math/rand/v2"
 	"reflect"
 	"strings"
 	"sync"
@@ -49,8 +49,8 @@ func isNil(c redis.UniversalClient) bool {
 // keys returns the lock key and the fence counter key of name. They share the
 // hash tag {name}.
 func (l *Locker) keys(name string) (key, fenceKey string) {
-	key = l.opts.KeyPrefix + "{" + name + "}"
-	return key, key + ":fence"
+	fenceKey = l.opts.KeyPrefix + "{" + name + "}:fence"
+	return fenceKey[:len(fenceKey)-len(":fence")], fenceKey
 }
 
 func checkName(name string) error {
@@ -95,7 +95,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 		if opt == nil {
 			return nil, invalidf("nil Option")
 		}
-		opt(&co)
+		co = opt(co)
 	}
 	if co.ttlSet {
 		if err := checkTTL("WithTTL", co.ttl); err != nil {
@@ -108,17 +108,20 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 	if co.wait < 0 {
 		return nil, invalidf("WithWait %v is negative", co.wait)
 	}
-	token, err := uuid.NewRandom()
-	if err != nil {
-		return nil, fmt.Errorf("fencelock: token: %w", err)
-	}
+	// A version 4 UUID from crypto/rand, which cannot fail.
+	var token uuid.UUID
+	_, _ = rand.Read(token[:])
+	token[6] = token[6]&0x0f | 0x40
+	token[8] = token[8]&0x3f | 0x80
 	lease := &Lease{
 		locker: l,
 		name:   name,
 		token:  token.String(),
 		ttl:    co.ttl,
 	}
-	lease.key, lease.fenceKey = l.keys(name)
+	lease.keys[0], lease.keys[1] = l.keys(name)
+	lease.key, lease.fenceKey = lease.keys[0], lease.keys[1]
+	lease.tokenArg = lease.token
 
 	log := l.opts.Logger
 	callStart := l.clock.Now()
@@ -145,9 +148,11 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 		if unsure {
 			lease.cleanup(ctx)
 		}
-		log.LogAttrs(ctx, slog.LevelDebug, "fencelock: not obtained",
-			slog.String("lock", name), slog.Duration("waited", l.clock.Now().Sub(callStart)),
-			slog.Any("error", lastErr))
+		if log.Enabled(ctx, slog.LevelDebug) {
+			log.LogAttrs(ctx, slog.LevelDebug, "fencelock: not obtained",
+				slog.String("lock", name), slog.Duration("waited", l.clock.Now().Sub(callStart)),
+				slog.Any("error", lastErr))
+		}
 		var err error = ErrNotObtained
 		if lastErr != nil {
 			err = unavailable(lastErr)
@@ -175,9 +180,11 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 			lease.fence = val
 			lease.acquired = start
 			lease.deadline = start.Add(lease.ttl - drift(lease.ttl))
-			log.LogAttrs(ctx, slog.LevelDebug, "fencelock: acquired",
-				slog.String("lock", name), slog.Int64("fence", val),
-				slog.Duration("ttl", lease.ttl), slog.Duration("waited", start.Sub(callStart)))
+			if log.Enabled(ctx, slog.LevelDebug) {
+				log.LogAttrs(ctx, slog.LevelDebug, "fencelock: acquired",
+					slog.String("lock", name), slog.Int64("fence", val),
+					slog.Duration("ttl", lease.ttl), slog.Duration("waited", start.Sub(callStart)))
+			}
 			return lease, nil
 		}
 		if co.wait == 0 {
@@ -186,7 +193,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 		if w == nil && !polling && err == nil {
 			// Subscribe before the next attempt, so that a release from
 			// now on wakes this waiter.
-			if w, err = l.waits.register(waitCtx, wakeChannel(lease.key)); err != nil {
+			if w, err = l.waits.register(waitCtx, lease.key); err != nil {
 				w, polling = nil, true
 			}
 		}
@@ -210,6 +217,15 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 			t.Stop()
 		}
 	}
+}
+
+// detached returns a context with ctx's values but not its cancellation,
+// bounded by Options.ReleaseTimeout, for giving a lock back.
+func (l *Locker) detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	if ctx.Done() != nil {
+		ctx = context.WithoutCancel(ctx)
+	}
+	return context.WithTimeout(ctx, l.opts.ReleaseTimeout)
 }
 
 // ctxErr is ctx.Err(), or context.DeadlineExceeded once ctx's deadline has
@@ -239,7 +255,7 @@ func (b *backoff) next() time.Duration {
 		b.cur = min(2*b.cur, b.max)
 	}
 	half := b.cur / 2
-	return half + rand.N(b.cur-half+1)
+	return half + mathrand.N(b.cur-half+1)
 }
 
 // A Lease is one acquisition of a lock. Its methods are safe for concurrent
@@ -249,7 +265,9 @@ type Lease struct {
 	name     string
 	key      string
 	fenceKey string
+	keys     [2]string // key, fenceKey: the scripts' KEYS
 	token    string
+	tokenArg any // token, boxed once for the scripts' ARGV
 	fence    int64
 	acquired time.Time // when the acquire request was sent
 	degraded bool      // fail-open stand-in: no lock is held
@@ -297,7 +315,7 @@ func (l *Lease) Deadline() time.Time {
 
 func (l *Lease) tryAcquire(ctx context.Context) (ok bool, value int64, err error) {
 	reply, err := acquireScript.Run(ctx, l.locker.client,
-		[]string{l.key, l.fenceKey}, l.token, ttlMillis(l.ttl)).Result()
+		l.keys[:], l.tokenArg, ttlMillis(l.ttl)).Result()
 	if err != nil {
 		return false, 0, err
 	}
@@ -307,9 +325,9 @@ func (l *Lease) tryAcquire(ctx context.Context) (ok bool, value int64, err error
 // cleanup deletes the lock if this lease's token holds it, after an attempt
 // whose outcome is unknown. Best effort: if it fails, the lock expires.
 func (l *Lease) cleanup(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.locker.opts.ReleaseTimeout)
+	ctx, cancel := l.locker.detached(ctx)
 	defer cancel()
-	_ = releaseScript.Run(ctx, l.locker.client, []string{l.key}, l.token, wakeChannel(l.key)).Err()
+	_ = releaseScript.Run(ctx, l.locker.client, l.keys[:1], l.tokenArg).Err()
 }
 
 // Extend resets the lock's time to live to ttl, if this lease still holds it,
@@ -338,7 +356,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		return ErrNotHeld
 	}
 	start := l.locker.clock.Now()
-	n, err := extendScript.Run(ctx, l.locker.client, []string{l.key}, l.token, ttlMillis(ttl)).Int64()
+	n, err := extendScript.Run(ctx, l.locker.client, l.keys[:1], l.tokenArg, ttlMillis(ttl)).Int64()
 	newDeadline := start.Add(ttl - drift(ttl))
 
 	l.mu.Lock()
@@ -402,10 +420,10 @@ func (l *Lease) Release(ctx context.Context) error {
 	if l.degraded || l.isDone() {
 		return ErrNotHeld
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.locker.opts.ReleaseTimeout)
+	rctx, cancel := l.locker.detached(ctx)
 	defer cancel()
 	start := l.locker.clock.Now()
-	n, err := releaseScript.Run(rctx, l.locker.client, []string{l.key}, l.token, wakeChannel(l.key)).Int64()
+	n, err := releaseScript.Run(rctx, l.locker.client, l.keys[:1], l.tokenArg).Int64()
 	if err != nil {
 		return unavailable(err)
 	}
@@ -415,8 +433,10 @@ func (l *Lease) Release(ctx context.Context) error {
 	if n == 0 {
 		return ErrNotHeld
 	}
-	l.locker.opts.Logger.LogAttrs(ctx, slog.LevelDebug, "fencelock: released",
-		slog.String("lock", l.name), slog.Int64("fence", l.fence),
-		slog.Duration("held", l.locker.clock.Now().Sub(l.acquired)))
+	if log := l.locker.opts.Logger; log.Enabled(ctx, slog.LevelDebug) {
+		log.LogAttrs(ctx, slog.LevelDebug, "fencelock: released",
+			slog.String("lock", l.name), slog.Int64("fence", l.fence),
+			slog.Duration("held", l.locker.clock.Now().Sub(l.acquired)))
+	}
 	return nil
 }

@@ -159,7 +159,7 @@ func (o *Options) withDefaults() (Options, error) {
 }
 
 // Option changes one Acquire call.
-type Option func(*callOptions)
+type Option func(callOptions) callOptions // by value: nothing escapes
 
 // callOptions holds what the Options of one call set; zero means "not set".
 type callOptions struct {
@@ -172,14 +172,14 @@ type callOptions struct {
 // It must be longer than its drift allowance (ttl/100 + 2ms); Acquire rejects
 // other values with ErrInvalid.
 func WithTTL(ttl time.Duration) Option {
-	return func(c *callOptions) { c.ttl, c.ttlSet = ttl, true }
+	return func(c callOptions) callOptions { c.ttl, c.ttlSet = ttl, true; return c }
 }
 
 // WithWait makes Acquire wait up to d for a busy lock instead of trying once.
 // The wait also ends with the caller's context. Zero means try once; a
 // negative d is rejected with ErrInvalid.
 func WithWait(d time.Duration) Option {
-	return func(c *callOptions) { c.wait = d }
+	return func(c callOptions) callOptions { c.wait = d; return c }
 }
 
 // drift is the clock drift and network allowance subtracted from a TTL when

@@ -1,9 +1,9 @@
 -- release: delete the lock only if this token holds it, and wake its waiters.
 --
--- KEYS[1]  lock key
+-- KEYS[1]  lock key; also the name of the wake-up channel (channels and keys
+--          are separate namespaces; on Redis Cluster the channel lives on the
+--          key's shard)
 -- ARGV[1]  token
--- ARGV[2]  wake-up channel (same hash tag as the key, so on Redis Cluster it
---          lives on the key's shard; a channel, not a key)
 --
 -- Returns 1 when the lock was ours and is now deleted, 0 otherwise (expired,
 -- taken over, deleted); another holder's lock is left alone.
@@ -15,7 +15,7 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then
 	return 0
 end
 redis.call('DEL', KEYS[1])
-if not pcall(redis.call, 'SPUBLISH', ARGV[2], 'released') then
-	redis.call('PUBLISH', ARGV[2], 'released')
+if not pcall(redis.call, 'SPUBLISH', KEYS[1], 'released') then
+	redis.call('PUBLISH', KEYS[1], 'released')
 end
 return 1

@@ -10,11 +10,8 @@ import (
 )
 
 // Push-based waiting, as documented in doc.go: the release script publishes
-// on wakeChannel(key), and waiting Acquire calls listen through a notifier.
-
-// wakeChannel returns the pub/sub channel on which the release of key is
-// announced. It shares key's hash tag.
-func wakeChannel(key string) string { return key + ":released" }
+// on a channel named like the lock key (pub/sub channels and keys are separate
+// namespaces), and waiting Acquire calls listen through a notifier.
 
 // notifier fans release announcements out to the waiting Acquire calls of one
 // Locker.
@@ -23,13 +20,14 @@ type notifier struct {
 	cluster bool // one hub per channel instead of one per Locker
 
 	mu      sync.Mutex
-	hubs    map[string]*hub // guarded by mu; by hubKey
-	classic bool            // guarded by mu; the server has no sharded pub/sub
+	hubs    map[string]*hub          // guarded by mu; by hubKey
+	opening map[string]chan struct{} // guarded by mu; closed when a hub's opening ends
+	classic bool                     // guarded by mu; the server has no sharded pub/sub
 }
 
 func newNotifier(client redis.UniversalClient) *notifier {
 	_, cluster := client.(*redis.ClusterClient)
-	return &notifier{client: client, cluster: cluster, hubs: make(map[string]*hub)}
+	return &notifier{client: client, cluster: cluster, hubs: make(map[string]*hub), opening: make(map[string]chan struct{})}
 }
 
 // A hub is one subscription connection and the goroutine that reads it. The
@@ -64,26 +62,37 @@ func (n *notifier) hubKey(channel string) string {
 // confirmation arrives as a wake-up). On error the caller waits without
 // wake-ups.
 func (n *notifier) register(ctx context.Context, channel string) (*waiter, error) {
+	key := n.hubKey(channel)
 	n.mu.Lock()
-	h := n.hubs[n.hubKey(channel)]
-	if h == nil {
+	for n.hubs[key] == nil {
+		if opening, ok := n.opening[key]; ok {
+			// Another waiter is opening the hub: wait for it, then look
+			// again (it may have failed).
+			n.mu.Unlock()
+			select {
+			case <-opening:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			n.mu.Lock()
+			continue
+		}
+		opening := make(chan struct{})
+		n.opening[key] = opening
 		classic := n.classic
 		n.mu.Unlock()
-		var err error
-		h, err = n.open(ctx, channel, classic)
+		h, err := n.open(ctx, channel, classic)
+		n.mu.Lock()
+		delete(n.opening, key)
+		close(opening)
 		if err != nil {
+			n.mu.Unlock()
 			return nil, err
 		}
-		n.mu.Lock()
-		if other := n.hubs[h.key]; other != nil {
-			// Another waiter opened one meanwhile: use it.
-			n.mu.Unlock()
-			_ = h.ps.Close()
-			return n.register(ctx, channel)
-		}
-		n.hubs[h.key] = h
+		n.hubs[key] = h
 		go n.read(h)
 	}
+	h := n.hubs[key]
 	w := &waiter{n: n, h: h, channel: channel, wake: make(chan struct{}, 1)}
 	set := h.waiters[channel]
 	first := set == nil
