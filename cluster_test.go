@@ -19,6 +19,7 @@ func TestCluster(t *testing.T) {
 	t.Cleanup(func() { _ = client.Close() })
 	l, err := New(client, nil)
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
 
 	// Without the shared tag the acquire script is refused: the test can
 	// tell.
@@ -46,6 +47,7 @@ func TestCluster(t *testing.T) {
 	// waiter subscribed with SSUBSCRIBE through the cluster client.
 	slow, err := New(client, slowPolling)
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = slow.Close() })
 	held, err := slow.Acquire(ctx, "order:7", WithTTL(time.Minute))
 	require.NoError(t, err)
 	got := waitInBackground(slow, "order:7")

@@ -57,9 +57,10 @@
 // the backoff or the holder's TTL, never correctness.
 //
 // All waiters of a Locker share one subscription connection (on Redis
-// Cluster, one per contended lock name, on the node that serves it), opened
-// when the first waiter arrives and closed when the last one leaves, so no
-// goroutine or connection outlives the Acquire calls that wait. Sharded
+// Cluster, one per contended lock name, on the node that serves it) and the
+// one goroutine that reads it. It is opened when the first waiter arrives and
+// closed 30 seconds after the last one left, so that a steady stream of waits
+// does not reconnect each time; Locker.Close closes it at once. Sharded
 // pub/sub (SSUBSCRIBE, SPUBLISH; Redis 7) is used where the server has it,
 // classic SUBSCRIBE and PUBLISH elsewhere. Waiters are not queued: when a lock
 // is released, all of its waiters wake and one of them wins.

@@ -57,6 +57,7 @@ func ExampleWithWait() {
 	defer stop()
 	ctx := context.Background()
 	locker, _ := fencelock.New(client, nil)
+	defer locker.Close() // the subscription that waiters share
 
 	first, _ := locker.Acquire(ctx, "order:42")
 	go func() {

@@ -138,5 +138,6 @@ func (e *env) locker(t *testing.T, opts *Options) *Locker {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
+	t.Cleanup(func() { _ = l.Close() })
 	return l
 }

@@ -38,6 +38,17 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 	return &Locker{client: client, opts: o, clock: o.Clock, waits: newNotifier(client)}, nil
 }
 
+// Close closes the subscription connection that the Locker's waiting Acquire
+// calls share, if one is open, and waits for its goroutine to exit. The
+// connection otherwise stays open for 30 seconds after the last wait ends.
+// The Locker and its leases keep working after Close, but a later Acquire
+// that waits polls instead of being woken by releases. Close does not close
+// the Redis client. It always returns nil.
+func (l *Locker) Close() error {
+	l.waits.close()
+	return nil
+}
+
 func isNil(c redis.UniversalClient) bool {
 	if c == nil {
 		return true

@@ -181,6 +181,7 @@ func TestConcurrentFencesUnique(t *testing.T) {
 				errs <- err
 				return
 			}
+			defer l.Close()
 			for range rounds {
 				lease, err := l.Acquire(ctx, name, WithWait(10*time.Second))
 				if err != nil {

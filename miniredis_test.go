@@ -20,6 +20,7 @@ func newMini(t *testing.T) (*miniredis.Miniredis, *Locker) {
 	t.Cleanup(func() { _ = c.Close() })
 	l, err := New(c, nil)
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
 	return m, l
 }
 

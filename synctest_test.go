@@ -30,6 +30,7 @@ func bubbleLocker(t *testing.T, srv *redistest.Server, hook *faultHook, opts *Op
 	t.Cleanup(func() { _ = c.Close() })
 	l, err := New(c, opts)
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
 	return l
 }
 

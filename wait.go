@@ -2,6 +2,7 @@ package fencelock
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"time"
@@ -17,9 +18,11 @@ import (
 // Locker.
 type notifier struct {
 	client  redis.UniversalClient
-	cluster bool // one hub per channel instead of one per Locker
+	cluster bool          // one hub per channel instead of one per Locker
+	linger  time.Duration // hubLinger; shortened by tests
 
 	mu      sync.Mutex
+	closed  bool                     // guarded by mu; Locker.Close was called
 	hubs    map[string]*hub          // guarded by mu; by hubKey
 	opening map[string]chan struct{} // guarded by mu; closed when a hub's opening ends
 	classic bool                     // guarded by mu; the server has no sharded pub/sub
@@ -27,7 +30,7 @@ type notifier struct {
 
 func newNotifier(client redis.UniversalClient) *notifier {
 	_, cluster := client.(*redis.ClusterClient)
-	return &notifier{client: client, cluster: cluster, hubs: make(map[string]*hub), opening: make(map[string]chan struct{})}
+	return &notifier{client: client, cluster: cluster, linger: hubLinger, hubs: make(map[string]*hub), opening: make(map[string]chan struct{})}
 }
 
 // A hub is one subscription connection and the goroutine that reads it. The
@@ -38,9 +41,18 @@ type hub struct {
 	sharded bool
 	key     string
 	waiters map[string]map[*waiter]struct{} // guarded by notifier.mu; by channel
-	stop    chan struct{}                   // closed when the last waiter leaves
+	idle    *time.Timer                     // guarded by notifier.mu; closes the hub after hubLinger without waiters
+	closed  bool                            // guarded by notifier.mu; stop is closed
+	stop    chan struct{}                   // closed when the hub is shut down
 	done    chan struct{}                   // closed by the goroutine on exit
 }
+
+// hubLinger is how long a hub stays open after its last waiter left, so that a
+// steady stream of waits does not reconnect each time.
+const hubLinger = 30 * time.Second
+
+// errClosed is returned by register after Locker.Close.
+var errClosed = errors.New("fencelock: locker closed")
 
 // A waiter is one waiting Acquire call's registration.
 type waiter struct {
@@ -65,6 +77,10 @@ func (n *notifier) register(ctx context.Context, channel string) (*waiter, error
 	key := n.hubKey(channel)
 	n.mu.Lock()
 	for n.hubs[key] == nil {
+		if n.closed {
+			n.mu.Unlock()
+			return nil, errClosed
+		}
 		if opening, ok := n.opening[key]; ok {
 			// Another waiter is opening the hub: wait for it, then look
 			// again (it may have failed).
@@ -89,10 +105,19 @@ func (n *notifier) register(ctx context.Context, channel string) (*waiter, error
 			n.mu.Unlock()
 			return nil, err
 		}
+		if n.closed {
+			n.mu.Unlock()
+			_ = h.ps.Close()
+			return nil, errClosed
+		}
 		n.hubs[key] = h
 		go n.read(h)
 	}
 	h := n.hubs[key]
+	if h.idle != nil { // lingering: keep it
+		h.idle.Stop()
+		h.idle = nil
+	}
 	w := &waiter{n: n, h: h, channel: channel, wake: make(chan struct{}, 1)}
 	set := h.waiters[channel]
 	first := set == nil
@@ -191,7 +216,7 @@ func (h *hub) unsubscribe(ctx context.Context, channel string) error {
 }
 
 // leave deregisters w. The last waiter on a channel unsubscribes it; the last
-// waiter of a hub closes its connection and waits for its goroutine to exit.
+// waiter of a hub leaves it open for hubLinger, after which it is closed.
 func (w *waiter) leave() {
 	n, h := w.n, w.h
 	n.mu.Lock()
@@ -201,21 +226,64 @@ func (w *waiter) leave() {
 	if lastOnChannel {
 		delete(h.waiters, w.channel)
 	}
-	lastOfHub := len(h.waiters) == 0
-	if lastOfHub && n.hubs[h.key] == h {
-		delete(n.hubs, h.key)
-		close(h.stop)
+	if len(h.waiters) == 0 && !h.closed && h.idle == nil {
+		h.idle = time.AfterFunc(n.linger, func() { n.closeIfIdle(h) })
 	}
+	closed := h.closed
 	n.mu.Unlock()
-	switch {
-	case lastOfHub:
-		_ = h.ps.Close()
-		<-h.done
-	case lastOnChannel:
+	if lastOnChannel && !closed {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = h.unsubscribe(ctx, w.channel)
 		cancel()
 	}
+}
+
+// closeIfIdle closes h if it still has no waiters.
+func (n *notifier) closeIfIdle(h *hub) {
+	n.mu.Lock()
+	if len(h.waiters) > 0 || h.closed {
+		n.mu.Unlock()
+		return
+	}
+	n.shutdownLocked(h)
+	n.mu.Unlock()
+	h.wait()
+}
+
+// close shuts every hub down and waits for their goroutines; later waits
+// poll.
+func (n *notifier) close() {
+	n.mu.Lock()
+	n.closed = true
+	var hubs []*hub
+	for _, h := range n.hubs {
+		n.shutdownLocked(h)
+		hubs = append(hubs, h)
+	}
+	n.mu.Unlock()
+	for _, h := range hubs {
+		h.wait()
+	}
+}
+
+// shutdownLocked marks h closed and tells its goroutine to stop; the caller
+// then calls h.wait without holding n.mu.
+func (n *notifier) shutdownLocked(h *hub) {
+	h.closed = true
+	close(h.stop)
+	if n.hubs[h.key] == h {
+		delete(n.hubs, h.key)
+	}
+	if h.idle != nil {
+		h.idle.Stop()
+		h.idle = nil
+	}
+}
+
+// wait closes h's connection and waits for its goroutine to exit.
+func (h *hub) wait() {
+	_ = h.ps.Close()
+	<-h.done
 }
 
 // read is a hub's goroutine: it delivers wake-ups until the hub is stopped.

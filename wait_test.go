@@ -82,8 +82,11 @@ func TestReleaseWakesWaiter(t *testing.T) {
 	obtained := <-got
 	require.False(t, obtained.IsZero())
 	assert.Less(t, obtained.Sub(released), 5*time.Second, "woken by the release, not by the 10-20s backoff nor the 1 minute TTL")
+	assert.Equal(t, 1, openHubs(l), "the subscription connection lingers after the last waiter left")
+	require.NoError(t, l.Close())
+	assert.Zero(t, openHubs(l), "Close closes it")
 	require.Eventually(t, func() bool { return pubsubClients(t, e) == 0 }, 5*time.Second, 10*time.Millisecond,
-		"the subscription connection is closed when the last waiter leaves")
+		"Close closes the subscription connection")
 }
 
 func TestWaitersShareOneSubscription(t *testing.T) {
@@ -121,6 +124,7 @@ func TestWaitersShareOneSubscription(t *testing.T) {
 	}
 	wg.Wait() // each release hands over to a waiter, whose release wakes the next
 	assert.Less(t, time.Since(start), 10*time.Second, "all hand-overs by wake-up, none by the 10-20s backoff")
+	require.NoError(t, l.Close())
 	require.Eventually(t, func() bool { return pubsubClients(t, e) == 0 }, 5*time.Second, 10*time.Millisecond)
 }
 
@@ -174,11 +178,45 @@ func TestMiniredisFallsBackToClassicPubSub(t *testing.T) {
 	m, l := newMini(t)
 	l2, err := New(redis.NewClient(&redis.Options{Addr: m.Addr()}), slowPolling)
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = l2.client.Close() })
+	t.Cleanup(func() { _ = l2.Close(); _ = l2.client.Close() })
 	held, err := l.Acquire(ctx, "job", WithTTL(time.Minute))
 	require.NoError(t, err)
 	got := waitInBackground(l2, "job")
 	require.Eventually(t, func() bool { return len(m.PubSubChannels("*")) == 1 }, 5*time.Second, time.Millisecond)
 	require.NoError(t, held.Release(ctx))
 	requireObtained(t, got, 5*time.Second, "no wake-up through PUBLISH/SUBSCRIBE")
+}
+
+func TestSubscriptionLingersThenCloses(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, slowPolling)
+	l.waits.linger = 300 * time.Millisecond
+
+	var hubs []*hub
+	wait := func() {
+		t.Helper()
+		held, err := l.Acquire(ctx, "linger", WithTTL(time.Minute))
+		require.NoError(t, err)
+		got := waitInBackground(l, "linger")
+		require.Eventually(t, func() bool { return pubsubClients(t, e) == 1 }, 5*time.Second, time.Millisecond)
+		l.waits.mu.Lock()
+		hubs = append(hubs, l.waits.hubs[""])
+		l.waits.mu.Unlock()
+		time.Sleep(10 * time.Millisecond)
+		require.NoError(t, held.Release(ctx))
+		requireObtained(t, got, 5*time.Second, "not woken")
+	}
+	wait()
+	wait()
+	assert.Same(t, hubs[0], hubs[1], "a wait within the linger reuses the connection")
+	require.Eventually(t, func() bool { return openHubs(l) == 0 }, 5*time.Second, 10*time.Millisecond, "closed after the linger")
+	wait()
+	assert.NotSame(t, hubs[0], hubs[2], "reopened by the next wait")
+}
+
+// openHubs returns how many subscription connections l has open.
+func openHubs(l *Locker) int {
+	l.waits.mu.Lock()
+	defer l.waits.mu.Unlock()
+	return len(l.waits.hubs)
 }

@@ -230,7 +230,7 @@ func newInstance(ctx context.Context, name, redisAddr string, shared *demo.DB, q
 	}
 	return &instance{
 		name: name, locker: locker, db: db, q: q, pack: pack, tl: tl,
-		close: func() { _ = db.Close(); _ = rdb.Close() },
+		close: func() { _ = locker.Close(); _ = db.Close(); _ = rdb.Close() },
 	}, nil
 }
 

@@ -93,6 +93,7 @@ func (p *pod) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	defer p.locker.Close()
 
 	p.emit(event{Kind: "ready"})
 	if err := p.waitFor("go"); err != nil {
