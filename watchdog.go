@@ -204,6 +204,7 @@ func (l *Lease) watch(wd *watchdog) {
 		results     = make(chan error, 1)
 		inFlight    bool
 		cancelRenew context.CancelFunc = func() {}
+		renewStart  time.Time          // when the renewal in flight, or the last one, was sent
 		lastErr     error
 	)
 	defer func() {
@@ -239,7 +240,10 @@ func (l *Lease) watch(wd *watchdog) {
 			l.mu.Lock()
 			ttl := l.ttl // as last extended, by the watchdog or the user
 			l.mu.Unlock()
-			ctx, cancel := context.WithDeadline(context.Background(), l.Deadline())
+			// The deadline is on the lease's clock; the context's timer
+			// runs on the system clock, so hand it the time that is left.
+			renewStart = l.locker.clock.Now()
+			ctx, cancel := context.WithTimeout(context.Background(), l.Deadline().Sub(renewStart))
 			cancelRenew = cancel
 			inFlight = true
 			go func() { results <- l.Extend(ctx, ttl) }()
@@ -251,7 +255,9 @@ func (l *Lease) watch(wd *watchdog) {
 			case err == nil:
 				lastErr = nil
 				retry = backoff{min: retry.min, max: retry.max}
-				renewTimer.Reset(interval)
+				// Every interval from the previous renewal's start, so a
+				// slow round trip does not stretch the period.
+				renewTimer.Reset(max(interval-l.locker.clock.Now().Sub(renewStart), 0))
 				deadlineTimer.Reset(l.Deadline().Sub(l.locker.clock.Now()))
 			case errors.Is(err, ErrNotHeld):
 				l.lose(fmt.Errorf("%w: taken over or deleted", ErrLost))

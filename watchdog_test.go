@@ -339,3 +339,40 @@ func TestRenewIntervalValidation(t *testing.T) {
 	_, err = l.Acquire(ctx, "x", WithTTL(time.Second))
 	assert.ErrorIs(t, err, ErrInvalid, "RenewInterval not shorter than the call's TTL")
 }
+
+func TestSlowRoundTripsDoNotStretchRenewals(t *testing.T) {
+	// Renewals are scheduled from the previous renewal's start: with a
+	// 240ms round trip and TTL 600ms (interval 200ms) the lease survives. If
+	// the interval were counted from each reply, the second renewal would
+	// be answered at 880ms, after the deadline at 792ms.
+	e := newEnv(t, nil)
+	l := e.locker(t, &Options{TTL: 600 * time.Millisecond})
+	warm, err := l.Acquire(ctx, uniqueName(t)) // cache the scripts: no NOSCRIPT round trip
+	require.NoError(t, err)
+	require.NoError(t, warm.Extend(ctx, time.Second))
+	require.NoError(t, warm.Release(ctx))
+	e.hook.set(func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == "extend" {
+			time.Sleep(240 * time.Millisecond)
+		}
+		return nil
+	}, nil)
+	err = l.RunWithLock(ctx, uniqueName(t), func(ctx context.Context, lease *Lease) error {
+		time.Sleep(1500 * time.Millisecond)
+		return ctx.Err()
+	})
+	require.NoError(t, err)
+}
+
+func TestClockBehindSystemTime(t *testing.T) {
+	// A lease's deadline is on the Locker's clock, which need not agree with
+	// time.Now: renewals must still get the time that is left.
+	e := newEnv(t, nil)
+	l := e.locker(t, &Options{TTL: 300 * time.Millisecond,
+		Clock: fakeNow(func() time.Time { return time.Now().Add(-time.Hour) })})
+	err := l.RunWithLock(ctx, uniqueName(t), func(ctx context.Context, lease *Lease) error {
+		time.Sleep(time.Second)
+		return ctx.Err()
+	})
+	require.NoError(t, err, "renewed on a healthy network although the clock is an hour behind")
+}
