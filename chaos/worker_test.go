@@ -1,0 +1,348 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/fencelock/fencelock"
+)
+
+// The worker role: TestMain runs workerMain instead of the tests when the
+// test binary is started with these variables, so that a pause is a real
+// SIGSTOP of a whole process, its watchdog included.
+const (
+	envRole   = "FENCELOCK_CHAOS_ROLE" // "worker"
+	envCoord  = "FENCELOCK_CHAOS_COORD"
+	envWorker = "FENCELOCK_CHAOS_WORKER"
+)
+
+// errAborted is what a section returns when its context was cancelled before
+// it wrote; it deliberately does not match ErrLost, so that an ErrLost in
+// RunWithLock's error comes from the library.
+var errAborted = errors.New("chaos: section aborted, context cancelled")
+
+// workerMain runs one worker until the test process tells it to stop, and
+// returns the process's exit code.
+func workerMain() int {
+	id, err := strconv.Atoi(os.Getenv(envWorker))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos worker: bad", envWorker, err)
+		return 2
+	}
+	conn, err := net.DialTimeout("tcp", os.Getenv(envCoord), 2*time.Second)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos worker:", err)
+		return 2
+	}
+	defer conn.Close()
+	w := &worker{id: id, link: newLink(conn), hook: newRenewHook()}
+	r := w.call(request{Op: "hello", W: id})
+	if r.Config == nil {
+		fmt.Fprintln(os.Stderr, "chaos worker: no configuration")
+		return 2
+	}
+	w.cfg = *r.Config
+	if err := w.setup(); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos worker:", err)
+		return 2
+	}
+	defer w.client.Close()
+	ctx := context.Background()
+	for seq := 1; ; seq++ {
+		r := w.call(request{Op: "next", W: id, Seq: seq, AfterRelease: w.hook.afterRelease.Load()})
+		if r.Stop {
+			break
+		}
+		w.attempt(ctx, seq)
+	}
+	w.call(request{Op: "bye", W: id, AfterRelease: w.hook.afterRelease.Load()})
+	return 0
+}
+
+type worker struct {
+	id     int
+	cfg    workerConfig
+	link   *link
+	hook   *renewHook
+	client redis.UniversalClient
+	locker *fencelock.Locker
+	clock  realClock
+}
+
+// call sends req to the test process. A worker whose test process has gone
+// exits at once.
+func (w *worker) call(req request) reply {
+	r, err := w.link.call(req)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos worker: test process gone:", err)
+		os.Exit(3)
+	}
+	return r
+}
+
+func (w *worker) setup() error {
+	c := w.cfg
+	if len(c.SentinelAddrs) > 0 {
+		w.client = redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName: c.MasterName, SentinelAddrs: c.SentinelAddrs,
+			Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true,
+			DialTimeout: c.IOTimeout, ReadTimeout: c.IOTimeout, WriteTimeout: c.IOTimeout,
+			MaxRetries: 1, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 10 * time.Millisecond,
+			DialerRetries: 1, PoolSize: 8,
+		})
+	} else {
+		w.client = redis.NewClient(&redis.Options{
+			Addr:     c.Addr,
+			Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true,
+			DialTimeout: c.IOTimeout, ReadTimeout: c.IOTimeout, WriteTimeout: c.IOTimeout,
+			MaxRetries: 1, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 10 * time.Millisecond,
+			DialerRetries: 1, PoolSize: 8,
+			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+		})
+	}
+	w.client.AddHook(w.hook)
+	opts := &fencelock.Options{
+		TTL:             c.TTL,
+		MinRetryBackoff: c.MinBackoff,
+		MaxRetryBackoff: c.MaxBackoff,
+		ReleaseTimeout:  c.ReleaseTimeout,
+		MaxHold:         c.MaxHold,
+	}
+	if c.ClockRate > 0 && c.ClockRate != 1 {
+		sc := scaledClock{base: time.Now().Add(-c.ClockSince), rate: c.ClockRate}
+		opts.Clock, w.clock = sc, sc
+	} else {
+		w.clock = systemClock{}
+	}
+	var err error
+	w.locker, err = fencelock.New(w.client, opts)
+	return err
+}
+
+// attempt is one RunWithLock call, reported to the test process.
+func (w *worker) attempt(ctx context.Context, seq int) {
+	var (
+		fence   int64
+		token   string
+		workEnd int64
+	)
+	err := w.locker.RunWithLock(ctx, w.cfg.Lock, func(ctx context.Context, lease *fencelock.Lease) error {
+		fence, token = lease.Fence(), lease.Token()
+		defer func() { workEnd = wallMicros(time.Now()) }()
+		return w.section(ctx, seq, lease)
+	}, fencelock.WithWait(w.cfg.Wait))
+	done := time.Now()
+	req := request{Op: "done", W: w.id, Seq: seq, Fence: fence, Wall: wallMicros(done), WorkEnd: workEnd}
+	if token != "" {
+		// RunWithLock has returned, so its Release is over: from here on
+		// the hook counts any renewal of this lease as one after Release.
+		req.RenewOK, req.RenewFail = w.hook.released(token)
+	}
+	if err != nil {
+		req.Err = err.Error()
+		req.Lost = errors.Is(err, fencelock.ErrLost)
+		req.NotObtained = errors.Is(err, fencelock.ErrNotObtained)
+		req.Unavailable = errors.Is(err, fencelock.ErrUnavailable)
+	}
+	w.call(req)
+}
+
+// section is the critical section: read the unfenced counter, hold, then
+// write the fenced register and the counter+1, checking the context once
+// before the writes (as an application would) but not between them.
+func (w *worker) section(ctx context.Context, seq int, lease *fencelock.Lease) error {
+	fence := lease.Fence()
+	now := time.Now()
+	w.call(request{Op: "acquired", W: w.id, Seq: seq, Fence: fence,
+		Wall: wallMicros(now), Deadline: wallMicros(w.clock.realAt(lease.Deadline()))})
+
+	// Report the cancellation the moment it is seen, with how long after the
+	// lease's local deadline it came.
+	stop, watched := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case <-ctx.Done():
+			at := time.Now()
+			cause := context.Cause(ctx)
+			dl := w.clock.realAt(lease.Deadline())
+			w.call(request{Op: "cancel", W: w.id, Seq: seq, Fence: fence,
+				Wall: wallMicros(at), Deadline: wallMicros(dl), LagUS: at.Sub(dl).Microseconds(),
+				Cause: cause.Error(), Lost: errors.Is(cause, fencelock.ErrLost)})
+		case <-stop:
+		}
+	}()
+	defer func() { close(stop); <-watched }()
+
+	r := w.call(request{Op: "ubegin", W: w.id, Seq: seq, Fence: fence})
+	hold := w.cfg.Hold
+	if r.Hold > 0 {
+		hold = r.Hold
+	}
+	if !sleepCtx(ctx, hold) {
+		w.call(request{Op: "uend", W: w.id, Seq: seq, Fence: fence})
+		time.Sleep(w.cfg.StopDelay)
+		return errAborted
+	}
+	w.call(request{Op: "commit", W: w.id, Seq: seq, Fence: fence}) // may be paused here
+	fr := w.call(request{Op: "fwrite", W: w.id, Seq: seq, Fence: fence})
+	w.call(request{Op: "uend", W: w.id, Seq: seq, Fence: fence,
+		Value: r.Value + 1, Wrote: true, FWrote: true, Acked: fr.Accepted})
+	if w.cfg.Linger > 0 {
+		sleepCtx(ctx, w.cfg.Linger)
+	}
+	return nil
+}
+
+// sleepCtx sleeps d and reports whether ctx was still live when it ended.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return ctx.Err() == nil
+	}
+}
+
+// realClock maps a time of the lock's clock to real time.
+type realClock interface {
+	realAt(t time.Time) time.Time
+}
+
+type systemClock struct{}
+
+func (systemClock) realAt(t time.Time) time.Time { return t }
+
+// scaledClock is a fencelock.Clock that has run at rate times real time since
+// base: a slow clock for rate < 1, which by now lags real time by
+// (1-rate)*time.Since(base). Its times carry the monotonic reading of base,
+// so they compare and subtract consistently.
+type scaledClock struct {
+	base time.Time
+	rate float64
+}
+
+var _ fencelock.Clock = scaledClock{}
+
+func (c scaledClock) Now() time.Time {
+	return c.base.Add(time.Duration(float64(time.Since(c.base)) * c.rate))
+}
+
+func (c scaledClock) NewTimer(d time.Duration) *time.Timer {
+	return time.NewTimer(time.Duration(float64(d) / c.rate))
+}
+
+func (c scaledClock) realAt(t time.Time) time.Time {
+	return c.base.Add(time.Duration(float64(t.Sub(c.base)) / c.rate))
+}
+
+// renewHook watches the worker's Redis commands for the extend script: it
+// counts each lease's renewals, and any renewal sent for a lease after
+// RunWithLock (and so its Release) returned.
+//
+// It recognises the extend script by its arguments (EVALSHA/EVAL with one
+// key and two arguments, the second an integer TTL), which no other script
+// of the library has.
+type renewHook struct {
+	afterRelease atomic.Int64
+
+	mu     sync.Mutex
+	leases map[string]*renewals // guarded by mu; by token
+}
+
+type renewals struct {
+	ok, fail int
+	released bool
+}
+
+var _ redis.Hook = (*renewHook)(nil)
+
+func newRenewHook() *renewHook { return &renewHook{leases: make(map[string]*renewals)} }
+
+// released marks token's lease released and returns its renewal counts.
+func (h *renewHook) released(token string) (ok, fail int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r := h.lease(token)
+	r.released = true
+	return r.ok, r.fail
+}
+
+func (h *renewHook) lease(token string) *renewals {
+	r := h.leases[token]
+	if r == nil {
+		r = &renewals{}
+		h.leases[token] = r
+	}
+	return r
+}
+
+func (h *renewHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *renewHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *renewHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		token, ok := extendToken(cmd)
+		if !ok {
+			return next(ctx, cmd)
+		}
+		h.mu.Lock()
+		if h.lease(token).released {
+			h.afterRelease.Add(1)
+		}
+		h.mu.Unlock()
+		err := next(ctx, cmd)
+		if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			return err // the EVALSHA half of one Script.Run: the EVAL follows
+		}
+		n, _ := cmd.(*redis.Cmd).Int64()
+		h.mu.Lock()
+		if err == nil && n == 1 {
+			h.lease(token).ok++
+		} else {
+			h.lease(token).fail++
+		}
+		h.mu.Unlock()
+		return err
+	}
+}
+
+// extendToken returns the token of an extend script call.
+func extendToken(cmd redis.Cmder) (string, bool) {
+	if _, isCmd := cmd.(*redis.Cmd); !isCmd {
+		return "", false
+	}
+	args := cmd.Args()
+	if len(args) != 6 || (cmd.Name() != "evalsha" && cmd.Name() != "eval") {
+		return "", false
+	}
+	if fmt.Sprint(args[2]) != "1" {
+		return "", false
+	}
+	if _, err := strconv.ParseInt(fmt.Sprint(args[5]), 10, 64); err != nil {
+		return "", false
+	}
+	switch token := args[4].(type) {
+	case string:
+		return token, true
+	case []byte:
+		return string(token), true
+	}
+	return "", false
+}
