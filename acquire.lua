@@ -5,7 +5,8 @@
 -- ARGV[1]  token            random, unique per Acquire call
 -- ARGV[2]  ttl              milliseconds
 --
--- Returns {1, fence} when the lock is ours (newly taken, or already held with
+-- Returns {1, fence} (the fence as a decimal string: Lua numbers are doubles
+-- and would round fences beyond 2^53) when the lock is ours (newly taken, or already held with
 -- this token because a retry follows a lost reply), {0, pttl} when another
 -- token holds it (pttl as PTTL reports it: -1 when the key has no expiry).
 --
@@ -20,7 +21,7 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 	redis.call('PEXPIRE', KEYS[1], ARGV[2])
 	local issued = redis.call('GET', KEYS[2])
 	if issued then
-		return {1, tonumber(issued)}
+		return {1, issued}
 	end
 	-- The counter was lost while we held the lock: issue a new, larger fence.
 end
@@ -30,9 +31,10 @@ local floor = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
 local prev = redis.call('SET', KEYS[2], floor, 'GET')
 if prev and tonumber(prev) >= tonumber(floor) then
 	-- The counter is ahead of the clock (several fences within one
-	-- microsecond, or a server clock that stepped back): count on from it.
-	local fence = tonumber(prev) + 1
-	redis.call('SET', KEYS[2], string.format('%.0f', fence))
-	return {1, fence}
+	-- microsecond, or a server clock that stepped back): count on from it,
+	-- with INCR's exact 64-bit arithmetic (Lua numbers are doubles).
+	redis.call('SET', KEYS[2], prev)
+	redis.call('INCR', KEYS[2])
+	return {1, redis.call('GET', KEYS[2])}
 end
-return {1, tonumber(floor)}
+return {1, floor}

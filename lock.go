@@ -285,13 +285,14 @@ type Lease struct {
 
 	extendSem chan struct{} // serializes Extend calls; created lazily under mu
 
-	mu       sync.Mutex
-	ttl      time.Duration             // guarded by mu; as acquired or last extended
-	deadline time.Time                 // guarded by mu
-	done     bool                      // guarded by mu; released, or found not held
-	wd       *watchdog                 // guarded by mu; nil until KeepAlive
-	cancels  []context.CancelCauseFunc // guarded by mu; KeepAlive contexts
-	lost     error                     // guarded by mu; why the lease was lost
+	mu        sync.Mutex
+	ttl       time.Duration             // guarded by mu; as acquired or last extended
+	deadline  time.Time                 // guarded by mu
+	done      bool                      // guarded by mu; released, or found not held
+	wd        *watchdog                 // guarded by mu; nil until KeepAlive
+	releasing bool                      // guarded by mu; Release was called
+	cancels   []context.CancelCauseFunc // guarded by mu; KeepAlive contexts
+	lost      error                     // guarded by mu; why the lease was lost
 }
 
 // Name returns the lock's name as given to Acquire.
@@ -353,7 +354,16 @@ func (l *Lease) cleanup(ctx context.Context) {
 // drift allowance; or ctx.Err() when ctx ended while waiting for another
 // Extend.
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
+	return l.extend(ctx, ttl, true)
+}
+
+// extend is Extend; notify tells a running watchdog about the outcome (the
+// watchdog's own renewals handle theirs).
+func (l *Lease) extend(ctx context.Context, ttl time.Duration, notify bool) error {
 	if err := checkTTL("Extend ttl", ttl); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
 		return err
 	}
 	sem := l.sem()
@@ -372,6 +382,9 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if notify {
+		defer l.notifyWatchdogLocked() // the deadline may have moved either way
+	}
 	switch {
 	case err != nil:
 		if newDeadline.Before(l.deadline) {
@@ -387,6 +400,18 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 			l.ttl = ttl
 		}
 		return nil
+	}
+}
+
+// notifyWatchdogLocked tells a running watchdog that the deadline moved or
+// the lease was found not held.
+func (l *Lease) notifyWatchdogLocked() {
+	if l.wd == nil {
+		return
+	}
+	select {
+	case l.wd.moved <- struct{}{}:
+	default:
 	}
 }
 
@@ -422,12 +447,18 @@ func (l *Lease) markDoneLocked(at time.Time) {
 //
 // It returns nil when the lock was deleted; ErrNotHeld when it was no longer
 // this lease's (expired, taken over, or released already); in both cases the
-// lease is done. It returns ErrUnavailable when Redis could not be reached: the
-// lease is then unchanged, Release may be called again, and if it is not the
-// lock expires after its TTL.
+// lease is done. It returns ErrUnavailable when Redis could not be reached:
+// the lock may still be held, Release may be called again, and if it is not
+// the lock expires after its TTL. In every case the watchdog is stopped for
+// good and later KeepAlive calls return a cancelled context. A renewal that is
+// in flight when Release is called is waited for, for at most the client's
+// ReadTimeout (or the context deadline, with ContextTimeoutEnabled).
 func (l *Lease) Release(ctx context.Context) error {
+	l.mu.Lock()
+	l.releasing = true
+	l.mu.Unlock()
+	l.cancelContexts(errReleased) // the work is over: tell it before waiting
 	l.stopWatchdog()
-	defer l.cancelContexts(errReleased)
 	if l.degraded || l.isDone() {
 		return ErrNotHeld
 	}

@@ -41,7 +41,7 @@ func (l *Locker) RunWithLock(ctx context.Context, name string,
 	}
 	lease, err := l.Acquire(ctx, name, opts...)
 	if err != nil {
-		if !l.opts.FailOpen || !errors.Is(err, ErrUnavailable) {
+		if !l.opts.FailOpen || !errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
 			return err
 		}
 		l.opts.Logger.LogAttrs(ctx, slog.LevelError, "fencelock: redis unavailable, running without the lock (fail-open)",
@@ -59,15 +59,20 @@ func (l *Locker) RunWithLock(ctx context.Context, name string,
 	}()
 	werr := work(workCtx, lease)
 	returned = true
+	lease.mu.Lock()
+	releasedByWork := lease.releasing
+	lease.mu.Unlock()
 	// The deadline may pass as work returns, before the watchdog's timer
 	// has been handled: that counts as lost too.
-	overdue := !l.clock.Now().Before(lease.Deadline())
+	overdue := !releasedByWork && !l.clock.Now().Before(lease.Deadline())
 
 	rerr := lease.Release(ctx)
 	lost := lease.lostCause()
 	switch {
 	case lost != nil:
 		return errors.Join(werr, lost)
+	case releasedByWork:
+		return werr
 	case overdue:
 		return errors.Join(werr, fmt.Errorf("%w: deadline passed before the work returned", ErrLost))
 	case errors.Is(rerr, ErrNotHeld):
@@ -103,13 +108,13 @@ func (l *Lease) KeepAlive(ctx context.Context) context.Context {
 	case l.lost != nil:
 		cancel(l.lost)
 		return workCtx
-	case l.done:
+	case l.done || l.releasing:
 		cancel(errReleased)
 		return workCtx
 	}
 	l.cancels = append(l.cancels, cancel)
 	if l.wd == nil && !l.degraded {
-		l.wd = &watchdog{stop: make(chan struct{}), done: make(chan struct{})}
+		l.wd = &watchdog{stop: make(chan struct{}), done: make(chan struct{}), moved: make(chan struct{}, 1)}
 		go l.watch(l.wd)
 	}
 	return workCtx
@@ -119,8 +124,9 @@ func (l *Lease) KeepAlive(ctx context.Context) context.Context {
 // lease: started once by KeepAlive, stopped by Release (close stop, wait for
 // done).
 type watchdog struct {
-	stop chan struct{} // closed to ask the goroutine to exit
-	done chan struct{} // closed by the goroutine when it has exited
+	stop  chan struct{} // closed to ask the goroutine to exit
+	done  chan struct{} // closed by the goroutine when it has exited
+	moved chan struct{} // buffered; Extend moved the deadline or found the lock not held
 }
 
 // stopWatchdog stops the watchdog, if any, and waits for it to exit. It is
@@ -225,14 +231,30 @@ func (l *Lease) watch(wd *watchdog) {
 				deadlineTimer.Reset(remaining)
 				continue
 			}
-			cause := fmt.Errorf("%w: deadline passed before a renewal succeeded", ErrLost)
-			if lastErr != nil {
-				cause = fmt.Errorf("%w: deadline passed before a renewal succeeded: %w", ErrLost, lastErr)
-			}
-			l.lose(cause)
+			l.lose(deadlinePassed(lastErr))
 			return
 
+		case <-wd.moved:
+			// A user's Extend moved the deadline (perhaps earlier) or
+			// found the lock not held.
+			if l.isDone() {
+				l.lose(fmt.Errorf("%w: taken over or deleted", ErrLost))
+				return
+			}
+			remaining := l.Deadline().Sub(l.locker.clock.Now())
+			if remaining <= 0 {
+				l.lose(deadlinePassed(lastErr))
+				return
+			}
+			deadlineTimer.Reset(remaining)
+			if !inFlight {
+				renewTimer.Reset(min(interval, remaining/3))
+			}
+
 		case <-renewTimer.C:
+			if inFlight {
+				continue // the reply reschedules
+			}
 			if o.MaxHold > 0 && l.locker.clock.Now().Sub(l.acquired) >= o.MaxHold {
 				lastErr = fmt.Errorf("held for MaxHold %v, no longer renewed", o.MaxHold)
 				continue // the deadline timer ends it
@@ -243,10 +265,15 @@ func (l *Lease) watch(wd *watchdog) {
 			// The deadline is on the lease's clock; the context's timer
 			// runs on the system clock, so hand it the time that is left.
 			renewStart = l.locker.clock.Now()
-			ctx, cancel := context.WithTimeout(context.Background(), l.Deadline().Sub(renewStart))
+			remaining := l.Deadline().Sub(renewStart)
+			if remaining <= 0 {
+				l.lose(deadlinePassed(lastErr))
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), remaining)
 			cancelRenew = cancel
 			inFlight = true
-			go func() { results <- l.Extend(ctx, ttl) }()
+			go func() { results <- l.extend(ctx, ttl, false) }()
 
 		case err := <-results:
 			inFlight = false
@@ -273,4 +300,13 @@ func (l *Lease) watch(wd *watchdog) {
 			}
 		}
 	}
+}
+
+// deadlinePassed is the cause of a lease lost at its local deadline, wrapping
+// the last renewal error if there was one.
+func deadlinePassed(lastErr error) error {
+	if lastErr != nil {
+		return fmt.Errorf("%w: deadline passed before a renewal succeeded: %w", ErrLost, lastErr)
+	}
+	return fmt.Errorf("%w: deadline passed before a renewal succeeded", ErrLost)
 }

@@ -376,3 +376,81 @@ func TestClockBehindSystemTime(t *testing.T) {
 	})
 	require.NoError(t, err, "renewed on a healthy network although the clock is an hour behind")
 }
+
+func TestShorterExtendIsTracked(t *testing.T) {
+	// A user's Extend that shortens the TTL moves the deadline earlier; the
+	// watchdog must follow it, not the deadline it knew before.
+	e := newEnv(t, nil)
+	l := e.locker(t, &Options{TTL: 3 * time.Second})
+	lease, err := l.Acquire(ctx, uniqueName(t))
+	require.NoError(t, err)
+	workCtx := lease.KeepAlive(ctx)
+	e.hook.set(onScript("extend", errReplyLost), nil) // from now on every extend fails before it is sent
+	require.ErrorIs(t, lease.Extend(ctx, 200*time.Millisecond), ErrUnavailable)
+	// Outcome unknown: the server may expire the lock in 200ms.
+	select {
+	case <-workCtx.Done():
+		assert.ErrorIs(t, context.Cause(workCtx), ErrLost)
+		assert.False(t, time.Now().Before(lease.Deadline()), "not before the (moved) deadline")
+	case <-time.After(2 * time.Second):
+		t.Fatal("the work context outlived the shortened deadline by more than 1.8s")
+	}
+	e.hook.set(nil, nil)
+	_ = lease.Release(ctx)
+}
+
+func TestExtendNotHeldCancelsAtOnce(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, &Options{TTL: 30 * time.Second}) // renewals every 10s
+	lease, err := l.Acquire(ctx, uniqueName(t))
+	require.NoError(t, err)
+	workCtx := lease.KeepAlive(ctx)
+	require.NoError(t, e.admin.Del(ctx, lease.Key()).Err())
+	require.ErrorIs(t, lease.Extend(ctx, time.Minute), ErrNotHeld)
+	select {
+	case <-workCtx.Done():
+		assert.ErrorIs(t, context.Cause(workCtx), ErrLost)
+	case <-time.After(2 * time.Second):
+		t.Fatal("the work context was not cancelled when Extend found the lock not held")
+	}
+	assert.ErrorIs(t, lease.Release(ctx), ErrNotHeld)
+}
+
+func TestKeepAliveRacingRelease(t *testing.T) {
+	e := newEnv(t, nil)
+	var falseLost atomic.Int32
+	l := e.locker(t, &Options{TTL: time.Second, OnLost: func(*Lease, error) { falseLost.Add(1) }})
+	for range 50 {
+		lease, err := l.Acquire(ctx, uniqueName(t))
+		require.NoError(t, err)
+		got := make(chan context.Context, 1)
+		go func() { got <- lease.KeepAlive(ctx) }()
+		require.NoError(t, lease.Release(ctx))
+		workCtx := <-got
+		select {
+		case <-workCtx.Done():
+		case <-time.After(time.Second):
+			t.Fatal("a KeepAlive context that raced Release was not cancelled")
+		}
+		lease.mu.Lock()
+		wd := lease.wd
+		lease.mu.Unlock()
+		if wd != nil {
+			select {
+			case <-wd.done:
+			case <-time.After(time.Second):
+				t.Fatal("a watchdog outlived Release")
+			}
+		}
+	}
+	assert.Zero(t, falseLost.Load(), "OnLost for released leases")
+}
+
+func TestReleaseInsideWork(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	err := l.RunWithLock(ctx, uniqueName(t), func(ctx context.Context, lease *Lease) error {
+		return lease.Release(ctx) // done early
+	})
+	require.NoError(t, err, "a release by the work itself is not a loss")
+}
