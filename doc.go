@@ -78,7 +78,8 @@
 // # Redis clients
 //
 // A Locker accepts any go-redis v9 UniversalClient: standalone, Sentinel
-// (failover) or Cluster. The lock key, its fence counter and its wake-up
+// (failover) or Cluster, on Redis 6.2 or later (the acquire script uses
+// SET ... GET). The lock key, its fence counter and its wake-up
 // channel share the hash tag {name}, so every script runs on one Cluster
 // slot. Set ContextTimeoutEnabled in the client's options so a context's
 // deadline also bounds a call to a Redis that stopped answering; otherwise such

@@ -1,8 +1,10 @@
 package fencelock
 
 import (
+	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -219,4 +221,32 @@ func openHubs(l *Locker) int {
 	l.waits.mu.Lock()
 	defer l.waits.mu.Unlock()
 	return len(l.waits.hubs)
+}
+
+func TestCancelWhileSubscriptionHangs(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	name := uniqueName(t)
+	held, err := l.Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+	// Freeze the server right after the waiter's first (busy) attempt: the
+	// subscription connection that the wait then opens hangs.
+	var paused atomic.Bool
+	e.hook.set(nil, func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == "acquire" && paused.CompareAndSwap(false, true) {
+			e.srv.Pause()
+		}
+		return nil
+	})
+	t.Cleanup(e.srv.Resume)
+	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = l.Acquire(cctx, name, WithWait(time.Minute))
+	require.ErrorIs(t, err, ErrNotObtained)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Less(t, time.Since(start), 2*time.Second, "ctx ends the wait although the subscription hangs")
+	e.srv.Resume()
+	e.hook.set(nil, nil)
+	require.NoError(t, held.Release(ctx))
 }
