@@ -29,8 +29,10 @@ import (
 //     the lease was lost while work ran or was found not held when released,
 //     even if work returned nil: mutual exclusion may have been broken.
 //
-// The lock is released on a context that is not cancelled with ctx and is
-// bounded by Options.ReleaseTimeout, also when work panics (the panic then
+// If work calls lease.Release itself, RunWithLock returns work's error (joined
+// with ErrLost only if the lease was lost before that). Otherwise the lock is
+// released on a context that is not cancelled with ctx and is bounded by
+// Options.ReleaseTimeout, also when work panics (the panic then
 // continues) or calls runtime.Goexit. A release that fails because Redis is
 // unreachable is logged at Warn level and not returned: the work's outcome
 // stands, and the lock expires after its TTL.
@@ -92,11 +94,15 @@ func (l *Locker) RunWithLock(ctx context.Context, name string,
 // succeeded (a local timer: a hung Redis call does not delay it). Failed
 // renewals are retried with a short, capped, jittered backoff.
 //
-// The watchdog runs until Release, which stops it, waits for it to exit, and
-// cancels the returned context (with a cause matching ErrNotHeld). Cancelling
-// ctx cancels the returned context but does not stop the watchdog: the lock
-// stays held until Release. Call Release exactly when the work is done, also
-// on error paths (defer it).
+// The watchdog follows the caller's own Extend calls: it moves its deadline
+// timer with them, and cancels the context at once when one finds the lock no
+// longer held.
+//
+// The watchdog runs until Release, which cancels the returned context (with a
+// cause matching ErrNotHeld), stops the watchdog and waits for it to exit.
+// Cancelling ctx cancels the returned context but does not stop the watchdog:
+// the lock stays held until Release. Call Release exactly when the work is
+// done, also on error paths (defer it).
 //
 // On a lease that is already lost, released or found not held, KeepAlive
 // returns a context that is already cancelled with the cause.
