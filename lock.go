@@ -354,12 +354,16 @@ func (l *Lease) cleanup(ctx context.Context) {
 // drift allowance; or ctx.Err() when ctx ended while waiting for another
 // Extend.
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
-	return l.extend(ctx, ttl, true)
+	return l.extend(ctx, ttl, false)
 }
 
-// extend is Extend; notify tells a running watchdog about the outcome (the
-// watchdog's own renewals handle theirs).
-func (l *Lease) extend(ctx context.Context, ttl time.Duration, notify bool) error {
+// extend is Extend. A user's Extend tells a running watchdog about its outcome
+// (the watchdog handles its own renewals' outcomes). The watchdog's renewals
+// send EVAL instead of EVALSHA: a renewal must take one round trip also on a
+// server whose script cache is empty (after a restart or a failover), where
+// EVALSHA would cost a second one (NOSCRIPT, then EVAL) and could miss the
+// deadline on a slow link.
+func (l *Lease) extend(ctx context.Context, ttl time.Duration, byWatchdog bool) error {
 	if err := checkTTL("Extend ttl", ttl); err != nil {
 		return err
 	}
@@ -377,12 +381,16 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration, notify bool) erro
 		return ErrNotHeld
 	}
 	start := l.locker.clock.Now()
-	n, err := extendScript.Run(ctx, l.locker.client, l.keys[:1], l.tokenArg, ttlMillis(ttl)).Int64()
+	run := extendScript.Run
+	if byWatchdog {
+		run = extendScript.Eval
+	}
+	n, err := run(ctx, l.locker.client, l.keys[:1], l.tokenArg, ttlMillis(ttl)).Int64()
 	newDeadline := start.Add(ttl - drift(ttl))
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if notify {
+	if !byWatchdog {
 		defer l.notifyWatchdogLocked() // the deadline may have moved either way
 	}
 	switch {

@@ -279,7 +279,7 @@ func (l *Lease) watch(wd *watchdog) {
 			ctx, cancel := context.WithTimeout(context.Background(), remaining)
 			cancelRenew = cancel
 			inFlight = true
-			go func() { results <- l.extend(ctx, ttl, false) }()
+			go func() { results <- l.extend(ctx, ttl, true) }()
 
 		case err := <-results:
 			inFlight = false

@@ -454,3 +454,24 @@ func TestReleaseInsideWork(t *testing.T) {
 	})
 	require.NoError(t, err, "a release by the work itself is not a loss")
 }
+
+func TestRenewalIsOneRoundTripOnAnEmptyScriptCache(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, &Options{TTL: 300 * time.Millisecond})
+	lease, err := l.Acquire(ctx, uniqueName(t))
+	require.NoError(t, err)
+	require.NoError(t, e.admin.ScriptFlush(ctx).Err()) // as after a restart or failover
+	var calls atomic.Int32
+	e.hook.set(func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == "extend" {
+			calls.Add(1)
+		}
+		return nil
+	}, nil)
+	workCtx := lease.KeepAlive(ctx)
+	require.Eventually(t, func() bool { return calls.Load() >= 1 }, 5*time.Second, time.Millisecond)
+	time.Sleep(20 * time.Millisecond)
+	assert.Equal(t, int32(1), calls.Load(), "the first renewal is one command, not EVALSHA then EVAL")
+	require.NoError(t, workCtx.Err())
+	require.NoError(t, lease.Release(ctx))
+}
