@@ -1,0 +1,466 @@
+// Command table turns the output of the benchmarks in this module
+// (go test -bench, any -count) into the Markdown tables of README.md: the
+// median of every metric per implementation, each implementation's ratio to
+// the raw baseline, fencelock's ratio to each peer, and the targets fencelock
+// is held to.
+//
+// Usage:
+//
+//	go test -run '^$' -bench . -benchmem -count 5 | tee bench.txt
+//	go run ./cmd/table [-update README.md] [-check] [bench.txt ...]
+//
+// It reads standard input when no file is named. -update replaces the text
+// between the lines <!-- bench-table:begin --> and <!-- bench-table:end -->
+// of the named file instead of printing (with -section NAME, between
+// <!-- bench-table:NAME:begin --> and <!-- bench-table:NAME:end -->);
+// -check exits with status 1 when a target is not met.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+const (
+	subject  = "fencelock"
+	baseline = "raw"
+)
+
+// impls is the order of the rows; implementations not listed follow.
+var impls = []string{subject, "redislock", "redsync", "rueidislock", baseline}
+
+// groups is the order of the sections; groups not listed follow.
+var groups = []string{"Uncontended", "Parallel", "Contended"}
+
+// metricOrder is the order of the columns; metrics not listed follow, sorted.
+var metricOrder = []string{
+	"ns/op", "B/op", "allocs/op", "srv-ns/op", "cs/s", "busy",
+	"handoff-p50-ms", "handoff-p99-ms", "wait-p50-ms", "wait-p99-ms",
+	"fairness", "fails", "overlaps",
+}
+
+// higherIsBetter lists the metrics where more is better; for all others less
+// is.
+var higherIsBetter = map[string]bool{"cs/s": true, "busy": true, "fairness": true}
+
+func main() {
+	update := flag.String("update", "", "replace the table section of this file instead of printing")
+	section := flag.String("section", "", "with -update: the name in the markers of the section to replace")
+	check := flag.Bool("check", false, "exit with status 1 when a target is not met")
+	flag.Parse()
+
+	res, err := readInputs(flag.Args())
+	if err != nil {
+		fail(err)
+	}
+	if len(res.runs) == 0 {
+		fail(errors.New("no benchmark results in the input"))
+	}
+	var out bytes.Buffer
+	met := res.write(&out)
+	if *update != "" {
+		if err := replaceSection(*update, *section, out.String()); err != nil {
+			fail(err)
+		}
+	} else {
+		os.Stdout.Write(out.Bytes())
+	}
+	if *check && !met {
+		fmt.Fprintln(os.Stderr, "table: targets not met")
+		os.Exit(1)
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "table:", err)
+	os.Exit(2)
+}
+
+// results holds every value of every metric, by group, implementation and
+// unit, in input order.
+type results struct {
+	inputs []string // file names, or "standard input"
+	header []string // library (written by bench.sh), goos, goarch and cpu lines
+	runs   map[string]map[string]map[string][]float64
+}
+
+func readInputs(names []string) (*results, error) {
+	r := &results{runs: make(map[string]map[string]map[string][]float64)}
+	if len(names) == 0 {
+		r.inputs = []string{"standard input"}
+		return r, r.parse(os.Stdin)
+	}
+	r.inputs = names
+	for _, name := range names {
+		f, err := os.Open(name)
+		if err != nil {
+			return nil, err
+		}
+		err = r.parse(f)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	return r, nil
+}
+
+var (
+	benchLine = regexp.MustCompile(`^Benchmark(\S+?)(?:-\d+)?\s+\d+\s+(.*)$`)
+	procs     = regexp.MustCompile(`-\d+$`)
+)
+
+func (r *results) parse(in io.Reader) error {
+	sc := bufio.NewScanner(in)
+	for sc.Scan() {
+		line := sc.Text()
+		for _, key := range []string{"library:", "command:", "goos:", "goarch:", "cpu:"} {
+			if strings.HasPrefix(line, key) && !slices.Contains(r.header, line) {
+				r.header = append(r.header, line)
+			}
+		}
+		m := benchLine.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		group, impl, ok := strings.Cut(procs.ReplaceAllString(m[1], ""), "/")
+		if !ok {
+			continue
+		}
+		fields := strings.Fields(m[2])
+		if len(fields)%2 != 0 {
+			return fmt.Errorf("odd number of fields in %q", line)
+		}
+		for i := 0; i < len(fields); i += 2 {
+			v, err := strconv.ParseFloat(fields[i], 64)
+			if err != nil {
+				return fmt.Errorf("value %q in %q: %w", fields[i], line, err)
+			}
+			r.add(group, impl, fields[i+1], v)
+		}
+	}
+	return sc.Err()
+}
+
+func (r *results) add(group, impl, unit string, v float64) {
+	if r.runs[group] == nil {
+		r.runs[group] = make(map[string]map[string][]float64)
+	}
+	if r.runs[group][impl] == nil {
+		r.runs[group][impl] = make(map[string][]float64)
+	}
+	r.runs[group][impl][unit] = append(r.runs[group][impl][unit], v)
+}
+
+// value returns the median of a metric, or NaN when it was not measured.
+func (r *results) value(group, impl, unit string) float64 {
+	return median(r.runs[group][impl][unit])
+}
+
+func median(vs []float64) float64 {
+	if len(vs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Sorted(slices.Values(vs))
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// spread returns the largest distance of a value from the median, as a
+// fraction of the median (0 for one run).
+func spread(vs []float64) float64 {
+	m := median(vs)
+	if m == 0 || math.IsNaN(m) {
+		return 0
+	}
+	var d float64
+	for _, v := range vs {
+		d = max(d, math.Abs(v-m))
+	}
+	return d / math.Abs(m)
+}
+
+func ordered(known []string, have []string) []string {
+	var out []string
+	for _, k := range known {
+		if slices.Contains(have, k) {
+			out = append(out, k)
+		}
+	}
+	var rest []string
+	for _, h := range have {
+		if !slices.Contains(known, h) {
+			rest = append(rest, h)
+		}
+	}
+	slices.Sort(rest)
+	return append(out, rest...)
+}
+
+func keys[V any](m map[string]V) []string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	return ks
+}
+
+func (r *results) units(group string) []string {
+	var have []string
+	for _, byUnit := range r.runs[group] {
+		for u := range byUnit {
+			if !slices.Contains(have, u) {
+				have = append(have, u)
+			}
+		}
+	}
+	return ordered(metricOrder, have)
+}
+
+// write prints the machine, the tables and the targets, and reports whether
+// every target was met.
+func (r *results) write(w io.Writer) bool {
+	r.writeMachine(w)
+	for _, g := range ordered(groups, keys(r.runs)) {
+		r.writeGroup(w, g)
+	}
+	return r.writeTargets(w)
+}
+
+func (r *results) writeMachine(w io.Writer) {
+	fmt.Fprintln(w, "Machine (the benchmark header, and this machine as cmd/table sees it):")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "```")
+	for _, h := range r.header {
+		fmt.Fprintln(w, h)
+	}
+	fmt.Fprintf(w, "nproc: %d\n", runtime.NumCPU())
+	if model := cpuModel(); model != "" {
+		fmt.Fprintf(w, "model name: %s\n", model)
+	}
+	fmt.Fprintf(w, "go: %s\n", runtime.Version())
+	if out, err := exec.Command("redis-server", "--version").Output(); err == nil {
+		fmt.Fprintf(w, "redis-server: %s\n", strings.TrimSpace(string(out)))
+	}
+	fmt.Fprintln(w, "```")
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "Raw output: %s.\n\n", strings.Join(r.inputs, ", "))
+}
+
+func cpuModel() string {
+	data, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return ""
+	}
+	for line := range strings.Lines(string(data)) {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+func (r *results) writeGroup(w io.Writer, g string) {
+	units := r.units(g)
+	rows := ordered(impls, keys(r.runs[g]))
+	n := 0
+	for _, byUnit := range r.runs[g] {
+		for _, vs := range byUnit {
+			n = max(n, len(vs))
+		}
+	}
+	fmt.Fprintf(w, "### %s\n\n", g)
+	fmt.Fprintf(w, "Median of %d run(s); ± is the largest distance of a run from the median.\n\n", n)
+	table(w, "implementation", units, rows, func(impl, u string) string {
+		vs := r.runs[g][impl][u]
+		if len(vs) == 0 {
+			return "–"
+		}
+		s := num(median(vs))
+		if sp := spread(vs); sp >= 0.005 {
+			s += fmt.Sprintf(" ±%.0f%%", sp*100)
+		}
+		return s
+	})
+
+	if slices.Contains(rows, baseline) {
+		fmt.Fprintf(w, "Ratio to %s (implementation ÷ %s):\n\n", baseline, baseline)
+		table(w, "implementation", units, without(rows, baseline), func(impl, u string) string {
+			return ratio(r.value(g, impl, u), r.value(g, baseline, u), u)
+		})
+	}
+	if slices.Contains(rows, subject) {
+		fmt.Fprintf(w, "%s ÷ each other implementation (\"behind\": %s is worse on that metric):\n\n", subject, subject)
+		table(w, "vs", units, without(rows, subject), func(impl, u string) string {
+			return ratio(r.value(g, subject, u), r.value(g, impl, u), u)
+		})
+	}
+}
+
+func without(rows []string, drop string) []string {
+	return slices.DeleteFunc(slices.Clone(rows), func(s string) bool { return s == drop })
+}
+
+func table(w io.Writer, corner string, units, rows []string, cell func(row, unit string) string) {
+	fmt.Fprintf(w, "| %s | %s |\n", corner, strings.Join(units, " | "))
+	fmt.Fprintf(w, "|---%s|\n", strings.Repeat("|--:", len(units)))
+	for _, row := range rows {
+		cells := make([]string, len(units))
+		for i, u := range units {
+			cells[i] = cell(row, u)
+		}
+		fmt.Fprintf(w, "| %s | %s |\n", row, strings.Join(cells, " | "))
+	}
+	fmt.Fprintln(w)
+}
+
+// ratio formats a ÷ b and says whether a is behind (worse than) b on unit.
+func ratio(a, b float64, unit string) string {
+	switch {
+	case math.IsNaN(a) || math.IsNaN(b):
+		return "–"
+	case a == b:
+		return "same"
+	case b == 0:
+		return fmt.Sprintf("%s vs 0%s", num(a), verdict(a, b, unit))
+	}
+	return fmt.Sprintf("%.2f×%s", a/b, verdict(a, b, unit))
+}
+
+func verdict(a, b float64, unit string) string {
+	if math.Abs(a/b-1) >= 0.005 && worse(a, b, unit) {
+		return " behind"
+	}
+	return ""
+}
+
+func worse(a, b float64, unit string) bool {
+	if higherIsBetter[unit] {
+		return a < b
+	}
+	return a > b
+}
+
+func num(v float64) string {
+	switch a := math.Abs(v); {
+	case math.IsNaN(v):
+		return "–"
+	case a == 0 || a >= 100:
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	case a >= 10:
+		return strconv.FormatFloat(v, 'f', 1, 64)
+	case a >= 1:
+		return strconv.FormatFloat(v, 'f', 2, 64)
+	}
+	return strconv.FormatFloat(v, 'f', 4, 64)
+}
+
+// writeTargets prints the targets fencelock is held to, each with its
+// measurement, and reports whether all were met.
+func (r *results) writeTargets(w io.Writer) bool {
+	v := r.value
+	all := true
+	fmt.Fprintln(w, "### Targets")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Medians, except overlaps (the largest of any run of any implementation) and fairness (also the lowest run).")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| target | measured | met |")
+	fmt.Fprintln(w, "|---|---|---|")
+	row := func(target, measured string, ok, known bool) {
+		mark := "yes"
+		switch {
+		case !known:
+			mark, ok = "not measured", false
+		case !ok:
+			mark = "**no**"
+		}
+		all = all && ok
+		fmt.Fprintf(w, "| %s | %s | %s |\n", target, measured, mark)
+	}
+	known := func(vs ...float64) bool {
+		return !slices.ContainsFunc(vs, math.IsNaN)
+	}
+
+	f, raw := v("Uncontended", subject, "ns/op"), v("Uncontended", baseline, "ns/op")
+	row("Uncontended ns/op ≤ 1.10 × raw",
+		fmt.Sprintf("%s vs %s: %.2f×", num(f), num(raw), f/raw), f <= 1.10*raw, known(f, raw))
+
+	f, rl := v("Uncontended", subject, "allocs/op"), v("Uncontended", "redislock", "allocs/op")
+	row("Uncontended allocs/op ≤ redislock's", fmt.Sprintf("%s vs %s", num(f), num(rl)), f <= rl, known(f, rl))
+
+	f, ru := v("Contended", subject, "cs/s"), v("Contended", "rueidislock", "cs/s")
+	row("Contended cs/s ≥ 1.2 × rueidislock's",
+		fmt.Sprintf("%s vs %s: %.2f×", num(f), num(ru), f/ru), f >= 1.2*ru, known(f, ru))
+
+	f = v("Contended", subject, "handoff-p50-ms")
+	var parts []string
+	ok, ks := true, known(f)
+	for _, peer := range without(impls, subject) {
+		if peer == baseline {
+			continue
+		}
+		p := v("Contended", peer, "handoff-p50-ms")
+		ks = ks && known(p)
+		ok = ok && f < p
+		parts = append(parts, fmt.Sprintf("%s %s", peer, num(p)))
+	}
+	row("Contended handoff-p50 < every peer's",
+		fmt.Sprintf("%s ms vs %s", num(f), strings.Join(parts, ", ")), ok, ks)
+
+	worst := math.NaN()
+	for _, byUnit := range r.runs["Contended"] {
+		for _, o := range byUnit["overlaps"] {
+			if math.IsNaN(worst) || o > worst {
+				worst = o
+			}
+		}
+	}
+	row("Contended overlaps = 0", num(worst), worst == 0, known(worst))
+
+	fs := r.runs["Contended"][subject]["fairness"]
+	f = median(fs)
+	lowest := math.NaN()
+	if len(fs) > 0 {
+		lowest = slices.Min(fs)
+	}
+	row("Contended fairness ≥ 0.98", fmt.Sprintf("%s (lowest run %s)", num(f), num(lowest)), f >= 0.98, known(f))
+	fmt.Fprintln(w)
+	return all
+}
+
+// replaceSection replaces the text between the markers of section in the
+// file with text.
+func replaceSection(name, section, text string) error {
+	tag := "bench-table"
+	if section != "" {
+		tag += ":" + section
+	}
+	beginMarker, endMarker := "<!-- "+tag+":begin -->", "<!-- "+tag+":end -->"
+	data, err := os.ReadFile(name)
+	if err != nil {
+		return err
+	}
+	doc := string(data)
+	i := strings.Index(doc, beginMarker)
+	j := strings.Index(doc, endMarker)
+	if i < 0 || j < i {
+		return fmt.Errorf("%s: no %s ... %s section", name, beginMarker, endMarker)
+	}
+	doc = doc[:i+len(beginMarker)] + "\n\n" + text + doc[j:]
+	return os.WriteFile(name, []byte(doc), 0o644)
+}

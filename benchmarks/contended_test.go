@@ -1,0 +1,273 @@
+package benchmarks
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fencelock/fencelock/internal/redistest"
+)
+
+// The contended loop of each waiter: acquire (waiting), hold, release, pause.
+const (
+	hold    = time.Millisecond
+	pause   = 5 * time.Millisecond
+	warmup  = 250 * time.Millisecond // not measured: dialing, script loading
+	unlockT = 5 * time.Second        // bound of one release call
+)
+
+// BenchmarkContended runs -waiters goroutines, each with its own clients (as
+// if each were a separate process; -shared gives them one), that compete for one lock for a fixed
+// duration: acquire with the implementation's waiting strategy, hold 1ms,
+// release, pause 5ms, again. With 8 waiters the lock is nearly always wanted,
+// so throughput is set by how quickly a release reaches the next waiter.
+//
+// It ignores b.N and runs once per implementation; "op" is one critical
+// section, so ns/op, B/op and allocs/op are per critical section over the
+// measured window, summed over all waiters. Custom metrics:
+//
+//	cs/s            critical sections entered per second
+//	busy            fraction of the window someone was inside; cs/s ÷ busy
+//	                is the ceiling a lock with instant hand-offs would reach
+//	handoff-p50-ms  end of a critical section while another goroutine was
+//	handoff-p99-ms  waiting -> the next acquisition (in-process, monotonic
+//	                clock; the time the lock sat unused while wanted)
+//	wait-p50-ms     start of the acquire call -> lock obtained
+//	wait-p99-ms
+//	fairness        Jain's index over the waiters' critical-section counts
+//	fails           acquisitions that gave up at -waitbound
+//	overlaps        times two goroutines were inside at once (must be 0)
+func BenchmarkContended(b *testing.B) {
+	srv := redistest.Start(b)
+	for _, d := range drivers {
+		b.Run(d.name, func(b *testing.B) {
+			sessions := make([]session, *waiters)
+			var newSession func() session
+			for i := range sessions {
+				if newSession == nil || !*shared {
+					newSession = d.open(b, srv.Addr)
+				}
+				sessions[i] = newSession()
+			}
+			r := contend(b, sessions, d.name+":contended", measuredDuration())
+			r.report(b)
+		})
+	}
+}
+
+// measuredDuration is -contend, or -benchtime when that is a longer
+// duration, so that the framework is satisfied by one run and does not call
+// the benchmark again.
+func measuredDuration() time.Duration {
+	d := *contendFor
+	if f := flag.Lookup("test.benchtime"); f != nil {
+		if bt, err := time.ParseDuration(f.Value.String()); err == nil && bt > d {
+			d = bt
+		}
+	}
+	return d
+}
+
+// waiterLog is what one waiter saw inside the measured window. Only its
+// waiter writes it, until the waiters have stopped.
+type waiterLog struct {
+	sections int
+	fails    int
+	held     time.Duration // inside the critical section
+	waits    []time.Duration
+	handoffs []time.Duration
+	err      error // the first unexpected error; the waiter stopped on it
+}
+
+type contendResult struct {
+	window     time.Duration
+	logs       []waiterLog
+	overlaps   int64
+	allocs     uint64 // heap allocations in the window, all goroutines
+	allocBytes uint64
+}
+
+// contend runs one waiter per session on key for warmup+window, then stops
+// them and waits for them (bounded by -waitbound plus a margin).
+func contend(b *testing.B, sessions []session, key string, window time.Duration) *contendResult {
+	base := time.Now()
+	since := func() time.Duration { return time.Since(base) } // monotonic
+	winStart, winEnd := warmup, warmup+window
+
+	var (
+		inside   atomic.Int32 // goroutines inside the critical section
+		waiting  atomic.Int32 // goroutines inside lock
+		overlaps atomic.Int64
+		// handoffFrom is since() when the last holder left the critical
+		// section while another goroutine was waiting, in ns; -1 when
+		// nobody was waiting then.
+		handoffFrom atomic.Int64
+	)
+	handoffFrom.Store(-1)
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+
+	logs := make([]waiterLog, len(sessions))
+	capHint := int(window/time.Millisecond)/len(sessions) + 64
+	var wg sync.WaitGroup
+	for i, s := range sessions {
+		l := &logs[i]
+		l.waits = make([]time.Duration, 0, capHint)
+		l.handoffs = make([]time.Duration, 0, capHint)
+		wg.Go(func() {
+			pauseT := time.NewTimer(0)
+			defer pauseT.Stop()
+			for ctx.Err() == nil {
+				t0 := since()
+				waiting.Add(1)
+				err := s.lock(ctx, key, *waitBound)
+				waiting.Add(-1)
+				t1 := since()
+				inWindow := t1 >= winStart && t1 < winEnd
+				switch {
+				case err == nil:
+				case ctx.Err() != nil:
+					return
+				case errors.Is(err, errTimeout):
+					if inWindow {
+						l.fails++
+					}
+					continue
+				default:
+					l.err = err
+					return
+				}
+
+				if inside.Add(1) != 1 {
+					overlaps.Add(1)
+				}
+				if inWindow {
+					l.sections++
+					l.waits = append(l.waits, t1-t0)
+					if from := handoffFrom.Load(); from >= 0 {
+						l.handoffs = append(l.handoffs, t1-time.Duration(from))
+					}
+				}
+				time.Sleep(hold)
+				inside.Add(-1)
+				left := since()
+				if inWindow {
+					l.held += left - t1
+				}
+				if waiting.Load() > 0 {
+					handoffFrom.Store(int64(left))
+				} else {
+					handoffFrom.Store(-1)
+				}
+
+				uctx, cancel := context.WithTimeout(context.Background(), unlockT)
+				err = s.unlock(uctx)
+				cancel()
+				if err != nil {
+					l.err = err
+					return
+				}
+				pauseT.Reset(pause)
+				select {
+				case <-ctx.Done():
+				case <-pauseT.C:
+				}
+			}
+		})
+	}
+
+	r := &contendResult{window: window, logs: logs}
+	var m0, m1 runtime.MemStats
+	time.Sleep(winStart - since())
+	runtime.ReadMemStats(&m0)
+	time.Sleep(winEnd - since())
+	runtime.ReadMemStats(&m1)
+	stop()
+	r.allocs, r.allocBytes = m1.Mallocs-m0.Mallocs, m1.TotalAlloc-m0.TotalAlloc
+
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(*waitBound + unlockT + 10*time.Second):
+		b.Fatalf("waiters did not stop within %v of the end of the run", *waitBound+unlockT+10*time.Second)
+	}
+	r.overlaps = overlaps.Load()
+	for i, l := range logs {
+		if l.err != nil {
+			b.Fatalf("waiter %d: %v", i, l.err)
+		}
+	}
+	return r
+}
+
+func (r *contendResult) report(b *testing.B) {
+	var (
+		sections, fails int
+		held            time.Duration
+		counts          = make([]float64, len(r.logs))
+		waits, handoffs []time.Duration
+	)
+	for i, l := range r.logs {
+		sections += l.sections
+		fails += l.fails
+		held += l.held
+		counts[i] = float64(l.sections)
+		waits = append(waits, l.waits...)
+		handoffs = append(handoffs, l.handoffs...)
+	}
+	b.ReportAllocs()
+	if sections > 0 {
+		b.ReportMetric(float64(r.window.Nanoseconds())/float64(sections), "ns/op")
+		b.ReportMetric(float64(r.allocs)/float64(sections), "allocs/op")
+		b.ReportMetric(float64(r.allocBytes)/float64(sections), "B/op")
+	}
+	b.ReportMetric(float64(sections)/r.window.Seconds(), "cs/s")
+	b.ReportMetric(held.Seconds()/r.window.Seconds(), "busy")
+	b.ReportMetric(ms(percentile(handoffs, 50)), "handoff-p50-ms")
+	b.ReportMetric(ms(percentile(handoffs, 99)), "handoff-p99-ms")
+	b.ReportMetric(ms(percentile(waits, 50)), "wait-p50-ms")
+	b.ReportMetric(ms(percentile(waits, 99)), "wait-p99-ms")
+	b.ReportMetric(jain(counts), "fairness")
+	b.ReportMetric(float64(fails), "fails")
+	b.ReportMetric(float64(r.overlaps), "overlaps")
+	if r.overlaps != 0 {
+		b.Fatalf("%d times two goroutines were inside the critical section at once", r.overlaps)
+	}
+	if sections == 0 {
+		b.Fatalf("no critical section in %v", r.window)
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// percentile returns the p-th percentile of ds (nearest rank), or 0 for
+// none. It sorts ds.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	slices.Sort(ds)
+	rank := int(p/100*float64(len(ds))+0.999999999) - 1 // ceil(p/100*n) - 1
+	return ds[min(max(rank, 0), len(ds)-1)]
+}
+
+// jain returns Jain's fairness index (Σx)² / (n·Σx²) of xs: 1 when all are
+// equal, 1/n when one has everything. It is 0 for none or all zero.
+func jain(xs []float64) float64 {
+	var sum, sumSq float64
+	for _, x := range xs {
+		sum += x
+		sumSq += x * x
+	}
+	if sumSq == 0 {
+		return 0
+	}
+	return sum * sum / (float64(len(xs)) * sumSq)
+}
