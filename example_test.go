@@ -22,6 +22,40 @@ func newClient() (*redis.Client, func()) {
 	return c, func() { c.Close(); m.Close() }
 }
 
+func ExampleLocker_RunWithLock() {
+	client, stop := newClient()
+	defer stop()
+	ctx := context.Background()
+	locker, err := fencelock.New(client, nil) // TTL 30s, renewed every 10s
+	if err != nil {
+		panic(err)
+	}
+	defer locker.Close()
+
+	err = locker.RunWithLock(ctx, "settlement:2026-11-30", func(ctx context.Context, lease *fencelock.Lease) error {
+		// ctx is cancelled, with cause fencelock.ErrLost, if the lock is
+		// lost while the work runs. Pass the fence to every write:
+		//
+		//	UPDATE settlements SET status = 'done', fence_token = $1
+		//	WHERE settle_date = $2 AND fence_token < $1
+		fmt.Println("settling with a fence:", lease.Fence() > 0)
+		return ctx.Err()
+	})
+	switch {
+	case errors.Is(err, fencelock.ErrNotObtained):
+		fmt.Println("another instance is settling: skip")
+	case errors.Is(err, fencelock.ErrLost):
+		fmt.Println("lost the lock mid-work: check the data")
+	case err != nil:
+		fmt.Println("failed:", err)
+	default:
+		fmt.Println("settled")
+	}
+	// Output:
+	// settling with a fence: true
+	// settled
+}
+
 func ExampleLocker_Acquire() {
 	client, stop := newClient()
 	defer stop()
