@@ -351,8 +351,9 @@ func (l *Lease) cleanup(ctx context.Context) {
 // ErrUnavailable when Redis could not be reached, in which case the TTL may or
 // may not have been set and Deadline becomes the earlier of its old value and
 // the one this call would have set; ErrInvalid for a ttl not longer than its
-// drift allowance; or ctx.Err() when ctx ended while waiting for another
-// Extend.
+// drift allowance, or for one not longer than Options.RenewInterval plus its
+// drift allowance when RenewInterval is set; or ctx.Err() when ctx ended
+// before the call was sent (while waiting for another Extend).
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	return l.extend(ctx, ttl, false)
 }
@@ -365,6 +366,9 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 // deadline on a slow link.
 func (l *Lease) extend(ctx context.Context, ttl time.Duration, byWatchdog bool) error {
 	if err := checkTTL("Extend ttl", ttl); err != nil {
+		return err
+	}
+	if err := checkRenewInterval(l.locker.opts.RenewInterval, ttl); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {

@@ -745,3 +745,13 @@ type fakeNow func() time.Time
 
 func (f fakeNow) Now() time.Time                       { return f() }
 func (f fakeNow) NewTimer(d time.Duration) *time.Timer { return time.NewTimer(d) }
+
+func TestExtendRejectsTTLWithinRenewInterval(t *testing.T) {
+	_, l := newMini(t)
+	l.opts.RenewInterval = time.Second
+	lease, err := l.Acquire(ctx, "job", WithTTL(10*time.Second))
+	require.NoError(t, err)
+	require.ErrorIs(t, lease.Extend(ctx, time.Second), ErrInvalid, "the watchdog could not renew in time")
+	require.NoError(t, lease.Extend(ctx, 2*time.Second))
+	require.NoError(t, lease.Release(ctx))
+}

@@ -254,6 +254,9 @@ func (l *Lease) watch(wd *watchdog) {
 			}
 			deadlineTimer.Reset(remaining)
 			if !inFlight {
+				l.mu.Lock()
+				interval = o.renewInterval(l.ttl) // the TTL may have changed
+				l.mu.Unlock()
 				renewTimer.Reset(min(interval, remaining/3))
 			}
 

@@ -475,3 +475,17 @@ func TestRenewalIsOneRoundTripOnAnEmptyScriptCache(t *testing.T) {
 	require.NoError(t, workCtx.Err())
 	require.NoError(t, lease.Release(ctx))
 }
+
+func TestWatchdogFollowsShorterTTL(t *testing.T) {
+	// After the work shortens the TTL, renewals come at a third of the new
+	// TTL, not of the old one.
+	_, l := newMini(t)
+	err := l.RunWithLock(ctx, "shorter", func(ctx context.Context, lease *Lease) error {
+		if err := lease.Extend(ctx, 300*time.Millisecond); err != nil {
+			return err
+		}
+		time.Sleep(1500 * time.Millisecond) // five of the new TTLs
+		return ctx.Err()
+	}, WithTTL(3*time.Second))
+	require.NoError(t, err)
+}
