@@ -17,8 +17,8 @@ var (
 	// was taken over by another holder, was deleted, or was released already.
 	ErrNotHeld = errors.New("fencelock: not held")
 
-	// ErrUnavailable means Redis could not be reached or answered with an
-	// error. The error wraps the cause. The state of the lock is unknown to
+	// ErrUnavailable means Redis could not be reached, answered with an
+	// error, or did not answer before the caller's deadline. The error wraps the cause. The state of the lock is unknown to
 	// the caller; see each method for what it leaves behind.
 	ErrUnavailable = errors.New("fencelock: redis unavailable")
 

@@ -82,10 +82,12 @@ func checkName(name string) error {
 //     matches ctx.Err(). Between attempts it sleeps until the holder releases
 //     the lock (a pub/sub wake-up), the holder's remaining TTL runs out, or a
 //     capped, jittered backoff (Options) ends, whichever comes first.
-//   - ErrUnavailable, wrapping the cause, when Redis could not be reached or
-//     answered with an error. Without WithWait this is the first attempt's
-//     error; with it, failed attempts are retried like busy ones until the
-//     wait ends, and the error is returned if the last attempt failed.
+//   - ErrUnavailable, wrapping the cause, when Redis could not be reached,
+//     answered with an error, or never answered before the wait's or ctx's
+//     deadline. Without WithWait this is the first attempt's error; with it,
+//     failed attempts are retried like busy ones until the wait ends, and the
+//     error is returned if the last attempt failed. When ctx ended, the error
+//     also matches ctx.Err().
 //   - ErrInvalid for an empty name, a name containing '{' or '}', a TTL not
 //     longer than its drift allowance, or a negative wait; no Redis call is
 //     made then.
@@ -147,6 +149,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 		bo      = backoff{min: l.opts.MinRetryBackoff, max: l.opts.MaxRetryBackoff}
 		lastErr error   // the last attempt's error, nil if it found the lock busy
 		unsure  bool    // an attempt's outcome is unknown: it may hold the lock
+		sawBusy bool    // an attempt found the lock held by another token
 		w       *waiter // wake-ups on release, once the lock was found busy
 		polling bool    // subscribing failed: wait without wake-ups
 	)
@@ -179,9 +182,18 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 		ok, val, err := lease.tryAcquire(waitCtx)
 		if err != nil && ctxErr(waitCtx) != nil {
 			// The wait or ctx ended during the call: no verdict from
-			// Redis. lastErr keeps the previous attempt's.
+			// Redis. If Redis never gave one and a deadline (not a
+			// cancellation) ended it, Redis did not answer in time: that
+			// is unavailable, not busy. Otherwise lastErr keeps the
+			// previous attempt's.
 			unsure = true
+			if !sawBusy && !errors.Is(ctxErr(waitCtx), context.Canceled) {
+				lastErr = err
+			}
 			return nil, giveUp()
+		}
+		if err == nil && !ok {
+			sawBusy = true
 		}
 		lastErr = err
 		if err != nil {

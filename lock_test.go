@@ -579,9 +579,17 @@ func TestPausedServer(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	_, err = l.Acquire(cctx, name+"-2")
-	require.ErrorIs(t, err, ErrNotObtained)
+	require.ErrorIs(t, err, ErrUnavailable, "a Redis that does not answer is unavailable, not busy")
 	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.NotErrorIs(t, err, ErrNotObtained)
 	assert.Less(t, time.Since(start), 3*time.Second, "bounded by ctx and ReleaseTimeout")
+
+	// The same when a wait runs out while Redis hangs.
+	start = time.Now()
+	_, err = l.Acquire(ctx, name+"-3", WithWait(200*time.Millisecond))
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.NotErrorIs(t, err, ErrNotObtained)
+	assert.Less(t, time.Since(start), 3*time.Second)
 
 	cctx2, cancel2 := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel2()
