@@ -58,3 +58,35 @@ func TestCluster(t *testing.T) {
 	require.NoError(t, held.Release(ctx))
 	requireObtained(t, got, 5*time.Second, "no wake-up on Redis Cluster")
 }
+
+// A Ring shards keys and subscriptions by name across servers: waiting works
+// for locks on every shard.
+func TestRing(t *testing.T) {
+	a, b := redistest.Start(t), redistest.Start(t)
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": a.Addr, "b": b.Addr}})
+	t.Cleanup(func() { _ = ring.Close() })
+	l, err := New(ring, slowPolling)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+
+	var held []*Lease
+	var waits []<-chan error
+	for _, name := range []string{"order:1", "order:2", "order:3", "order:4", "order:5", "order:6"} {
+		lease, err := l.Acquire(ctx, name, WithTTL(time.Minute))
+		require.NoError(t, err)
+		held = append(held, lease)
+		waits = append(waits, waitInBackground(l, name))
+	}
+	require.Eventually(t, func() bool { return openHubs(l) == len(held) }, 5*time.Second, time.Millisecond)
+	time.Sleep(20 * time.Millisecond)
+	for i, lease := range held {
+		require.NoError(t, lease.Release(ctx))
+		requireObtained(t, waits[i], 5*time.Second, "no wake-up on a Ring shard for "+lease.Name())
+	}
+	ka, err := a.Client(nil).DBSize(ctx).Result()
+	require.NoError(t, err)
+	kb, err := b.Client(nil).DBSize(ctx).Result()
+	require.NoError(t, err)
+	assert.Positive(t, ka, "locks on shard a")
+	assert.Positive(t, kb, "locks on shard b")
+}

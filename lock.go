@@ -462,10 +462,10 @@ func (l *Lease) markDoneLocked(at time.Time) {
 	}
 }
 
-// Release stops the lease's watchdog, if KeepAlive started one, and waits for
-// it to exit, so no renewal is sent after Release. It then deletes the lock if
-// this lease still holds it, leaving another holder's lock alone, and cancels
-// the contexts KeepAlive returned. It runs on a context that keeps ctx's values but not
+// Release cancels the contexts KeepAlive returned, stops the lease's watchdog,
+// if KeepAlive started one, and waits for it to exit, so no renewal is sent
+// after Release. It then deletes the lock if this lease still holds it,
+// leaving another holder's lock alone. It runs on a context that keeps ctx's values but not
 // its cancellation, bounded by Options.ReleaseTimeout, so that a cancelled
 // request still gives its lock back.
 //

@@ -17,8 +17,8 @@ type Options struct {
 	KeyPrefix string
 
 	// TTL is how long Redis keeps a lock that is not extended or released.
-	// It must be longer than its drift allowance (TTL/100 + 2ms), so at least
-	// 3ms. Acquire's WithTTL overrides it per call. Default 30s.
+	// It must be longer than its drift allowance (TTL/100 + 2ms), so longer
+	// than about 2.02ms. Acquire's WithTTL overrides it per call. Default 30s.
 	TTL time.Duration
 
 	// MinRetryBackoff is the first pause between two attempts of an Acquire

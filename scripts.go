@@ -6,9 +6,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The Lua scripts, one per file. Each is compiled once and always run with
+// The Lua scripts, one per file. Each is compiled once and run with
 // Script.Run, which sends EVALSHA and falls back to EVAL when the server does
-// not have the script cached. Every key a script touches is passed in KEYS.
+// not have the script cached; only the watchdog's renewals send EVAL directly
+// (see Lease.extend). Every key a script touches is passed in KEYS.
 var (
 	//go:embed acquire.lua
 	acquireLua    string

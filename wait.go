@@ -19,7 +19,7 @@ import (
 // closers) and close waits for all of them.
 type notifier struct {
 	client  redis.UniversalClient
-	cluster bool          // one hub per channel instead of one per Locker
+	cluster bool          // one hub per channel instead of one per Locker (Cluster, Ring)
 	linger  time.Duration // hubLinger; shortened by tests
 	wg      sync.WaitGroup
 
@@ -41,7 +41,13 @@ const openTimeout = 5 * time.Second
 var errClosed = errors.New("fencelock: locker closed")
 
 func newNotifier(client redis.UniversalClient) *notifier {
-	_, cluster := client.(*redis.ClusterClient)
+	// A Cluster or a Ring routes a subscription by its channel: one hub
+	// per channel, each on the node that serves it.
+	var cluster bool
+	switch client.(type) {
+	case *redis.ClusterClient, *redis.Ring:
+		cluster = true
+	}
 	return &notifier{
 		client: client, cluster: cluster, linger: hubLinger,
 		hubs: make(map[string]*hub), opening: make(map[string]*opening),

@@ -250,3 +250,37 @@ func TestCancelWhileSubscriptionHangs(t *testing.T) {
 	e.hook.set(nil, nil)
 	require.NoError(t, held.Release(ctx))
 }
+
+func TestReleaseBeforeSubscriptionIsNotMissed(t *testing.T) {
+	// The holder releases between the waiter's first (busy) attempt and its
+	// subscription: the attempt that follows the confirmed subscription
+	// finds the lock free, without waiting for the 10-20s backoff.
+	e := newEnv(t, nil)
+	l := e.locker(t, slowPolling)
+	name := uniqueName(t)
+	held, err := l.Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+	var released atomic.Bool
+	e.hook.set(nil, func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == "acquire" && released.CompareAndSwap(false, true) {
+			assert.NoError(t, held.Release(ctx)) // before register runs; not require: another goroutine
+		}
+		return nil
+	})
+	requireObtained(t, waitInBackground(l, name), 5*time.Second, "the release before the subscription was missed")
+}
+
+func TestWaitingAfterClosePolls(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, &Options{MinRetryBackoff: 10 * time.Millisecond, MaxRetryBackoff: 20 * time.Millisecond})
+	require.NoError(t, l.Close())
+	name := uniqueName(t)
+	held, err := l.Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+	got := waitInBackground(l, name)
+	time.Sleep(50 * time.Millisecond)
+	assert.Zero(t, openHubs(l), "no subscription after Close")
+	assert.Zero(t, pubsubClients(t, e))
+	require.NoError(t, held.Release(ctx))
+	requireObtained(t, got, 5*time.Second, "a wait after Close did not poll")
+}

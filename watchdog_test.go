@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -488,4 +489,40 @@ func TestWatchdogFollowsShorterTTL(t *testing.T) {
 		return ctx.Err()
 	}, WithTTL(3*time.Second))
 	require.NoError(t, err)
+}
+
+func TestGoexitReleases(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	name := uniqueName(t)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = l.RunWithLock(ctx, name, func(context.Context, *Lease) error {
+			runtime.Goexit() // as t.FailNow in the work would
+			return nil
+		})
+	}()
+	<-done
+	n, err := e.admin.Exists(ctx, "lock:{"+name+"}").Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "released when the work called runtime.Goexit")
+}
+
+func TestCancelledContextKeepsRenewing(t *testing.T) {
+	// Cancelling the context given to KeepAlive cancels the work's context
+	// but not the watchdog: the lock stays held until Release.
+	e := newEnv(t, nil)
+	l := e.locker(t, &Options{TTL: 300 * time.Millisecond})
+	lease, err := l.Acquire(ctx, uniqueName(t))
+	require.NoError(t, err)
+	cctx, cancel := context.WithCancel(ctx)
+	workCtx := lease.KeepAlive(cctx)
+	cancel()
+	require.ErrorIs(t, workCtx.Err(), context.Canceled)
+	time.Sleep(time.Second) // more than three TTLs
+	got, err := e.admin.Get(ctx, lease.Key()).Result()
+	require.NoError(t, err)
+	assert.Equal(t, lease.Token(), got, "still renewed after the context was cancelled")
+	require.NoError(t, lease.Release(ctx))
 }
