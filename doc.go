@@ -3,12 +3,13 @@
 //
 // A Locker acquires a named lock with one round trip (SET key token NX PX ttl
 // and a fencing token, in one Lua script; a second one, EVAL after NOSCRIPT,
-// the first time after the server's script cache was emptied) and returns a Lease. The Lease
-// releases and extends the lock with compare-the-token scripts, so it never
-// deletes or extends another holder's lock. RunWithLock wraps a critical
-// section: it acquires, renews the lease every TTL/3 while the work runs,
-// cancels the work's context with cause ErrLost as soon as the lock is no
-// longer certainly held, and releases.
+// the first time after the server's script cache was emptied) and returns a
+// Lease. The Lease releases and extends the lock with compare-the-token
+// scripts, so it never deletes or extends another holder's lock.
+//
+// RunWithLock wraps a critical section: it acquires, renews the lease every
+// TTL/3 while the work runs, cancels the work's context with cause ErrLost as
+// soon as the lock is no longer certainly held, and releases.
 //
 // # What a Redis lock cannot promise
 //
@@ -84,10 +85,12 @@
 // A Locker accepts any go-redis v9 UniversalClient: standalone, Sentinel
 // (failover), Cluster or Ring, on Redis 6.2 or later (the acquire script uses
 // SET ... GET). On Cluster and Ring the waiters' subscriptions are one per
-// contended lock name, each on the node that serves the name. The lock key, its fence counter and its wake-up
-// channel share the hash tag {name}, so every script runs on one Cluster
-// slot. Set ContextTimeoutEnabled in the client's options so a context's
-// deadline also bounds a call to a Redis that stopped answering; otherwise such
-// a call waits for the client's ReadTimeout. The watchdog's deadline does not
-// depend on it.
+// contended lock name, each on the node that serves the name. The lock key,
+// its fence counter and its wake-up channel share the hash tag {name}, so
+// every script runs on one Cluster slot.
+//
+// Set ContextTimeoutEnabled in the client's options so a context's deadline
+// also bounds a call to a Redis that stopped answering; otherwise such a call
+// waits for the client's ReadTimeout. The watchdog's deadline does not depend
+// on it.
 package fencelock

@@ -18,8 +18,9 @@ var (
 	ErrNotHeld = errors.New("fencelock: not held")
 
 	// ErrUnavailable means Redis could not be reached, answered with an
-	// error, or did not answer before the caller's deadline. The error wraps the cause. The state of the lock is unknown to
-	// the caller; see each method for what it leaves behind.
+	// error, or did not answer before the caller's deadline. The error wraps
+	// the cause. The state of the lock is unknown to the caller; see each
+	// method for what it leaves behind.
 	ErrUnavailable = errors.New("fencelock: redis unavailable")
 
 	// ErrInvalid means an argument or option was rejected before any Redis

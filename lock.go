@@ -465,9 +465,9 @@ func (l *Lease) markDoneLocked(at time.Time) {
 // Release cancels the contexts KeepAlive returned, stops the lease's watchdog,
 // if KeepAlive started one, and waits for it to exit, so no renewal is sent
 // after Release. It then deletes the lock if this lease still holds it,
-// leaving another holder's lock alone. It runs on a context that keeps ctx's values but not
-// its cancellation, bounded by Options.ReleaseTimeout, so that a cancelled
-// request still gives its lock back.
+// leaving another holder's lock alone. It runs on a context that keeps ctx's
+// values but not its cancellation, bounded by Options.ReleaseTimeout, so that
+// a cancelled request still gives its lock back.
 //
 // It returns nil when the lock was deleted; ErrNotHeld when it was no longer
 // this lease's (expired, taken over, or released already); in both cases the
