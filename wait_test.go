@@ -74,8 +74,9 @@ func TestReleaseWakesWaiter(t *testing.T) {
 			got <- time.Time{}
 			return
 		}
-		got <- time.Now()
+		obtained := time.Now()
 		assert.NoError(t, lease.Release(ctx))
+		got <- obtained // last: the test waits for this goroutine's asserts
 	}()
 	require.Eventually(t, func() bool { return pubsubClients(t, e) == 1 }, 5*time.Second, time.Millisecond, "the waiter subscribes")
 	time.Sleep(50 * time.Millisecond)
