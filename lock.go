@@ -133,7 +133,6 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 		ttl:    co.ttl,
 	}
 	lease.keys[0], lease.keys[1] = l.keys(name)
-	lease.key, lease.fenceKey = lease.keys[0], lease.keys[1]
 	lease.tokenArg = lease.token
 
 	log := l.opts.Logger
@@ -216,7 +215,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 		if w == nil && !polling && err == nil {
 			// Subscribe before the next attempt, so that a release from
 			// now on wakes this waiter.
-			if w, err = l.waits.register(waitCtx, lease.key); err != nil {
+			if w, err = l.waits.register(waitCtx, lease.keys[0]); err != nil {
 				w, polling = nil, true
 			}
 		}
@@ -286,8 +285,6 @@ func (b *backoff) next() time.Duration {
 type Lease struct {
 	locker   *Locker
 	name     string
-	key      string
-	fenceKey string
 	keys     [2]string // key, fenceKey: the scripts' KEYS
 	token    string
 	tokenArg any // token, boxed once for the scripts' ARGV
@@ -311,7 +308,7 @@ type Lease struct {
 func (l *Lease) Name() string { return l.name }
 
 // Key returns the Redis key that holds the lock: KeyPrefix+"{"+name+"}".
-func (l *Lease) Key() string { return l.key }
+func (l *Lease) Key() string { return l.keys[0] }
 
 // Token returns the random token (a UUID v4) that identifies this acquisition
 // in Redis.

@@ -462,17 +462,10 @@ func TestWaitObtainsAfterRelease(t *testing.T) {
 	held, err := l.Acquire(ctx, name)
 	require.NoError(t, err)
 
-	got := make(chan error, 1)
-	go func() {
-		lease, err := l.Acquire(ctx, name, WithWait(10*time.Second))
-		if err == nil {
-			err = lease.Release(ctx)
-		}
-		got <- err
-	}()
+	got := waitInBackground(l, name)
 	time.Sleep(50 * time.Millisecond)
 	require.NoError(t, held.Release(ctx))
-	require.NoError(t, <-got)
+	requireObtained(t, got, 10*time.Second, "the waiter did not get the released lock")
 }
 
 func TestWaitSleepsNoLongerThanHolderTTL(t *testing.T) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -232,13 +231,7 @@ func TestCancelWhileSubscriptionHangs(t *testing.T) {
 	require.NoError(t, err)
 	// Freeze the server right after the waiter's first (busy) attempt: the
 	// subscription connection that the wait then opens hangs.
-	var paused atomic.Bool
-	e.hook.set(nil, func(_ context.Context, cmd redis.Cmder) error {
-		if scriptName(cmd) == "acquire" && paused.CompareAndSwap(false, true) {
-			e.srv.Pause()
-		}
-		return nil
-	})
+	afterFirstAcquire(e, e.srv.Pause)
 	t.Cleanup(e.srv.Resume)
 	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
@@ -261,12 +254,8 @@ func TestReleaseBeforeSubscriptionIsNotMissed(t *testing.T) {
 	name := uniqueName(t)
 	held, err := l.Acquire(ctx, name, WithTTL(time.Minute))
 	require.NoError(t, err)
-	var released atomic.Bool
-	e.hook.set(nil, func(_ context.Context, cmd redis.Cmder) error {
-		if scriptName(cmd) == "acquire" && released.CompareAndSwap(false, true) {
-			assert.NoError(t, held.Release(ctx)) // before register runs; not require: another goroutine
-		}
-		return nil
+	afterFirstAcquire(e, func() {
+		assert.NoError(t, held.Release(ctx)) // before register runs; not require: another goroutine
 	})
 	requireObtained(t, waitInBackground(l, name), 5*time.Second, "the release before the subscription was missed")
 }
@@ -284,4 +273,16 @@ func TestWaitingAfterClosePolls(t *testing.T) {
 	assert.Zero(t, pubsubClients(t, e))
 	require.NoError(t, held.Release(ctx))
 	requireObtained(t, got, 5*time.Second, "a wait after Close did not poll")
+}
+
+// afterFirstAcquire runs f once, right after the next acquire script's reply
+// arrives and before Acquire sees it.
+func afterFirstAcquire(e *env, f func()) {
+	var once sync.Once
+	e.hook.set(nil, func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == "acquire" {
+			once.Do(f)
+		}
+		return nil
+	})
 }

@@ -48,8 +48,9 @@ func (l *Locker) RunWithLock(ctx context.Context, name string,
 		}
 		l.opts.Logger.LogAttrs(ctx, slog.LevelError, "fencelock: redis unavailable, running without the lock (fail-open)",
 			slog.String("lock", name), slog.Any("error", err))
-		key, _ := l.keys(name)
-		return work(ctx, &Lease{locker: l, name: name, key: key, degraded: true})
+		lease := &Lease{locker: l, name: name, degraded: true}
+		lease.keys[0], lease.keys[1] = l.keys(name)
+		return work(ctx, lease)
 	}
 
 	workCtx := lease.KeepAlive(ctx)
