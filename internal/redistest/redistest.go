@@ -1,6 +1,8 @@
 // Package redistest starts real redis-server processes for tests: each on its
 // own free loopback port, with nothing persisted, stopped by PID when the test
-// ends. Tests can kill, pause (SIGSTOP), resume and restart them.
+// ends. Tests can kill, pause (SIGSTOP), resume and restart them, start
+// replicas and clusters (cluster.go), and put a fault-injecting TCP proxy
+// between a client and a server (proxy.go).
 //
 // When no redis-server is on PATH, Start skips the test with a clear message,
 // unless FENCELOCK_REQUIRE_REDIS=1, which turns the skip into a failure.
@@ -8,6 +10,7 @@ package redistest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -30,6 +33,7 @@ type Server struct {
 	bin  string
 	dir  string
 	port int
+	bus  int // cluster bus port; 0 unless the server is a cluster node
 	args []string
 	cmd  *exec.Cmd
 	exit chan struct{} // closed when cmd has been waited for
@@ -38,6 +42,13 @@ type Server struct {
 // Start starts a redis-server on a free loopback port, with extra appended to
 // its command line, and stops it when the test ends.
 func Start(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	return start(t, false, extra)
+}
+
+// start starts a server; a cluster node also gets a free port for its cluster
+// bus, since the default (port+10000) can be taken or above 65535.
+func start(t testing.TB, cluster bool, extra []string) *Server {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -50,6 +61,9 @@ func Start(t testing.TB, extra ...string) *Server {
 	var lastErr error
 	for range 5 { // a free port can be taken between choosing and binding it
 		s.port, err = freePort()
+		if err == nil && cluster {
+			s.bus, err = freePort()
+		}
 		if err != nil {
 			t.Fatalf("redistest: %v", err)
 		}
@@ -80,7 +94,17 @@ func (s *Server) start() error {
 		"--appendonly", "no",
 		"--dir", s.dir,
 		"--logfile", filepath.Join(s.dir, "redis.log"),
+		// A master starts a full sync to a new replica at once, not after
+		// waiting 5s for more replicas to share it.
+		"--repl-diskless-sync-delay", "0",
 	}, s.args...)
+	if s.bus != 0 {
+		// nodes.conf lives in s.dir, so a restarted node keeps its node ID
+		// and its view of the cluster (but not its data).
+		args = append(args, "--cluster-enabled", "yes",
+			"--cluster-config-file", "nodes.conf",
+			"--cluster-port", strconv.Itoa(s.bus))
+	}
 	cmd := exec.Command(s.bin, args...)
 	if err := cmd.Start(); err != nil {
 		return err
@@ -158,7 +182,8 @@ func (s *Server) Resume() {
 	}
 }
 
-// Restart kills the server and starts a new, empty one on the same port.
+// Restart kills the server and starts a new, empty one on the same port. A
+// cluster node comes back with its node ID and its last view of the cluster.
 func (s *Server) Restart() {
 	s.t.Helper()
 	s.Kill()
@@ -172,25 +197,111 @@ func (s *Server) Restart() {
 	s.t.Fatalf("redistest: restart: %v", err)
 }
 
-// StartCluster starts a one-node Redis Cluster that serves all 16384 slots,
-// so tests see the cluster's rules (a script's keys must share one slot).
-func StartCluster(t testing.TB) *Server {
+// StartReplica starts a server replicating master (--replicaof), with extra
+// appended to its command line, and waits until the replica reports
+// master_link_status:up and master lists it as online. It is stopped when
+// the test ends; a Restart brings it back as a replica of master. master
+// must not be a cluster node: a Cluster has its own replicas.
+func StartReplica(t testing.TB, master *Server, extra ...string) *Server {
 	t.Helper()
-	s := Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
-	c := redis.NewClient(&redis.Options{Addr: s.Addr})
-	defer c.Close()
-	ctx := context.Background()
-	if err := c.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
-		t.Fatalf("redistest: CLUSTER ADDSLOTSRANGE: %v", err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		info, err := c.ClusterInfo(ctx).Result()
-		if err == nil && strings.Contains(info, "cluster_state:ok") {
-			return s
+	host, port, _ := net.SplitHostPort(master.Addr)
+	r := Start(t, append([]string{"--replicaof", host, port}, extra...)...)
+	waitLinked(t, r, master)
+	return r
+}
+
+// waitLinked waits until replica's link to master is up and master lists
+// replica as online, so WAIT on master counts it.
+func waitLinked(t testing.TB, replica, master *Server) {
+	t.Helper()
+	_, port, _ := net.SplitHostPort(replica.Addr)
+	eventually(t, 10*time.Second, func() error {
+		info, err := replica.info("replication")
+		if err != nil {
+			return err
 		}
-		time.Sleep(20 * time.Millisecond)
+		if st := info["master_link_status"]; st != "up" {
+			return fmt.Errorf("replica %s: master_link_status:%s", replica.Addr, st)
+		}
+		if info, err = master.info("replication"); err != nil {
+			return err
+		}
+		for k, v := range info {
+			if strings.HasPrefix(k, "slave") && strings.Contains(v, ",port="+port+",") &&
+				strings.Contains(v, ",state=online,") {
+				return nil
+			}
+		}
+		return fmt.Errorf("master %s does not list replica %s as online", master.Addr, replica.Addr)
+	})
+}
+
+// Do sends one command through a short-lived client and returns its reply
+// (RESP2 shapes: string, int64, []any, nil for a nil reply). It gives up
+// after 5 seconds, so it returns an error rather than hanging on a paused
+// server, and it never retries.
+func (s *Server) Do(args ...any) (any, error) {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, Protocol: 2})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	v, err := c.Do(ctx, args...).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
 	}
-	t.Fatalf("redistest: cluster on %s not ok within 10s", s.Addr)
-	return nil
+	return v, err
+}
+
+// mustDo is Do that fails the test on an error.
+func (s *Server) mustDo(args ...any) any {
+	s.t.Helper()
+	v, err := s.Do(args...)
+	if err != nil {
+		s.t.Fatalf("redistest: %s: %v", s.Addr, err)
+	}
+	return v
+}
+
+// Info returns the fields of the server's INFO section (for example
+// "replication"), failing the test if the server does not answer.
+func (s *Server) Info(section string) map[string]string {
+	s.t.Helper()
+	info, err := s.info(section)
+	if err != nil {
+		s.t.Fatalf("redistest: %v", err)
+	}
+	return info
+}
+
+func (s *Server) info(section string) (map[string]string, error) {
+	v, err := s.Do("INFO", section)
+	if err != nil {
+		return nil, fmt.Errorf("INFO %s on %s: %w", section, s.Addr, err)
+	}
+	text, _ := v.(string)
+	info := make(map[string]string)
+	for line := range strings.Lines(text) {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && !strings.HasPrefix(k, "#") {
+			info[k] = v
+		}
+	}
+	return info, nil
+}
+
+// eventually polls cond every 10ms until it returns nil, and fails the test
+// with cond's last error if that takes longer than d.
+func eventually(t testing.TB, d time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redistest: not within %v: %v", d, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
