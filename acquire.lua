@@ -1,40 +1,57 @@
 -- acquire: take the lock if it is free and issue a fencing token with it.
 --
--- KEYS[1]  lock key,        e.g. lock:{name}
--- KEYS[2]  fence counter,   e.g. lock:{name}:fence (same hash tag)
+-- KEYS[1]  lock key         e.g. lock:{name}; its value is "<token> <fence>"
+-- KEYS[2]  token marker     lock:{name}:t:<token> (same hash tag); exists
+--                           once the token was released or its Acquire gave
+--                           up (see release.lua)
+-- KEYS[3]  fence counter    lock:{name}:fence
 -- ARGV[1]  token            random, unique per Acquire call
 -- ARGV[2]  ttl              milliseconds
+-- ARGV[3]  fence retention  milliseconds the counter is kept
 --
--- Returns {1, fence} (the fence as a decimal string: Lua numbers are doubles
--- and would round fences beyond 2^53) when the lock is ours (newly taken, or already held with
--- this token because a retry follows a lost reply), {0, pttl} when another
--- token holds it (pttl as PTTL reports it: -1 when the key has no expiry).
+-- Returns
+--   {1, fence}  the lock is ours: newly taken, or already held with this
+--               token (a retry after a lost reply), with the fence issued to
+--               this token; fences are decimal strings, as Lua numbers are
+--               doubles and would round them beyond 2^53
+--   {0, pttl}   another token holds it (pttl as PTTL reports it)
+--   {2}         this token is retired: its Acquire gave up, or its lease
+--               was released; a late copy of the attempt must not take the
+--               lock
 --
 -- The fence is the previous fence plus one, floored by the server's TIME in
--- microseconds, so it keeps increasing when the counter key is lost.
+-- microseconds, so it keeps increasing when the counter key is lost or has
+-- expired. Nothing is written when the counter cannot be incremented (at
+-- its maximum: INCR fails before writing).
 
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-	if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-		return {0, redis.call('PTTL', KEYS[1])}
+if redis.call('EXISTS', KEYS[2]) == 1 then
+	return {2}
+end
+local held = redis.call('GET', KEYS[1])
+if held then
+	local n = #ARGV[1]
+	if string.sub(held, 1, n + 1) == ARGV[1] .. ' ' then
+		redis.call('PEXPIRE', KEYS[1], ARGV[2])
+		local fence = string.match(held, '^(%d+)', n + 2)
+		return {1, fence}
 	end
-	-- Ours already: this is a retry after a lost reply.
-	redis.call('PEXPIRE', KEYS[1], ARGV[2])
-	local issued = redis.call('GET', KEYS[2])
-	if issued then
-		return {1, issued}
-	end
-	-- The counter was lost while we held the lock: issue a new, larger fence.
+	return {0, redis.call('PTTL', KEYS[1])}
 end
 
 local t = redis.call('TIME')
-local floor = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-local prev = redis.call('SET', KEYS[2], floor, 'GET')
-if prev and tonumber(prev) >= tonumber(floor) then
+local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+local prev = redis.call('GET', KEYS[3])
+local fence
+if prev and (#prev > #now or (#prev == #now and prev >= now)) then
 	-- The counter is ahead of the clock (several fences within one
 	-- microsecond, or a server clock that stepped back): count on from it,
-	-- with INCR's exact 64-bit arithmetic (Lua numbers are doubles).
-	redis.call('SET', KEYS[2], prev)
-	redis.call('INCR', KEYS[2])
-	return {1, redis.call('GET', KEYS[2])}
+	-- with INCR's exact 64-bit arithmetic.
+	redis.call('INCR', KEYS[3])
+	fence = redis.call('GET', KEYS[3])
+	redis.call('PEXPIRE', KEYS[3], ARGV[3])
+else
+	fence = now
+	redis.call('SET', KEYS[3], now, 'PX', ARGV[3])
 end
-return {1, floor}
+redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. fence, 'PX', ARGV[2])
+return {1, fence}

@@ -77,7 +77,17 @@ func TestRing(t *testing.T) {
 		held = append(held, lease)
 		waits = append(waits, waitInBackground(l, name))
 	}
-	require.Eventually(t, func() bool { return openHubs(l) == len(held) }, 5*time.Second, time.Millisecond)
+	// One subscription connection per shard, not per name.
+	require.Eventually(t, func() bool {
+		l.waits.mu.Lock()
+		defer l.waits.mu.Unlock()
+		confirmed := 0
+		for _, h := range l.waits.hubs {
+			confirmed += len(h.confirmed)
+		}
+		return confirmed == len(held)
+	}, 5*time.Second, time.Millisecond)
+	assert.Equal(t, 2, openHubs(l), "one subscription connection per shard")
 	time.Sleep(20 * time.Millisecond)
 	for i, lease := range held {
 		require.NoError(t, lease.Release(ctx))

@@ -1,27 +1,44 @@
 package fencelock
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Sentinel errors. Compare with errors.Is: the errors returned by this package
-// wrap them, usually together with a cause.
+// wrap them, usually together with a cause. Each names a class a caller
+// handles differently; no error matches two of ErrNotObtained,
+// ErrUnavailable and ErrMisconfigured.
 var (
 	// ErrNotObtained means the lock is busy: another holder has it, and either
 	// Acquire was asked to try once or its wait ran out. When the caller's
-	// context ended first, the error also matches ctx.Err().
+	// context ended during the wait, the error also matches ctx.Err().
 	ErrNotObtained = errors.New("fencelock: not obtained")
 
 	// ErrNotHeld means the lock is no longer held by this lease: it expired,
 	// was taken over by another holder, was deleted, or was released already.
+	// The error's text says which when Redis could tell.
 	ErrNotHeld = errors.New("fencelock: not held")
 
-	// ErrUnavailable means Redis could not be reached, answered with an
-	// error, or did not answer before the caller's deadline. The error wraps
-	// the cause. The state of the lock is unknown to the caller; see each
-	// method for what it leaves behind.
+	// ErrUnavailable means Redis could not be reached, did not answer in
+	// time, or answered with a transient state (LOADING, BUSY, READONLY,
+	// MASTERDOWN, CLUSTERDOWN, TRYAGAIN, NOREPLICAS, OOM). The error wraps the
+	// cause. The state of the lock is unknown to the caller; see each method
+	// for what it leaves behind. Options.FailOpen opens on this class only.
 	ErrUnavailable = errors.New("fencelock: redis unavailable")
+
+	// ErrMisconfigured means Redis answered but refuses the lock's commands:
+	// a missing or wrong password (NOAUTH, WRONGPASS), an ACL that does not
+	// permit them (NOPERM), a lock or fence key of another type (WRONGTYPE),
+	// an unknown command, a fence counter at its maximum, or a closed
+	// go-redis client. Retrying does not help and Options.FailOpen never opens
+	// on it; the error's text says what to fix.
+	ErrMisconfigured = errors.New("fencelock: redis refuses the lock's commands")
 
 	// ErrInvalid means an argument or option was rejected before any Redis
 	// call was made.
@@ -39,10 +56,188 @@ var (
 // errReleased is the cause of a KeepAlive context cancelled by Release.
 var errReleased = fmt.Errorf("%w: lease released", ErrNotHeld)
 
+// Why a lease is not held, as Redis told it.
+var (
+	errGone     = fmt.Errorf("%w: the lock expired or was deleted", ErrNotHeld)
+	errTakenBy  = fmt.Errorf("%w: the lock is held by another holder", ErrNotHeld)
+	errReleaseD = fmt.Errorf("%w: released already", ErrNotHeld)
+)
+
 func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
 }
 
-func unavailable(cause error) error {
-	return fmt.Errorf("%w: %w", ErrUnavailable, cause)
+// An opError is an error of this package with a one-line message of its own
+// that matches several errors (a sentinel, its cause, a context's error):
+// errors.Join would put them on separate lines.
+type opError struct {
+	msg  string
+	errs []error
+}
+
+func (e *opError) Error() string   { return e.msg }
+func (e *opError) Unwrap() []error { return e.errs }
+
+// withCtx adds the caller's context error to err: the result matches both,
+// on one line.
+func withCtx(err, ctxErr error) error {
+	if ctxErr == nil {
+		return err
+	}
+	return &opError{msg: err.Error() + " (and then: " + ctxErr.Error() + ")", errs: []error{err, ctxErr}}
+}
+
+// ctxEnded is the error of a call whose context ended before Redis gave any
+// verdict: it matches ctx's error (and its cause) and no sentinel of this
+// package.
+func ctxEnded(ctx context.Context, what string) error {
+	err := ctx.Err()
+	if err == nil {
+		err = context.DeadlineExceeded // the deadline passed, its timer has not fired yet
+	}
+	errs := []error{err}
+	msg := "fencelock: " + what + ": " + err.Error()
+	if cause := context.Cause(ctx); cause != nil && cause != err {
+		errs = append(errs, cause)
+		msg += ": " + cause.Error()
+	}
+	return &opError{msg: msg, errs: errs}
+}
+
+// errClass is what a failed Redis call means for the lock.
+type errClass int
+
+const (
+	classUnavailable   errClass = iota // not reached, no answer, or a transient state
+	classMisconfigured                 // Redis answered and refuses
+	classNoVerdict                     // the caller's context ended first
+)
+
+// transient are the error codes of a Redis that answers but cannot serve
+// the lock right now: loading, busy with a script, a replica or a master
+// without its quorum, a cluster without a slot's owner, not enough replicas,
+// out of memory.
+var transient = map[string]bool{
+	"LOADING": true, "BUSY": true, "READONLY": true, "MASTERDOWN": true,
+	"CLUSTERDOWN": true, "TRYAGAIN": true, "NOREPLICAS": true, "OOM": true,
+}
+
+// classify tells what err, returned by a Redis call, means.
+func classify(err error) errClass {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		var op *net.OpError
+		if !errors.As(err, &op) { // a context's own error, not a network timeout
+			return classNoVerdict
+		}
+	}
+	if errors.Is(err, redis.ErrClosed) {
+		return classMisconfigured
+	}
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		if transient[errCode(rerr.Error())] {
+			return classUnavailable
+		}
+		return classMisconfigured
+	}
+	if errors.Is(err, errReply) {
+		return classMisconfigured
+	}
+	return classUnavailable
+}
+
+// errReply marks a reply this package cannot decode: not a Redis it can
+// work with.
+var errReply = errors.New("unexpected reply")
+
+// errCode returns a Redis error's code: its first word, or, for an error
+// raised inside a script on Redis before 7 ("ERR Error running script ...:
+// @user_script:17: WRONGTYPE ..."), the code of the error the script met.
+func errCode(msg string) string {
+	code, rest, _ := strings.Cut(msg, " ")
+	if code == "ERR" {
+		if i := strings.Index(rest, "@user_script:"); i >= 0 {
+			rest = rest[i+len("@user_script:"):]
+			if _, after, ok := strings.Cut(rest, ": "); ok {
+				inner, _, _ := strings.Cut(after, " ")
+				if inner == strings.ToUpper(inner) && inner != "" {
+					return inner
+				}
+			}
+		}
+	}
+	return code
+}
+
+// callError turns the error of a Redis call for the lock named name into
+// one of this package's: ErrUnavailable or ErrMisconfigured, with a one-line
+// message. It is not used for errors of class classNoVerdict.
+func callError(name string, err error) error {
+	if classify(err) == classMisconfigured {
+		return &opError{msg: ErrMisconfigured.Error() + ": " + advice(name, err), errs: []error{ErrMisconfigured, err}}
+	}
+	return &opError{msg: ErrUnavailable.Error() + ": " + oneLine(err.Error()), errs: []error{ErrUnavailable, err}}
+}
+
+// advice describes a refusal and what to change, without the script's
+// internals (its SHA and line numbers).
+func advice(name string, err error) string {
+	if errors.Is(err, redis.ErrClosed) {
+		return "the go-redis client is closed"
+	}
+	if errors.Is(err, errReply) {
+		return oneLine(err.Error()) + ": is this a Redis server (6.2 or later)?"
+	}
+	msg := oneLine(err.Error())
+	if i := strings.Index(msg, " script: "); i >= 0 { // Redis 7: "... script: <sha>, on @user_script:17."
+		msg = msg[:i]
+	}
+	if i := strings.Index(msg, "Error running script"); i >= 0 { // Redis 6
+		if j := strings.Index(msg, "@user_script:"); j >= 0 {
+			if _, after, ok := strings.Cut(msg[j:], ": "); ok {
+				msg = after
+			}
+		}
+	}
+	msg = strings.TrimSuffix(strings.TrimSpace(msg), ".")
+	switch errCode(err.Error()) {
+	case "NOAUTH":
+		return msg + ": set Password (and Username) in the go-redis options"
+	case "WRONGPASS":
+		return msg + ": check Username and Password in the go-redis options"
+	case "NOPERM":
+		return msg + ": the ACL user needs +@scripting, +get, +set, +del, +pexpire, +pttl, +incr, +exists, +time " +
+			"and +spublish or +publish, with the keys ~<KeyPrefix>* and the channels &<KeyPrefix>*"
+	case "WRONGTYPE":
+		return fmt.Sprintf("%s: a key of lock %q holds another type: delete it or use another KeyPrefix", msg, name)
+	}
+	if strings.Contains(msg, "increment or decrement would overflow") {
+		return fmt.Sprintf("the fence counter of lock %q is at its maximum (%s): delete the counter key; "+
+			"fences go on from the server's time", name, msg)
+	}
+	if strings.Contains(strings.ToLower(msg), "unknown command") {
+		return msg + ": fencelock needs Redis 6.2 or later with scripting enabled"
+	}
+	return msg
+}
+
+// oneLine replaces line breaks, which break line-based logs.
+func oneLine(s string) string {
+	if !strings.ContainsAny(s, "\r\n") {
+		return s
+	}
+	return strings.Join(strings.Fields(s), " ")
+}
+
+// notSent reports whether err shows that the command never reached Redis:
+// the connection could not be made. go-redis returns the error of its last
+// try, so a command written by an earlier try of the same call, before the
+// server became unreachable, counts as not sent; the server then was going
+// away, and a lock it took expires after its TTL.
+func notSent(err error) bool {
+	if errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed) {
+		return true
+	}
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }

@@ -1,13 +1,19 @@
 -- extend: reset the lock's expiry only if this token holds it. It never
 -- recreates a lock that has expired.
 --
--- KEYS[1]  lock key
+-- KEYS[1]  lock key, whose value is "<token> <fence>"
 -- ARGV[1]  token
 -- ARGV[2]  ttl, milliseconds
 --
--- Returns 1 when the expiry was set, 0 when the lock is not ours.
+-- Returns 1 when the expiry was set, 0 when the lock does not exist
+-- (expired or deleted), -1 when another token holds it.
 
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-	return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local held = redis.call('GET', KEYS[1])
+if not held then
+	return 0
 end
-return 0
+if string.sub(held, 1, #ARGV[1] + 1) ~= ARGV[1] .. ' ' then
+	return -1
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1

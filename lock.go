@@ -3,12 +3,14 @@ package fencelock
 import (
 	"context"
 	"crypto/rand"
-	"errors"
+	"fmt"
 	"log/slog"
 	mathrand "math/rand/v2"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -16,12 +18,20 @@ import (
 )
 
 // A Locker acquires locks in one Redis deployment. It is safe for concurrent
-// use; create one per client and share it.
+// use; create one per client and share it. The zero Locker is not usable:
+// its methods return an error matching ErrInvalid.
 type Locker struct {
 	client redis.UniversalClient
 	opts   Options
 	clock  Clock
 	waits  *notifier
+	dbTag  string // appended to wake-up channels: "" on database 0, "@<db>" on others
+	bg     tasks
+
+	releaseTimeoutMillis any // opts.ReleaseTimeout in ms, boxed once for the scripts' ARGV
+	retentionMillis      any // opts.FenceRetention in ms, boxed once
+
+	publishWarned atomic.Bool // a failed wake-up was logged
 }
 
 // New returns a Locker that keeps its locks in client, configured by opts (nil
@@ -35,17 +45,43 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Locker{client: client, opts: o, clock: o.Clock, waits: newNotifier(client)}, nil
+	l := &Locker{
+		client:               client,
+		opts:                 o,
+		clock:                o.Clock,
+		dbTag:                dbTag(client),
+		releaseTimeoutMillis: ttlMillis(o.ReleaseTimeout),
+		retentionMillis:      ttlMillis(o.FenceRetention),
+	}
+	l.waits = newNotifier(client, o.Logger)
+	return l, nil
 }
 
-// Close closes the subscription connection that the Locker's waiting Acquire
-// calls share, if one is open, and waits for its goroutine to exit. The
-// connection otherwise stays open for 30 seconds after the last wait ends.
+// Close stops what the Locker runs in the background, and waits for it: the
+// subscription connection that its waiting Acquire calls share (otherwise
+// closed 30 seconds after the last wait), and the clean-ups that outlived
+// the calls that started them (a release whose caller's context ended first,
+// the clean-up after an Acquire that gave up). A clean-up whose Redis call is
+// in flight is waited for, bounded by Options.ReleaseTimeout; one waiting to
+// try again is not retried (a lock it was for expires after its TTL).
+//
 // The Locker and its leases keep working after Close, but a later Acquire
 // that waits polls instead of being woken by releases. Close does not close
 // the Redis client. It always returns nil.
 func (l *Locker) Close() error {
+	if l == nil || l.waits == nil {
+		return nil
+	}
 	l.waits.close()
+	l.bg.close()
+	return nil
+}
+
+// usable returns an ErrInvalid error for a nil or zero Locker.
+func (l *Locker) usable() error {
+	if l == nil || l.client == nil {
+		return invalidf("Locker not created with New")
+	}
 	return nil
 }
 
@@ -55,6 +91,22 @@ func isNil(c redis.UniversalClient) bool {
 	}
 	v := reflect.ValueOf(c)
 	return v.Kind() == reflect.Pointer && v.IsNil()
+}
+
+// dbTag tells wake-up channels of different databases apart: pub/sub
+// channels are shared by all databases of a server.
+func dbTag(c redis.UniversalClient) string {
+	var db int
+	switch c := c.(type) {
+	case *redis.Client:
+		db = c.Options().DB
+	case *redis.Ring:
+		db = c.Options().DB
+	}
+	if db == 0 {
+		return ""
+	}
+	return "@" + strconv.Itoa(db)
 }
 
 // keys returns the lock key and the fence counter key of name. They share the
@@ -74,171 +126,325 @@ func checkName(name string) error {
 	return nil
 }
 
-// Acquire takes the lock called name and returns its Lease, or an error:
-//
-//   - ErrNotObtained when another holder has the lock. Without WithWait,
-//     Acquire tries once. With WithWait(d) it tries again until the lock is
-//     obtained, d has passed or ctx ends; when ctx ended, the error also
-//     matches ctx.Err(). Between attempts it sleeps until the holder releases
-//     the lock (a pub/sub wake-up), the holder's remaining TTL runs out, or a
-//     capped, jittered backoff (Options) ends, whichever comes first.
-//   - ErrUnavailable, wrapping the cause, when Redis could not be reached,
-//     answered with an error, or never answered before the wait's or ctx's
-//     deadline. Without WithWait this is the first attempt's error; with it,
-//     failed attempts are retried like busy ones until the wait ends, and the
-//     error is returned if the last attempt failed. When ctx ended, the error
-//     also matches ctx.Err().
-//   - ErrInvalid for an empty name, a name containing '{' or '}', a TTL not
-//     longer than its drift allowance, or a negative wait; no Redis call is
-//     made then.
-//
-// All attempts of one call use the same random token, so an attempt whose
-// reply was lost in transit (including go-redis's own retries) finds the lock
-// already its own and succeeds instead of locking itself out. When Acquire
-// gives up after an attempt whose outcome is unknown, it deletes the lock if
-// that attempt took it, on a context that is not cancelled and bounded by
-// Options.ReleaseTimeout, so no lock is left held after a failed or cancelled
-// Acquire (if Redis stays unreachable, the lock expires after its TTL).
-func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lease, error) {
-	if err := checkName(name); err != nil {
-		return nil, err
-	}
+// callOptions applies opts over the Locker's defaults and checks them.
+func (l *Locker) callOptions(opts []Option) (callOptions, error) {
 	co := callOptions{ttl: l.opts.TTL}
 	for _, opt := range opts {
 		if opt == nil {
-			return nil, invalidf("nil Option")
+			return co, invalidf("nil Option")
 		}
 		co = opt(co)
 	}
 	if co.ttlSet {
 		if err := checkTTL("WithTTL", co.ttl); err != nil {
-			return nil, err
+			return co, err
 		}
 		if err := checkRenewInterval(l.opts.RenewInterval, co.ttl); err != nil {
-			return nil, err
+			return co, err
 		}
 	}
 	if co.wait < 0 {
-		return nil, invalidf("WithWait %v is negative", co.wait)
+		return co, invalidf("WithWait %v is negative", co.wait)
 	}
-	// A version 4 UUID from crypto/rand, which cannot fail.
-	var token uuid.UUID
-	_, _ = rand.Read(token[:])
-	token[6] = token[6]&0x0f | 0x40
-	token[8] = token[8]&0x3f | 0x80
-	lease := &Lease{
-		locker: l,
-		name:   name,
-		token:  token.String(),
-		ttl:    co.ttl,
-	}
-	lease.keys[0], lease.keys[1] = l.keys(name)
-	lease.tokenArg = lease.token
+	return co, nil
+}
 
+// Acquire takes the lock called name and returns its Lease, or an error:
+//
+//   - ErrNotObtained when another holder has the lock. Without WithWait,
+//     Acquire tries once. With WithWait(d) it tries again until the lock is
+//     obtained or d has passed; between attempts it sleeps until the holder
+//     releases the lock (a pub/sub wake-up), the holder's remaining TTL runs
+//     out, or a capped, jittered backoff (Options) ends, whichever comes
+//     first.
+//   - ErrUnavailable, wrapping the cause, when Redis could not be reached,
+//     did not answer, or answered with a transient state. With WithWait,
+//     such attempts are retried like busy ones until d has passed.
+//   - ErrMisconfigured when Redis refuses the lock's commands (a password,
+//     an ACL, a key of another type); it is not retried.
+//   - an error matching ctx.Err() when ctx ended. It also matches
+//     ErrNotObtained or ErrUnavailable when an earlier attempt found the lock
+//     busy or Redis unavailable, and neither when no attempt got a verdict
+//     (ctx ended before or during the first one).
+//   - ErrInvalid for an empty name, a name containing '{' or '}', a TTL out
+//     of range, or a negative wait; no Redis call is made then.
+//
+// Acquire returns within a few milliseconds of ctx's deadline or
+// cancellation, whatever the go-redis client's options: an attempt in
+// flight then goes on in the background. WithWait bounds the waiting
+// between attempts, not an attempt in flight.
+//
+// All attempts of one call use the same random token, so an attempt whose
+// reply was lost in transit (including go-redis's own retries) finds the lock
+// already its own and succeeds instead of locking itself out. When Acquire
+// gives up after an attempt whose outcome is unknown, a clean-up in the
+// background (see Close) deletes the lock if that attempt took it, and
+// retires the token so that the attempt, if it reaches Redis only later,
+// does not take the lock; no lock is left held after a failed or cancelled
+// Acquire once Redis answers again (if Redis never does within the lock's
+// TTL, the lock expires). An attempt that provably never reached Redis (the
+// connection was refused) needs no clean-up.
+//
+// Acquire never returns a lease whose Deadline has passed.
+func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lease, error) {
+	if err := l.usable(); err != nil {
+		return nil, err
+	}
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	co, err := l.callOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	return l.acquire(ctx, l.newLease(name, co.ttl), co.wait)
+}
+
+// newLease returns a lease for name with a fresh random token, not yet
+// acquired. Its three keys and the token share one allocation.
+func (l *Locker) newLease(name string, ttl time.Duration) *Lease {
+	// A version 4 UUID from crypto/rand, which cannot fail.
+	var u uuid.UUID
+	_, _ = rand.Read(u[:])
+	u[6] = u[6]&0x0f | 0x40
+	u[8] = u[8]&0x3f | 0x80
+	var token [36]byte
+	hexUUID(&token, &u)
+
+	prefix := len(l.opts.KeyPrefix) + len(name) + 2
+	var b strings.Builder
+	b.Grow(2*prefix + len(":fence") + len(":t:") + len(token))
+	for _, s := range [...]string{l.opts.KeyPrefix, "{", name, "}", ":fence", l.opts.KeyPrefix, "{", name, "}", ":t:"} {
+		b.WriteString(s)
+	}
+	b.Write(token[:])
+	s := b.String()
+	lease := &Lease{locker: l, name: name, ttl: ttl, op: make(chan struct{}, 1)}
+	lease.keys[0] = s[:prefix]               // P{name}
+	lease.keys[1] = s[prefix+len(":fence"):] // P{name}:t:<token>
+	lease.keys[2] = s[:prefix+len(":fence")] // P{name}:fence
+	lease.token = s[len(s)-len(token):]
+	lease.tokenArg = lease.token
+	return lease
+}
+
+// hexUUID writes u in its canonical text form.
+func hexUUID(dst *[36]byte, u *uuid.UUID) {
+	const hex = "0123456789abcdef"
+	j := 0
+	for i, c := range u {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			dst[j] = '-'
+			j++
+		}
+		dst[j], dst[j+1] = hex[c>>4], hex[c&0xf]
+		j += 2
+	}
+}
+
+// busy is the verdict of an attempt that found the lock held by another.
+var busy = ErrNotObtained
+
+// attempt is the outcome of one try of the acquire script.
+type attempt struct {
+	ok    bool
+	fence int64
+	pttl  time.Duration // the holder's, when busy; -1: no expiry
+	err   error
+}
+
+// acquire runs Acquire's attempts for lease.
+func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration) (*Lease, error) {
 	log := l.opts.Logger
 	callStart := l.clock.Now()
-	waitCtx := ctx
-	if co.wait > 0 {
-		var cancel context.CancelFunc
-		waitCtx, cancel = context.WithTimeout(ctx, co.wait)
-		defer cancel()
-	}
-
+	waitEnd := callStart.Add(wait)
 	var (
 		bo      = backoff{min: l.opts.MinRetryBackoff, max: l.opts.MaxRetryBackoff}
-		lastErr error   // the last attempt's error, nil if it found the lock busy
-		unsure  bool    // an attempt's outcome is unknown: it may hold the lock
-		sawBusy bool    // an attempt found the lock held by another token
+		verdict error   // the last attempt's: busy, or a callError
+		unsure  bool    // an attempt's outcome is unknown: it may have taken the lock
 		w       *waiter // wake-ups on release, once the lock was found busy
-		polling bool    // subscribing failed: wait without wake-ups
 	)
 	defer func() {
 		if w != nil {
 			w.leave()
 		}
 	}()
-	giveUp := func() error {
+	giveUp := func() (*Lease, error) {
 		if unsure {
-			lease.cleanup(ctx)
+			l.abandon(lease)
 		}
+		ctxE := ctxErr(ctx)
 		if log.Enabled(ctx, slog.LevelDebug) {
 			log.LogAttrs(ctx, slog.LevelDebug, "fencelock: not obtained",
-				slog.String("lock", name), slog.Duration("waited", l.clock.Now().Sub(callStart)),
-				slog.Any("error", lastErr))
+				slog.String("lock", lease.name), slog.Duration("waited", l.clock.Now().Sub(callStart)),
+				slog.Any("verdict", verdict), slog.Any("ctx", ctxE))
 		}
-		var err error = ErrNotObtained
-		if lastErr != nil {
-			err = unavailable(lastErr)
+		if verdict == nil {
+			return nil, ctxEnded(ctx, fmt.Sprintf("acquire %q", lease.name))
 		}
-		if cerr := ctxErr(ctx); cerr != nil {
-			return errors.Join(err, cerr)
+		if ctxE != nil {
+			return nil, withCtx(verdict, ctxE)
 		}
-		return err
+		return nil, verdict
 	}
 
 	for {
+		if ctxErr(ctx) != nil {
+			return giveUp()
+		}
 		start := l.clock.Now()
-		ok, val, err := lease.tryAcquire(waitCtx)
-		if err != nil && ctxErr(waitCtx) != nil {
-			// The wait or ctx ended during the call: no verdict from
-			// Redis. If Redis never gave one and a deadline (not a
-			// cancellation) ended it, Redis did not answer in time: that
-			// is unavailable, not busy. Otherwise lastErr keeps the
-			// previous attempt's.
+		a, done := call(l, ctx.Done(), nil, func() attempt { return lease.tryAcquire(ctx) }, nil)
+		if !done || (a.err != nil && classify(a.err) == classNoVerdict) || (a.err != nil && ctxErr(ctx) != nil) {
+			// ctx ended with the attempt in flight or cut short: it
+			// may have reached Redis.
 			unsure = true
-			if !sawBusy && !errors.Is(ctxErr(waitCtx), context.Canceled) {
-				lastErr = err
+			return giveUp()
+		}
+		switch {
+		case a.err != nil:
+			verdict = callError(lease.name, a.err)
+			if classify(a.err) == classMisconfigured {
+				return giveUp() // the script was refused before it took the lock
 			}
-			return nil, giveUp()
-		}
-		if err == nil && !ok {
-			sawBusy = true
-		}
-		lastErr = err
-		if err != nil {
+			if !notSent(a.err) {
+				unsure = true
+			}
+		case a.ok:
+			deadline := start.Add(lease.ttl - drift(lease.ttl))
+			if l.clock.Now().Before(deadline) {
+				lease.fence = a.fence
+				lease.acquired = start
+				lease.deadline = deadline
+				if unsure {
+					// An earlier attempt may still reach Redis and reset
+					// the expiry to this TTL after a longer Extend.
+					lease.floorTTL = lease.ttl
+				}
+				if log.Enabled(ctx, slog.LevelDebug) {
+					log.LogAttrs(ctx, slog.LevelDebug, "fencelock: acquired",
+						slog.String("lock", lease.name), slog.Int64("fence", a.fence),
+						slog.Duration("ttl", lease.ttl), slog.Duration("waited", start.Sub(callStart)))
+				}
+				return lease, nil
+			}
+			// Granted, but the reply came after the lease's deadline.
+			// Another attempt with the same token renews it.
 			unsure = true
-		}
-		if ok {
-			lease.fence = val
-			lease.acquired = start
-			lease.deadline = start.Add(lease.ttl - drift(lease.ttl))
-			if log.Enabled(ctx, slog.LevelDebug) {
-				log.LogAttrs(ctx, slog.LevelDebug, "fencelock: acquired",
-					slog.String("lock", name), slog.Int64("fence", val),
-					slog.Duration("ttl", lease.ttl), slog.Duration("waited", start.Sub(callStart)))
+			verdict = &opError{msg: ErrUnavailable.Error() + ": the reply came after the lease's deadline",
+				errs: []error{ErrUnavailable}}
+			if wait > 0 && l.clock.Now().Before(waitEnd) {
+				continue
 			}
-			return lease, nil
+		default:
+			verdict = busy
 		}
-		if co.wait == 0 {
-			return nil, giveUp()
+		now := l.clock.Now()
+		if wait == 0 || !now.Before(waitEnd) {
+			return giveUp()
 		}
-		if w == nil && !polling && err == nil {
-			// Subscribe before the next attempt, so that a release from
-			// now on wakes this waiter.
-			if w, err = l.waits.register(waitCtx, lease.keys[0]); err != nil {
-				w, polling = nil, true
-			}
+		if w == nil && verdict == busy {
+			// Wake-ups from now on: the subscription is made in the
+			// background, and its confirmation wakes w for another try, so
+			// that a release before it is not missed.
+			w = l.waits.register(l.channel(lease.keys[0]))
 		}
 		var wake <-chan struct{}
 		if w != nil {
 			wake = w.wake
 		}
-		sleep := bo.next()
-		if pttl := time.Duration(val) * time.Millisecond; lastErr == nil && pttl >= 0 && pttl < sleep {
-			// The holder's lock expires before the backoff ends (-1: it
-			// has no expiry).
-			sleep = max(pttl, time.Millisecond)
+		sleep := min(bo.next(), waitEnd.Sub(now))
+		if verdict == busy && a.pttl >= 0 && a.pttl < sleep {
+			sleep = max(a.pttl, time.Millisecond) // the holder's lock expires first
 		}
 		t := l.clock.NewTimer(sleep)
 		select {
-		case <-waitCtx.Done():
+		case <-ctx.Done():
 			t.Stop()
-			return nil, giveUp()
+			return giveUp()
 		case <-t.C:
 		case <-wake:
 			t.Stop()
 		}
 	}
+}
+
+// tryAcquire runs the acquire script once.
+func (l *Lease) tryAcquire(ctx context.Context) attempt {
+	reply, err := acquireScript.Run(ctx, l.locker.client, l.keys[:], l.tokenArg,
+		ttlMillis(l.ttl), l.locker.retentionMillis).Result()
+	if err != nil {
+		return attempt{err: err}
+	}
+	ok, val, err := decodeAcquire(reply)
+	if err != nil {
+		return attempt{err: err}
+	}
+	if ok {
+		return attempt{ok: true, fence: val}
+	}
+	return attempt{pttl: time.Duration(val) * time.Millisecond}
+}
+
+// channel returns the wake-up channel of the lock key.
+func (l *Locker) channel(key string) string {
+	if l.dbTag == "" {
+		return key
+	}
+	return key + l.dbTag
+}
+
+// abandon makes what the attempts of an Acquire that gave up may have done
+// harmless, in the background: it deletes the lock if one of them took it,
+// and retires the token, so that an attempt reaching Redis only later does
+// not take the lock. It tries until Redis answers, Close is called, or the
+// lease's TTL has passed since it started: by then a lock taken by an
+// attempt that arrived in time has expired.
+func (l *Locker) abandon(lease *Lease) {
+	log := l.opts.Logger
+	log.LogAttrs(context.Background(), slog.LevelDebug, "fencelock: clean-up after a failed acquire",
+		slog.String("lock", lease.name))
+	l.bg.goBackground(func(stop <-chan struct{}) {
+		end := l.clock.Now().Add(max(lease.ttl, l.opts.ReleaseTimeout))
+		bo := backoff{min: 10 * time.Millisecond, max: time.Second}
+		for tries := 1; ; tries++ {
+			ctx, cancel := context.WithTimeout(context.Background(), l.opts.ReleaseTimeout)
+			code, perr, err := lease.runRelease(ctx, modeAbandon)
+			cancel()
+			if err == nil {
+				l.warnPublish(lease.name, perr)
+				log.LogAttrs(context.Background(), slog.LevelDebug, "fencelock: cleaned up after a failed acquire",
+					slog.String("lock", lease.name), slog.Bool("lock_deleted", code == 1), slog.Int("tries", tries))
+				return
+			}
+			if classify(err) == classMisconfigured || !l.clock.Now().Before(end) {
+				log.LogAttrs(context.Background(), slog.LevelWarn,
+					"fencelock: clean-up after a failed acquire failed, a lock it took expires after its TTL",
+					slog.String("lock", lease.name), slog.Int("tries", tries), slog.Any("error", err))
+				return
+			}
+			t := l.clock.NewTimer(bo.next())
+			select {
+			case <-stop:
+				t.Stop()
+				log.LogAttrs(context.Background(), slog.LevelWarn,
+					"fencelock: clean-up after a failed acquire stopped by Close, a lock it took expires after its TTL",
+					slog.String("lock", lease.name), slog.Int("tries", tries), slog.Any("error", err))
+				return
+			case <-t.C:
+			}
+		}
+	})
+}
+
+// warnPublish logs, once per Locker, that a release could not publish its
+// wake-up.
+func (l *Locker) warnPublish(name string, perr error) {
+	if perr == nil || !l.publishWarned.CompareAndSwap(false, true) {
+		return
+	}
+	l.opts.Logger.LogAttrs(context.Background(), slog.LevelWarn,
+		"fencelock: a release could not publish its wake-up (logged once): waiters fall back to the holder's TTL and backoff",
+		slog.String("lock", name), slog.Any("error", perr))
 }
 
 // detached returns a context with ctx's values but not its cancellation,
@@ -263,6 +469,110 @@ func ctxErr(ctx context.Context) error {
 	return nil
 }
 
+// call runs f and returns its result with done true, or returns done false
+// as soon as stop1 or stop2 is closed: f then runs to its end on a goroutine
+// that the Locker tracks (see Close), and late, if not nil, gets its result
+// there. With two nil channels f runs on the caller's goroutine.
+//
+// This is how every call returns by its caller's deadline whatever the
+// go-redis client's options: without ContextTimeoutEnabled, go-redis waits
+// for ReadTimeout on a hung connection, and it retries a command that timed
+// out (MaxRetries).
+func call[T any](l *Locker, stop1, stop2 <-chan struct{}, f func() T, late func(T)) (res T, done bool) {
+	if stop1 == nil && stop2 == nil {
+		return f(), true
+	}
+	c := &pending[T]{done: make(chan struct{})}
+	l.bg.add()
+	go func() {
+		defer l.bg.finish()
+		c.res = f()
+		close(c.done)
+		if !c.state.CompareAndSwap(0, 1) && late != nil {
+			late(c.res) // the caller has returned
+		}
+	}()
+	select {
+	case <-c.done:
+		return c.res, true
+	case <-stop1:
+	case <-stop2:
+	}
+	if !c.state.CompareAndSwap(0, 2) { // finished meanwhile
+		<-c.done
+		return c.res, true
+	}
+	return res, false
+}
+
+// pending is a call's result in transit.
+type pending[T any] struct {
+	res   T             // written before done is closed
+	done  chan struct{} // closed when f has returned
+	state atomic.Int32  // 0 running, 1 result taken by the caller, 2 caller gone
+}
+
+// tasks tracks the goroutines that outlive the call that started them.
+type tasks struct {
+	mu     sync.Mutex
+	cond   sync.Cond     // signalled when n drops to 0; L is &mu
+	n      int           // guarded by mu; goroutines running
+	stop   chan struct{} // guarded by mu; closed by close: clean-ups stop retrying
+	closed bool          // guarded by mu
+}
+
+func (t *tasks) add() {
+	t.mu.Lock()
+	t.n++
+	t.mu.Unlock()
+}
+
+func (t *tasks) finish() {
+	t.mu.Lock()
+	t.n--
+	if t.n == 0 && t.cond.L != nil {
+		t.cond.Broadcast()
+	}
+	t.mu.Unlock()
+}
+
+// goBackground runs f on a tracked goroutine; stop is closed by close.
+func (t *tasks) goBackground(f func(stop <-chan struct{})) {
+	t.mu.Lock()
+	t.n++
+	if t.stop == nil {
+		t.stop = make(chan struct{})
+		if t.closed {
+			close(t.stop)
+		}
+	}
+	stop := t.stop
+	t.mu.Unlock()
+	go func() {
+		defer t.finish()
+		f(stop)
+	}()
+}
+
+// close tells the clean-ups to stop retrying and waits until no tracked
+// goroutine is running.
+func (t *tasks) close() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.closed {
+		t.closed = true
+		if t.stop != nil {
+			close(t.stop)
+		}
+	}
+	if t.cond.L == nil {
+		t.cond.L = &t.mu
+	}
+	for t.n > 0 {
+		t.cond.Wait()
+	}
+}
+
 // backoff is the per-call retry pause: exponential from min to max, each
 // value jittered to between half and all of it.
 type backoff struct {
@@ -271,235 +581,14 @@ type backoff struct {
 }
 
 func (b *backoff) next() time.Duration {
-	if b.cur == 0 {
+	switch {
+	case b.cur == 0:
 		b.cur = b.min
-	} else {
-		b.cur = min(2*b.cur, b.max)
+	case b.cur > b.max/2:
+		b.cur = b.max
+	default:
+		b.cur *= 2
 	}
 	half := b.cur / 2
 	return half + mathrand.N(b.cur-half+1)
-}
-
-// A Lease is one acquisition of a lock. Its methods are safe for concurrent
-// use.
-type Lease struct {
-	locker   *Locker
-	name     string
-	keys     [2]string // key, fenceKey: the scripts' KEYS
-	token    string
-	tokenArg any // token, boxed once for the scripts' ARGV
-	fence    int64
-	acquired time.Time // when the acquire request was sent
-	degraded bool      // fail-open stand-in: no lock is held
-
-	extendSem chan struct{} // serializes Extend calls; created lazily under mu
-
-	mu        sync.Mutex
-	ttl       time.Duration             // guarded by mu; as acquired or last extended
-	deadline  time.Time                 // guarded by mu
-	done      bool                      // guarded by mu; released, or found not held
-	wd        *watchdog                 // guarded by mu; nil until KeepAlive
-	releasing bool                      // guarded by mu; Release was called
-	cancels   []context.CancelCauseFunc // guarded by mu; KeepAlive contexts
-	lost      error                     // guarded by mu; why the lease was lost
-}
-
-// Name returns the lock's name as given to Acquire.
-func (l *Lease) Name() string { return l.name }
-
-// Key returns the Redis key that holds the lock: KeyPrefix+"{"+name+"}".
-func (l *Lease) Key() string { return l.keys[0] }
-
-// Token returns the random token (a UUID v4) that identifies this acquisition
-// in Redis.
-func (l *Lease) Token() string { return l.token }
-
-// Fence returns the fencing token issued with this acquisition. Fences are
-// strictly increasing across all acquisitions of the same name; see the
-// package documentation for their format. A degraded lease's fence is 0.
-func (l *Lease) Fence() int64 { return l.fence }
-
-// Degraded reports whether this is a fail-open stand-in (Options.FailOpen):
-// RunWithLock could not reach Redis and ran the work without a lock.
-func (l *Lease) Degraded() bool { return l.degraded }
-
-// Deadline returns the local time until which the lock is certainly held,
-// barring a process pause or a failover: the monotonic time taken before the
-// acquire (or last successful extend) request was sent, plus the TTL, minus a
-// drift allowance of TTL/100 + 2ms. After Release, or once Extend or Release
-// found the lock not held, it returns a time that has passed.
-func (l *Lease) Deadline() time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.deadline
-}
-
-func (l *Lease) tryAcquire(ctx context.Context) (ok bool, value int64, err error) {
-	reply, err := acquireScript.Run(ctx, l.locker.client,
-		l.keys[:], l.tokenArg, ttlMillis(l.ttl)).Result()
-	if err != nil {
-		return false, 0, err
-	}
-	return decodeAcquire(reply)
-}
-
-// cleanup deletes the lock if this lease's token holds it, after an attempt
-// whose outcome is unknown. Best effort: if it fails, the lock expires.
-func (l *Lease) cleanup(ctx context.Context) {
-	ctx, cancel := l.locker.detached(ctx)
-	defer cancel()
-	_ = releaseScript.Run(ctx, l.locker.client, l.keys[:1], l.tokenArg).Err()
-}
-
-// Extend resets the lock's time to live to ttl, if this lease still holds it,
-// and moves Deadline to the time before the request plus ttl minus drift. It
-// never recreates a lock that has expired. Concurrent calls are serialized.
-//
-// It returns ErrNotHeld when the lock is no longer this lease's (the lease is
-// then done: later calls return ErrNotHeld without a Redis call);
-// ErrUnavailable when Redis could not be reached, in which case the TTL may or
-// may not have been set and Deadline becomes the earlier of its old value and
-// the one this call would have set; ErrInvalid for a ttl not longer than its
-// drift allowance, or for one not longer than Options.RenewInterval plus its
-// drift allowance when RenewInterval is set; or ctx.Err() when ctx ended
-// before the call was sent (while waiting for another Extend).
-func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
-	return l.extend(ctx, ttl, false)
-}
-
-// extend is Extend. A user's Extend tells a running watchdog about its outcome
-// (the watchdog handles its own renewals' outcomes). The watchdog's renewals
-// send EVAL instead of EVALSHA: a renewal must take one round trip also on a
-// server whose script cache is empty (after a restart or a failover), where
-// EVALSHA would cost a second one (NOSCRIPT, then EVAL) and could miss the
-// deadline on a slow link.
-func (l *Lease) extend(ctx context.Context, ttl time.Duration, byWatchdog bool) error {
-	if err := checkTTL("Extend ttl", ttl); err != nil {
-		return err
-	}
-	if err := checkRenewInterval(l.locker.opts.RenewInterval, ttl); err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	sem := l.sem()
-	select {
-	case sem <- struct{}{}:
-		defer func() { <-sem }()
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	if l.degraded || l.isDone() {
-		return ErrNotHeld
-	}
-	start := l.locker.clock.Now()
-	run := extendScript.Run
-	if byWatchdog {
-		run = extendScript.Eval
-	}
-	n, err := run(ctx, l.locker.client, l.keys[:1], l.tokenArg, ttlMillis(ttl)).Int64()
-	newDeadline := start.Add(ttl - drift(ttl))
-
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !byWatchdog {
-		defer l.notifyWatchdogLocked() // the deadline may have moved either way
-	}
-	switch {
-	case err != nil:
-		if newDeadline.Before(l.deadline) {
-			l.deadline = newDeadline
-		}
-		return unavailable(err)
-	case n == 0:
-		l.markDoneLocked(start)
-		return ErrNotHeld
-	default:
-		if !l.done {
-			l.deadline = newDeadline
-			l.ttl = ttl
-		}
-		return nil
-	}
-}
-
-// notifyWatchdogLocked tells a running watchdog that the deadline moved or
-// the lease was found not held.
-func (l *Lease) notifyWatchdogLocked() {
-	if l.wd == nil {
-		return
-	}
-	select {
-	case l.wd.moved <- struct{}{}:
-	default:
-	}
-}
-
-func (l *Lease) sem() chan struct{} {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.extendSem == nil {
-		l.extendSem = make(chan struct{}, 1)
-	}
-	return l.extendSem
-}
-
-func (l *Lease) isDone() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.done
-}
-
-// markDoneLocked records that the lock is no longer held as of at.
-func (l *Lease) markDoneLocked(at time.Time) {
-	l.done = true
-	if at.Before(l.deadline) {
-		l.deadline = at
-	}
-}
-
-// Release cancels the contexts KeepAlive returned, stops the lease's watchdog,
-// if KeepAlive started one, and waits for it to exit, so no renewal is sent
-// after Release. It then deletes the lock if this lease still holds it,
-// leaving another holder's lock alone. It runs on a context that keeps ctx's
-// values but not its cancellation, bounded by Options.ReleaseTimeout, so that
-// a cancelled request still gives its lock back.
-//
-// It returns nil when the lock was deleted; ErrNotHeld when it was no longer
-// this lease's (expired, taken over, or released already); in both cases the
-// lease is done. It returns ErrUnavailable when Redis could not be reached:
-// the lock may still be held, Release may be called again, and if it is not
-// the lock expires after its TTL. In every case the watchdog is stopped for
-// good and later KeepAlive calls return a cancelled context. A renewal that is
-// in flight when Release is called is waited for, for at most the client's
-// ReadTimeout (or the context deadline, with ContextTimeoutEnabled).
-func (l *Lease) Release(ctx context.Context) error {
-	l.mu.Lock()
-	l.releasing = true
-	l.mu.Unlock()
-	l.cancelContexts(errReleased) // the work is over: tell it before waiting
-	l.stopWatchdog()
-	if l.degraded || l.isDone() {
-		return ErrNotHeld
-	}
-	rctx, cancel := l.locker.detached(ctx)
-	defer cancel()
-	start := l.locker.clock.Now()
-	n, err := releaseScript.Run(rctx, l.locker.client, l.keys[:1], l.tokenArg).Int64()
-	if err != nil {
-		return unavailable(err)
-	}
-	l.mu.Lock()
-	l.markDoneLocked(start)
-	l.mu.Unlock()
-	if n == 0 {
-		return ErrNotHeld
-	}
-	if log := l.locker.opts.Logger; log.Enabled(ctx, slog.LevelDebug) {
-		log.LogAttrs(ctx, slog.LevelDebug, "fencelock: released",
-			slog.String("lock", l.name), slog.Int64("fence", l.fence),
-			slog.Duration("held", l.locker.clock.Now().Sub(l.acquired)))
-	}
-	return nil
 }

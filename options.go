@@ -17,8 +17,9 @@ type Options struct {
 	KeyPrefix string
 
 	// TTL is how long Redis keeps a lock that is not extended or released.
-	// It must be longer than its drift allowance (TTL/100 + 2ms), so longer
-	// than about 2.02ms. Acquire's WithTTL overrides it per call. Default 30s.
+	// It must be at least 10ms (below that, a lease's local deadline leaves
+	// no time for a renewal's round trip) and at most 365 days. Acquire's
+	// WithTTL overrides it per call. Default 30s.
 	TTL time.Duration
 
 	// MinRetryBackoff is the first pause between two attempts of an Acquire
@@ -35,8 +36,20 @@ type Options struct {
 	// ReleaseTimeout bounds the Redis calls that give a lock back: Release,
 	// and the clean-up after an Acquire whose outcome is unknown. They run
 	// on a context that is not cancelled with the caller's, so a cancelled
-	// request does not leave its lock held for a whole TTL. Default 5s.
+	// request does not leave its lock held for a whole TTL; when the caller's
+	// context ends first, the call returns and the clean-up goes on in the
+	// background (Locker.Close waits for it). A released lease's token is
+	// remembered in Redis for ReleaseTimeout, so that a release resent by
+	// go-redis after a lost reply reports what the first one did. Default 5s.
 	ReleaseTimeout time.Duration
+
+	// FenceRetention is how long a lock name's fence counter is kept after
+	// the name's last acquisition. Fences stay strictly increasing after the
+	// counter expired because each is floored by the server's clock (see
+	// the package documentation): the retention only has to outlast the
+	// largest step back of that clock. A longer retention costs one small
+	// key per name acquired within it. Default 1h.
+	FenceRetention time.Duration
 
 	// RenewInterval is how often the watchdog (Lease.KeepAlive and
 	// RunWithLock) extends a lease while its work runs. It must be shorter
@@ -101,6 +114,10 @@ const (
 	defaultMinRetryBackoff = 8 * time.Millisecond
 	defaultMaxRetryBackoff = 256 * time.Millisecond
 	defaultReleaseTimeout  = 5 * time.Second
+	defaultFenceRetention  = time.Hour
+
+	minTTL = 10 * time.Millisecond
+	maxTTL = 365 * 24 * time.Hour
 )
 
 // withDefaults returns a copy of o with every zero field set to its default,
@@ -140,6 +157,12 @@ func (o *Options) withDefaults() (Options, error) {
 	if out.ReleaseTimeout < 0 {
 		return out, invalidf("ReleaseTimeout %v is negative", out.ReleaseTimeout)
 	}
+	if out.FenceRetention == 0 {
+		out.FenceRetention = defaultFenceRetention
+	}
+	if err := checkDuration("FenceRetention", out.FenceRetention, time.Millisecond, maxTTL); err != nil {
+		return out, err
+	}
 	if out.RenewInterval < 0 {
 		return out, invalidf("RenewInterval %v is negative", out.RenewInterval)
 	}
@@ -159,7 +182,10 @@ func (o *Options) withDefaults() (Options, error) {
 }
 
 // Option changes one Acquire call.
-type Option func(callOptions) callOptions // by value: nothing escapes
+type Option func(callOptions) callOptions
+
+// Options are applied to a callOptions passed by value, so that nothing
+// escapes to the heap.
 
 // callOptions holds what the Options of one call set; zero means "not set".
 type callOptions struct {
@@ -169,15 +195,18 @@ type callOptions struct {
 }
 
 // WithTTL sets the lock's time to live for this call, overriding Options.TTL.
-// It must be longer than its drift allowance (ttl/100 + 2ms); Acquire rejects
-// other values with ErrInvalid.
+// It must be at least 10ms and at most 365 days; Acquire rejects other values
+// with ErrInvalid.
 func WithTTL(ttl time.Duration) Option {
 	return func(c callOptions) callOptions { c.ttl, c.ttlSet = ttl, true; return c }
 }
 
 // WithWait makes Acquire wait up to d for a busy lock instead of trying once.
-// The wait also ends with the caller's context. Zero means try once; a
-// negative d is rejected with ErrInvalid.
+// d bounds the waiting between attempts, not an attempt in flight: an attempt
+// that started before d ran out is waited for, bounded by the caller's
+// context, and its lease is returned if it got the lock. The wait also ends
+// with the caller's context. Zero means try once; a negative d is rejected
+// with ErrInvalid.
 func WithWait(d time.Duration) Option {
 	return func(c callOptions) callOptions { c.wait = d; return c }
 }
@@ -189,8 +218,17 @@ func drift(ttl time.Duration) time.Duration {
 }
 
 func checkTTL(what string, ttl time.Duration) error {
-	if ttl <= drift(ttl) {
-		return invalidf("%s %v is not longer than its drift allowance %v (TTL/100 + 2ms)", what, ttl, drift(ttl))
+	return checkDuration(what, ttl, minTTL, maxTTL)
+}
+
+func checkDuration(what string, d, lo, hi time.Duration) error {
+	switch {
+	case d <= 0:
+		return invalidf("%s %v must be positive", what, d)
+	case d < lo:
+		return invalidf("%s %v is shorter than the minimum %v", what, d, lo)
+	case d > hi:
+		return invalidf("%s %v is longer than the maximum %v", what, d, hi)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package fencelock
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -11,402 +12,115 @@ import (
 )
 
 // Push-based waiting, as documented in doc.go: the release script publishes
-// on a channel named like the lock key (pub/sub channels and keys are separate
-// namespaces), and waiting Acquire calls listen through a notifier.
+// on a channel named like the lock key, and waiting Acquire calls listen
+// through a notifier.
+//
+// A waiter's registration and departure only change maps under notifier.mu
+// and kick a hub: subscribing and unsubscribing never sit on Acquire's
+// return path nor on another waiter's registration. Each hub is one
+// subscription connection to one node, owned by one goroutine (run), which
+// takes the changes and the connection's messages over channels.
 
 // notifier fans release announcements out to the waiting Acquire calls of one
-// Locker. It owns every goroutine it starts (hub openers, hub readers, idle
-// closers) and close waits for all of them.
+// Locker. It owns every goroutine it starts (hub owners and their readers,
+// routing lookups), and close waits for all of them.
 type notifier struct {
 	client  redis.UniversalClient
-	cluster bool          // one hub per channel instead of one per Locker (Cluster, Ring)
+	nodes   bool          // Cluster or Ring: one hub per node, found by routing each channel
 	linger  time.Duration // hubLinger; shortened by tests
-	wg      sync.WaitGroup
+	log     *slog.Logger
+	ctx     context.Context // cancelled by close
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup // Add only under mu while !closed
+	reroute time.Duration  // how long a subscription may stay unconfirmed before it is routed again
 
-	mu      sync.Mutex
-	closed  bool                // guarded by mu; Locker.Close was called
-	hubs    map[string]*hub     // guarded by mu; by hubKey
-	opening map[string]*opening // guarded by mu; hubs being opened
-	classic bool                // guarded by mu; the server has no sharded pub/sub
+	mu       sync.Mutex
+	closed   bool                  // guarded by mu; Locker.Close was called
+	classic  bool                  // guarded by mu; the server has no sharded pub/sub
+	channels map[string]*chanState // guarded by mu; channels with waiters
+	hubs     map[string]*hub       // guarded by mu; by node address, "" for a single deployment
+}
+
+// chanState is one channel's waiters and the hub that subscribes to it.
+type chanState struct {
+	waiters map[*waiter]struct{}
+	hub     *hub // nil while the channel is being routed or could not be
+	routing bool
+}
+
+// A waiter is one waiting Acquire call's registration.
+type waiter struct {
+	n       *notifier
+	channel string
+	wake    chan struct{} // buffered: a pending wake-up
 }
 
 // hubLinger is how long a hub stays open after its last waiter left, so that a
 // steady stream of waits does not reconnect each time.
 const hubLinger = 30 * time.Second
 
-// openTimeout bounds the opening of a hub: dial, handshake, subscription.
-const openTimeout = 5 * time.Second
+// routeTimeout bounds the lookup of the node that serves a channel.
+const routeTimeout = 5 * time.Second
 
-// errClosed is returned by register after Locker.Close.
-var errClosed = errors.New("fencelock: locker closed")
-
-func newNotifier(client redis.UniversalClient) *notifier {
-	// A Cluster or a Ring routes a subscription by its channel: one hub
-	// per channel, each on the node that serves it.
-	var cluster bool
+func newNotifier(client redis.UniversalClient, log *slog.Logger) *notifier {
+	var nodes bool
 	switch client.(type) {
 	case *redis.ClusterClient, *redis.Ring:
-		cluster = true
+		nodes = true
 	}
+	ctx, cancel := context.WithCancel(context.Background())
 	return &notifier{
-		client: client, cluster: cluster, linger: hubLinger,
-		hubs: make(map[string]*hub), opening: make(map[string]*opening),
+		client: client, nodes: nodes, linger: hubLinger, log: log, ctx: ctx, cancel: cancel,
+		reroute:  2 * time.Second,
+		channels: make(map[string]*chanState), hubs: make(map[string]*hub),
 	}
 }
 
-// opening is a hub being opened by its own goroutine.
-type opening struct {
-	done chan struct{} // closed when the attempt ended
-	err  error         // written before done is closed
-}
-
-// A hub is one subscription connection and the goroutine that reads it.
-type hub struct {
-	ps      *redis.PubSub
-	sharded bool
-	key     string
-	stop    chan struct{} // closed when the hub is shut down
-	done    chan struct{} // closed by the reader goroutine on exit
-
-	// subMu is held across a change of waiters' channels and the
-	// SUBSCRIBE or UNSUBSCRIBE it calls for, so that the server sees them in
-	// the order the changes were made. It is taken before notifier.mu.
-	subMu sync.Mutex
-
-	waiters map[string]map[*waiter]struct{} // guarded by notifier.mu; a set exists while its channel is subscribed
-	count   int                             // guarded by notifier.mu; waiters in all sets
-	idle    *time.Timer                     // guarded by notifier.mu; closes the hub after linger without waiters
-	closed  bool                            // guarded by notifier.mu; stop is closed
-}
-
-// A waiter is one waiting Acquire call's registration.
-type waiter struct {
-	n       *notifier
-	h       *hub
-	channel string
-	wake    chan struct{} // buffered: a pending wake-up
-}
-
-func (n *notifier) hubKey(channel string) string {
-	if n.cluster {
-		return channel
-	}
-	return ""
-}
-
-// register subscribes to channel for a waiting Acquire. The waiter is woken
-// when the subscription is confirmed (or at once, if it already was) and on
-// every release. register returns early with ctx's error; on any error the
-// caller waits without wake-ups.
-func (n *notifier) register(ctx context.Context, channel string) (*waiter, error) {
-	key := n.hubKey(channel)
-	for {
-		n.mu.Lock()
-		if n.closed {
-			n.mu.Unlock()
-			return nil, errClosed
-		}
-		h := n.hubs[key]
-		if h == nil {
-			op := n.opening[key]
-			if op == nil {
-				op = &opening{done: make(chan struct{})}
-				n.opening[key] = op
-				n.wg.Add(1)
-				go n.openHub(key, channel, n.classic, op)
-			}
-			n.mu.Unlock()
-			select {
-			case <-op.done:
-				if op.err != nil {
-					return nil, op.err
-				}
-				continue
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
-		n.mu.Unlock()
-
-		h.subMu.Lock()
-		n.mu.Lock()
-		if h.closed { // closed meanwhile: look again
-			n.mu.Unlock()
-			h.subMu.Unlock()
-			continue
-		}
-		n.stopIdleLocked(h)
-		w := &waiter{n: n, h: h, channel: channel, wake: make(chan struct{}, 1)}
-		set := h.waiters[channel]
-		subscribed := set != nil
-		if !subscribed {
-			set = make(map[*waiter]struct{})
-			h.waiters[channel] = set
-		}
-		set[w] = struct{}{}
-		h.count++
-		n.mu.Unlock()
-		if subscribed {
-			// The channel is subscribed, or its confirmation is on its way
-			// and will wake w again: try now.
-			h.subMu.Unlock()
-			w.signal()
-			return w, nil
-		}
-		err := h.subscribe(ctx, channel)
-		h.subMu.Unlock()
-		if err != nil {
-			w.leave()
-			return nil, err
-		}
-		return w, nil // the server's confirmation wakes w
-	}
-}
-
-// openHub is the goroutine that opens the hub for key, subscribed to
-// channel. Waiters registering meanwhile wait for op.
-func (n *notifier) openHub(key, channel string, classic bool, op *opening) {
-	defer n.wg.Done()
-	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
-	defer cancel()
-	h, err := n.open(ctx, key, channel, classic)
-
+// register adds a waiter on channel and returns at once; it returns nil
+// after close. The waiter is woken when its channel's subscription is
+// confirmed (at once if it already was), and on every release.
+func (n *notifier) register(channel string) *waiter {
+	w := &waiter{n: n, channel: channel, wake: make(chan struct{}, 1)}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	delete(n.opening, key)
-	op.err = err
-	if err == nil && n.closed {
-		op.err = errClosed
-		_ = h.ps.Close()
+	if n.closed {
+		return nil
 	}
-	close(op.done)
-	if op.err != nil {
-		return
+	cs := n.channels[channel]
+	if cs == nil {
+		cs = &chanState{waiters: make(map[*waiter]struct{})}
+		n.channels[channel] = cs
 	}
-	n.hubs[key] = h
-	n.wg.Add(1)
-	go n.read(h)
-	n.startIdleLocked(h) // until the first waiter registers
+	cs.waiters[w] = struct{}{}
+	switch {
+	case cs.hub != nil:
+		if _, ok := cs.hub.confirmed[channel]; ok {
+			w.signal() // subscribed: try now, a release may have come since the attempt
+		}
+	case !cs.routing:
+		n.routeLocked(channel, cs)
+	}
+	return w
 }
 
-// leave deregisters w. The last waiter on a channel unsubscribes it; a hub
-// without waiters stays open for n.linger, then closes.
+// leave deregisters w; it never blocks on Redis. The last waiter on a channel
+// has its hub unsubscribe it.
 func (w *waiter) leave() {
-	n, h := w.n, w.h
-	h.subMu.Lock()
-	defer h.subMu.Unlock()
+	n := w.n
 	n.mu.Lock()
-	set := h.waiters[w.channel]
-	delete(set, w)
-	h.count--
-	lastOnChannel := len(set) == 0
-	if lastOnChannel {
-		delete(h.waiters, w.channel)
-	}
-	if h.count == 0 && !h.closed {
-		n.startIdleLocked(h)
-	}
-	closed := h.closed
-	n.mu.Unlock()
-	if lastOnChannel && !closed {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = h.unsubscribe(ctx, w.channel)
-		cancel()
-	}
-}
-
-// startIdleLocked arms h's idle timer, which closes h unless a waiter
-// registers first.
-func (n *notifier) startIdleLocked(h *hub) {
-	if h.idle != nil {
+	defer n.mu.Unlock()
+	cs := n.channels[w.channel]
+	if cs == nil {
 		return
 	}
-	n.wg.Add(1)
-	h.idle = time.AfterFunc(n.linger, func() {
-		defer n.wg.Done()
-		n.mu.Lock()
-		if h.count > 0 || h.closed {
-			n.mu.Unlock()
-			return
-		}
-		n.shutdownLocked(h)
-		n.mu.Unlock()
-		h.wait()
-	})
-}
-
-// stopIdleLocked disarms h's idle timer, if it has not fired yet.
-func (n *notifier) stopIdleLocked(h *hub) {
-	if h.idle != nil && h.idle.Stop() {
-		n.wg.Done()
+	delete(cs.waiters, w)
+	if len(cs.waiters) > 0 {
+		return
 	}
-	h.idle = nil
-}
-
-// close shuts every hub down and waits for every goroutine of n; later waits
-// poll.
-func (n *notifier) close() {
-	n.mu.Lock()
-	n.closed = true
-	var hubs []*hub
-	for _, h := range n.hubs {
-		n.shutdownLocked(h)
-		hubs = append(hubs, h)
-	}
-	n.mu.Unlock()
-	for _, h := range hubs {
-		h.wait()
-	}
-	n.wg.Wait()
-}
-
-// shutdownLocked marks h closed and tells its goroutine to stop; the caller
-// then calls h.wait without holding n.mu.
-func (n *notifier) shutdownLocked(h *hub) {
-	h.closed = true
-	close(h.stop)
-	if n.hubs[h.key] == h {
-		delete(n.hubs, h.key)
-	}
-	n.stopIdleLocked(h)
-}
-
-// wait closes h's connection and waits for its reader goroutine to exit.
-func (h *hub) wait() {
-	_ = h.ps.Close()
-	<-h.done
-}
-
-// open opens a hub's connection, subscribed to channel, and waits for the
-// server's confirmation. A server without sharded pub/sub answers SSUBSCRIBE
-// with an error; open then falls back to SUBSCRIBE for good.
-func (n *notifier) open(ctx context.Context, key, channel string, classic bool) (*hub, error) {
-	h := &hub{
-		key:     key,
-		waiters: map[string]map[*waiter]struct{}{channel: {}},
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
-	}
-	if !classic {
-		h.ps, h.sharded = n.client.SSubscribe(ctx, channel), true
-		err := confirm(ctx, h.ps)
-		if err == nil {
-			return h, nil
-		}
-		_ = h.ps.Close()
-		if !isUnknownCommand(err) {
-			return nil, err
-		}
-		n.mu.Lock()
-		n.classic = true
-		n.mu.Unlock()
-	}
-	h.ps, h.sharded = n.client.Subscribe(ctx, channel), false
-	if err := confirm(ctx, h.ps); err != nil {
-		_ = h.ps.Close()
-		return nil, err
-	}
-	return h, nil
-}
-
-// confirm reads the reply to the first subscription of ps, for no longer than
-// ctx allows and at most confirmTimeout (go-redis does not bound a pub/sub
-// read by the context alone).
-func confirm(ctx context.Context, ps *redis.PubSub) error {
-	timeout := confirmTimeout
-	if d, ok := ctx.Deadline(); ok {
-		timeout = min(timeout, time.Until(d))
-	}
-	if timeout <= 0 {
-		return context.DeadlineExceeded
-	}
-	for {
-		msg, err := ps.ReceiveTimeout(ctx, timeout)
-		if err != nil {
-			return err
-		}
-		if _, ok := msg.(*redis.Subscription); ok {
-			return nil
-		}
-	}
-}
-
-const confirmTimeout = 2 * time.Second
-
-func isUnknownCommand(err error) bool {
-	s := strings.ToLower(err.Error())
-	return strings.Contains(s, "unknown command")
-}
-
-func (h *hub) subscribe(ctx context.Context, channel string) error {
-	if h.sharded {
-		return h.ps.SSubscribe(ctx, channel)
-	}
-	return h.ps.Subscribe(ctx, channel)
-}
-
-func (h *hub) unsubscribe(ctx context.Context, channel string) error {
-	if h.sharded {
-		return h.ps.SUnsubscribe(ctx, channel)
-	}
-	return h.ps.Unsubscribe(ctx, channel)
-}
-
-// read is a hub's goroutine: it delivers wake-ups until the hub is stopped.
-func (n *notifier) read(h *hub) {
-	defer n.wg.Done()
-	defer close(h.done)
-	pause := backoff{min: 10 * time.Millisecond, max: time.Second}
-	for {
-		msg, err := h.ps.Receive(context.Background())
-		select {
-		case <-h.stop:
-			return
-		default:
-		}
-		if err != nil {
-			// The connection broke: go-redis reconnects and resubscribes on
-			// the next Receive. Messages may have been lost meanwhile, so
-			// every waiter tries again now.
-			n.wakeAll(h)
-			t := time.NewTimer(pause.next())
-			select {
-			case <-h.stop:
-				t.Stop()
-				return
-			case <-t.C:
-			}
-			continue
-		}
-		pause = backoff{min: pause.min, max: pause.max}
-		switch m := msg.(type) {
-		case *redis.Message:
-			n.wakeChannel(h, m.Channel)
-		case *redis.Subscription:
-			if m.Kind == "subscribe" || m.Kind == "ssubscribe" {
-				// A new or renewed subscription: wake-ups sent before it
-				// may have been missed.
-				n.wakeChannel(h, m.Channel)
-			}
-		}
-	}
-}
-
-func (n *notifier) wakeChannel(h *hub, channel string) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	for w := range h.waiters[channel] {
-		w.signal()
-	}
-}
-
-func (n *notifier) wakeAll(h *hub) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	for _, set := range h.waiters {
-		for w := range set {
-			w.signal()
-		}
+	delete(n.channels, w.channel)
+	if cs.hub != nil {
+		delete(cs.hub.want, w.channel)
+		cs.hub.kickLocked()
 	}
 }
 
@@ -415,4 +129,457 @@ func (w *waiter) signal() {
 	case w.wake <- struct{}{}:
 	default:
 	}
+}
+
+// routeLocked assigns channel to the hub of the node that serves it: the one
+// hub of a single deployment at once, a node's hub on Cluster and Ring after
+// a lookup on a goroutine of its own (it may ask the cluster for its slots).
+func (n *notifier) routeLocked(channel string, cs *chanState) {
+	if !n.nodes {
+		n.attachLocked(channel, cs, "", n.client)
+		return
+	}
+	cs.routing = true
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		ctx, cancel := context.WithTimeout(n.ctx, routeTimeout)
+		defer cancel()
+		node, err := n.nodeFor(ctx, channel)
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		cs.routing = false
+		if n.closed || n.channels[channel] != cs {
+			return // closed, or every waiter left meanwhile
+		}
+		if err != nil {
+			// The waiters poll; the next registration tries again.
+			n.log.LogAttrs(ctx, slog.LevelDebug, "fencelock: no node found for a wake-up channel",
+				slog.String("channel", channel), slog.Any("error", err))
+			return
+		}
+		n.attachLocked(channel, cs, node.Options().Addr, node)
+	}()
+}
+
+// nodeFor returns the client of the node that serves channel: the master of
+// its slot on a Cluster, its shard on a Ring.
+func (n *notifier) nodeFor(ctx context.Context, channel string) (*redis.Client, error) {
+	switch c := n.client.(type) {
+	case *redis.ClusterClient:
+		return c.MasterForKey(ctx, channel)
+	case *redis.Ring:
+		return c.GetShardClientForKey(channel)
+	}
+	return nil, errors.New("not a Cluster or Ring client")
+}
+
+// attachLocked subscribes channel on the hub for key, opening the hub if
+// needed.
+func (n *notifier) attachLocked(channel string, cs *chanState, key string, client subscriber) {
+	h := n.hubs[key]
+	if h == nil {
+		ctx, cancel := context.WithCancel(n.ctx)
+		h = &hub{
+			n: n, key: key, client: client, ctx: ctx, cancel: cancel,
+			kick: make(chan struct{}, 1), done: make(chan struct{}),
+			want: make(map[string]struct{}), confirmed: make(map[string]struct{}),
+		}
+		n.hubs[key] = h
+		n.wg.Add(1)
+		go h.run()
+	}
+	cs.hub = h
+	h.want[channel] = struct{}{}
+	h.kickLocked()
+}
+
+// rerouteLocked detaches channel from its hub and routes it again: its slot
+// may have moved to another node.
+func (n *notifier) rerouteLocked(channel string) {
+	cs := n.channels[channel]
+	if cs == nil || cs.routing {
+		return
+	}
+	if cs.hub != nil {
+		delete(cs.hub.want, channel)
+		delete(cs.hub.confirmed, channel)
+		cs.hub.kickLocked()
+		cs.hub = nil
+	}
+	if c, ok := n.client.(*redis.ClusterClient); ok {
+		c.ReloadState(n.ctx)
+	}
+	n.routeLocked(channel, cs)
+}
+
+// wake signals the waiters on channel, or, when channel is "", those on
+// every channel of h.
+func (n *notifier) wake(h *hub, channel string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if channel != "" {
+		if cs := n.channels[channel]; cs != nil {
+			for w := range cs.waiters {
+				w.signal()
+			}
+		}
+		return
+	}
+	for _, cs := range n.channels {
+		if cs.hub == h {
+			for w := range cs.waiters {
+				w.signal()
+			}
+		}
+	}
+}
+
+// close shuts every hub down and waits for every goroutine of n; later waits
+// poll.
+func (n *notifier) close() {
+	n.mu.Lock()
+	n.closed = true
+	for _, h := range n.hubs {
+		h.closed = true
+		h.kickLocked()
+	}
+	n.mu.Unlock()
+	n.cancel()
+	n.wg.Wait()
+}
+
+// subscriber opens subscription connections: a client for one node, or the
+// Locker's client on a single deployment.
+type subscriber interface {
+	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
+	SSubscribe(ctx context.Context, channels ...string) *redis.PubSub
+}
+
+// A hub is one subscription connection to one node, and its owner
+// goroutine, run.
+type hub struct {
+	n      *notifier
+	key    string     // node address; "" for a single deployment
+	client subscriber // opens the connection
+	ctx    context.Context
+	cancel context.CancelFunc
+	kick   chan struct{} // buffered: the wanted channels changed, or the hub is closed
+	done   chan struct{} // closed when run has returned
+
+	want      map[string]struct{} // guarded by n.mu; channels with waiters routed here
+	confirmed map[string]struct{} // guarded by n.mu; subscribed, as the server confirmed
+	closed    bool                // guarded by n.mu; shut down: run exits
+}
+
+func (h *hub) kickLocked() {
+	select {
+	case h.kick <- struct{}{}:
+	default:
+	}
+}
+
+// conn is one subscription connection and its reader goroutine; only the
+// hub's owner goroutine touches it.
+type conn struct {
+	ps      *redis.PubSub // nil until the first subscription
+	sharded bool
+	reading bool                 // the reader was started
+	msgs    chan any             // messages and errors, from the reader
+	quit    chan struct{}        // closed to stop the reader
+	done    chan struct{}        // closed when the reader has exited
+	sent    map[string]time.Time // channels subscribed, and when
+}
+
+func newConn(sharded bool) *conn {
+	return &conn{sharded: sharded, msgs: make(chan any), quit: make(chan struct{}),
+		done: make(chan struct{}), sent: make(map[string]time.Time)}
+}
+
+// close closes the connection and waits for its reader.
+func (c *conn) close() {
+	close(c.quit)
+	if c.ps != nil {
+		_ = c.ps.Close()
+	}
+	if c.reading {
+		<-c.done
+	}
+}
+
+// read is a connection's reader goroutine. It stops at the first error that
+// is not a Redis error reply: go-redis would reconnect and subscribe every
+// channel in one command, which a Cluster refuses (CROSSSLOT), so the owner
+// opens a new connection instead.
+func (c *conn) read() {
+	defer close(c.done)
+	for {
+		msg, err := c.ps.Receive(context.Background())
+		if err != nil {
+			msg = err
+		}
+		select {
+		case c.msgs <- msg:
+		case <-c.quit:
+			return
+		}
+		var rerr redis.Error
+		if err != nil && !errors.As(err, &rerr) {
+			return
+		}
+	}
+}
+
+// run is the hub's owner goroutine: it subscribes and unsubscribes as the
+// wanted channels change, wakes waiters on messages and confirmations,
+// reconnects after errors, and closes the hub once it has had no channel
+// for the linger time.
+func (h *hub) run() {
+	n := h.n
+	defer n.wg.Done()
+	defer close(h.done)
+	defer h.cancel()
+	defer func() {
+		n.mu.Lock()
+		if n.hubs[h.key] == h {
+			delete(n.hubs, h.key)
+		}
+		n.mu.Unlock()
+	}()
+
+	var (
+		c       *conn
+		reopen  = backoff{min: 10 * time.Millisecond, max: time.Second}
+		retryAt time.Time // no new connection before then
+		idle    time.Time // when the hub last had no channel; zero while it has some
+		timer   = time.NewTimer(time.Hour)
+	)
+	defer timer.Stop()
+	drop := func() {
+		if c == nil {
+			return
+		}
+		c.close()
+		c = nil
+		n.mu.Lock()
+		clear(h.confirmed)
+		n.mu.Unlock()
+	}
+	defer drop()
+
+	for {
+		n.mu.Lock()
+		if h.closed {
+			n.mu.Unlock()
+			return
+		}
+		want := make([]string, 0, len(h.want))
+		for ch := range h.want {
+			want = append(want, ch)
+		}
+		classic := n.classic
+		n.mu.Unlock()
+
+		now := time.Now()
+		var wait time.Duration
+		switch {
+		case len(want) == 0 && (c == nil || len(c.sent) == 0):
+			if idle.IsZero() {
+				idle = now
+			}
+			if !now.Before(idle.Add(n.linger)) {
+				n.mu.Lock()
+				if len(h.want) == 0 {
+					h.closed = true
+					delete(n.hubs, h.key)
+					n.mu.Unlock()
+					return
+				}
+				n.mu.Unlock()
+				continue
+			}
+			wait = idle.Add(n.linger).Sub(now)
+		case c == nil && now.Before(retryAt):
+			idle = time.Time{}
+			wait = retryAt.Sub(now)
+		default:
+			idle = time.Time{}
+			if c == nil {
+				c = newConn(!classic)
+			}
+			if err := h.sync(c, want); err != nil {
+				n.log.LogAttrs(h.ctx, slog.LevelDebug, "fencelock: wake-up subscription failed",
+					slog.String("node", h.key), slog.Any("error", err))
+				drop()
+				retryAt = time.Now().Add(reopen.next())
+				continue
+			}
+			wait = h.checkPending(c)
+		}
+		timer.Reset(wait)
+
+		var msgs <-chan any
+		if c != nil && c.reading {
+			msgs = c.msgs
+		}
+		select {
+		case <-h.kick:
+		case <-timer.C:
+		case m := <-msgs:
+			if h.handle(c, m) {
+				continue
+			}
+			// The connection broke, or the server has no sharded
+			// pub/sub: messages may have been lost, so every waiter
+			// tries again; then open a new connection.
+			drop()
+			n.wake(h, "")
+			retryAt = time.Now().Add(reopen.next())
+		}
+	}
+}
+
+// sync subscribes the wanted channels that are not subscribed yet and
+// unsubscribes those no longer wanted, one command per channel (a Cluster
+// refuses a command whose channels are in different slots). The first
+// subscription opens the connection; then the reader starts.
+func (h *hub) sync(c *conn, want []string) error {
+	wanted := make(map[string]struct{}, len(want))
+	for _, ch := range want {
+		wanted[ch] = struct{}{}
+		if _, ok := c.sent[ch]; ok {
+			continue
+		}
+		var err error
+		switch {
+		case c.ps == nil && c.sharded:
+			c.ps = h.client.SSubscribe(h.ctx, ch)
+			err = ping(h.ctx, c.ps)
+		case c.ps == nil:
+			c.ps = h.client.Subscribe(h.ctx, ch)
+			err = ping(h.ctx, c.ps)
+		case c.sharded:
+			err = c.ps.SSubscribe(h.ctx, ch)
+		default:
+			err = c.ps.Subscribe(h.ctx, ch)
+		}
+		if err != nil {
+			return err
+		}
+		c.sent[ch] = time.Now()
+		if !c.reading {
+			c.reading = true
+			go c.read()
+		}
+	}
+	for ch := range c.sent {
+		if _, ok := wanted[ch]; ok {
+			continue
+		}
+		delete(c.sent, ch)
+		h.n.mu.Lock()
+		delete(h.confirmed, ch)
+		h.n.mu.Unlock()
+		var err error
+		if c.sharded {
+			err = c.ps.SUnsubscribe(h.ctx, ch)
+		} else {
+			err = c.ps.Unsubscribe(h.ctx, ch)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ping checks that a new subscription connection could be made: go-redis
+// creating one with SSubscribe or Subscribe swallows the dial's error.
+func ping(ctx context.Context, ps *redis.PubSub) error {
+	return ps.Ping(ctx)
+}
+
+// handle acts on a message from c's reader. It returns false when the
+// connection must be replaced.
+func (h *hub) handle(c *conn, m any) bool {
+	n := h.n
+	switch m := m.(type) {
+	case *redis.Message:
+		n.wake(nil, m.Channel)
+	case *redis.Subscription:
+		switch m.Kind {
+		case "subscribe", "ssubscribe":
+			n.mu.Lock()
+			if _, ok := h.want[m.Channel]; ok {
+				h.confirmed[m.Channel] = struct{}{}
+			}
+			n.mu.Unlock()
+			// Releases before the confirmation may have been missed:
+			// the waiters try now.
+			n.wake(nil, m.Channel)
+		case "unsubscribe", "sunsubscribe":
+			if _, ok := c.sent[m.Channel]; !ok {
+				return true // the confirmation of our own unsubscription
+			}
+			// The server ended the subscription: the channel's slot moved
+			// to another node. Subscribe it where it is now.
+			delete(c.sent, m.Channel)
+			n.mu.Lock()
+			delete(h.confirmed, m.Channel)
+			if n.nodes {
+				n.rerouteLocked(m.Channel)
+			}
+			h.kickLocked()
+			n.mu.Unlock()
+			n.wake(nil, m.Channel)
+		}
+	case *redis.Pong:
+	case error:
+		var rerr redis.Error
+		if !errors.As(m, &rerr) {
+			return false
+		}
+		if c.sharded && isUnknownCommand(m) {
+			n.mu.Lock()
+			n.classic = true
+			n.mu.Unlock()
+			return false
+		}
+		// A refused subscription (MOVED after a slot moved, an ACL
+		// without the channel): the channel stays unconfirmed, its
+		// waiters poll, and checkPending routes it again.
+		n.log.LogAttrs(h.ctx, slog.LevelDebug, "fencelock: wake-up subscription refused",
+			slog.String("node", h.key), slog.Any("error", m))
+	}
+	return true
+}
+
+// checkPending routes again the channels whose subscription has not been
+// confirmed for a while (refused, or its confirmation lost), and returns
+// when to check next.
+func (h *hub) checkPending(c *conn) time.Duration {
+	n := h.n
+	now := time.Now()
+	next := time.Hour
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for ch, at := range c.sent {
+		if _, ok := h.confirmed[ch]; ok {
+			continue
+		}
+		if due := at.Add(n.reroute).Sub(now); due > 0 {
+			next = min(next, due)
+			continue
+		}
+		delete(c.sent, ch)
+		if n.nodes {
+			n.rerouteLocked(ch) // unsubscribed by the next sync if it moved
+		}
+		next = 0
+	}
+	return next
+}
+
+func isUnknownCommand(err error) bool {
+	return strings.Contains(strings.ToLower(err.Error()), "unknown command")
 }

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 )
 
 // RunWithLock acquires the lock called name, runs work while a watchdog
-// renews the lease every RenewInterval (default TTL/3), then releases it.
-// Without WithWait it tries once.
+// renews the lease, then releases it. Without WithWait it tries once.
 //
 // work's context is derived from ctx and is cancelled with cause ErrLost
 // (see context.Cause) as soon as the lease is no longer certainly held: the
@@ -20,24 +20,30 @@ import (
 //
 // RunWithLock returns
 //
-//   - ErrNotObtained when the lock is busy; work did not run;
-//   - ErrUnavailable when Redis could not be reached at acquisition; work did
-//     not run (unless Options.FailOpen, when work runs on a degraded lease
-//     and its error is returned);
-//   - ErrInvalid for a nil work or a bad argument; work did not run;
-//   - otherwise work's error, joined with an error matching ErrLost whenever
-//     the lease was lost while work ran or was found not held when released,
-//     even if work returned nil: mutual exclusion may have been broken.
+//   - Acquire's error when the lock was not acquired (ErrNotObtained,
+//     ErrUnavailable, ErrMisconfigured, ctx's error, ErrInvalid); work did
+//     not run, except with Options.FailOpen on ErrUnavailable alone, when
+//     work runs on a degraded lease and its error is returned;
+//   - ErrInvalid for a nil work; work did not run;
+//   - otherwise work's error, joined (on one line) with an error matching
+//     ErrLost whenever the lease was lost while work ran or was found not
+//     held when released, even if work returned nil: mutual exclusion may
+//     have been broken.
 //
 // If work calls lease.Release itself, RunWithLock returns work's error (joined
 // with ErrLost only if the lease was lost before that). Otherwise the lock is
-// released on a context that is not cancelled with ctx and is bounded by
-// Options.ReleaseTimeout, also when work panics (the panic then
-// continues) or calls runtime.Goexit. A release that fails because Redis is
-// unreachable is logged at Warn level and not returned: the work's outcome
-// stands, and the lock expires after its TTL.
+// released when work returns, also when work panics (the panic then
+// continues) or calls runtime.Goexit: see Release, whose bounds apply (ctx's
+// deadline, ReleaseTimeout; past them the release goes on in the
+// background). A lost lease is released in the background at once, so that
+// RunWithLock returns when work does. A release that fails is logged at Warn
+// level and not returned: the work's outcome stands, and the lock expires
+// after its TTL.
 func (l *Locker) RunWithLock(ctx context.Context, name string,
 	work func(ctx context.Context, lease *Lease) error, opts ...Option) error {
+	if err := l.usable(); err != nil {
+		return err
+	}
 	if work == nil {
 		return invalidf("nil work function")
 	}
@@ -49,7 +55,7 @@ func (l *Locker) RunWithLock(ctx context.Context, name string,
 		l.opts.Logger.LogAttrs(ctx, slog.LevelError, "fencelock: redis unavailable, running without the lock (fail-open)",
 			slog.String("lock", name), slog.Any("error", err))
 		lease := &Lease{locker: l, name: name, degraded: true}
-		lease.keys[0], lease.keys[1] = l.keys(name)
+		lease.keys[0], lease.keys[2] = l.keys(name)
 		return work(ctx, lease)
 	}
 
@@ -65,21 +71,28 @@ func (l *Locker) RunWithLock(ctx context.Context, name string,
 	lease.mu.Lock()
 	releasedByWork := lease.releasing
 	lease.mu.Unlock()
-	// The deadline may pass as work returns, before the watchdog's timer
-	// has been handled: that counts as lost too.
-	overdue := !releasedByWork && !l.clock.Now().Before(lease.Deadline())
-
-	rerr := lease.Release(ctx)
 	lost := lease.lostCause()
+	if lost == nil && !releasedByWork && !l.clock.Now().Before(lease.Deadline()) {
+		// The deadline passed as work returned, before the watchdog's
+		// timer was handled: that counts as lost too.
+		lost = fmt.Errorf("%w: deadline passed before the work returned", ErrLost)
+	}
+	if lost != nil {
+		if !releasedByWork {
+			// The watchdog has called OnLost when RunWithLock returns;
+			// the release, which may wait for Redis, goes on without it.
+			lease.stopWatchdog()
+			l.releaseLost(lease)
+		}
+		return joinErr(werr, lost)
+	}
+	rerr := lease.Release(ctx)
 	switch {
-	case lost != nil:
-		return errors.Join(werr, lost)
 	case releasedByWork:
 		return werr
-	case overdue:
-		return errors.Join(werr, fmt.Errorf("%w: deadline passed before the work returned", ErrLost))
 	case errors.Is(rerr, ErrNotHeld):
-		return errors.Join(werr, fmt.Errorf("%w: not held when released after the work", ErrLost))
+		return joinErr(werr, &opError{msg: ErrLost.Error() + ": not held when released after the work: " + rerr.Error(),
+			errs: []error{ErrLost, rerr}})
 	case rerr != nil:
 		l.opts.Logger.LogAttrs(ctx, slog.LevelWarn, "fencelock: release failed, the lock expires after its TTL",
 			slog.String("lock", name), slog.Int64("fence", lease.fence), slog.Any("error", rerr))
@@ -87,17 +100,40 @@ func (l *Locker) RunWithLock(ctx context.Context, name string,
 	return werr
 }
 
+// releaseLost releases a lost lease in the background: it may still hold
+// the lock (its deadline passed while Redis did not answer).
+func (l *Locker) releaseLost(lease *Lease) {
+	l.bg.goBackground(func(<-chan struct{}) {
+		err := lease.Release(context.Background())
+		if err != nil && !errors.Is(err, ErrNotHeld) {
+			l.opts.Logger.LogAttrs(context.Background(), slog.LevelWarn,
+				"fencelock: release of a lost lease failed, the lock expires after its TTL",
+				slog.String("lock", lease.name), slog.Int64("fence", lease.fence), slog.Any("error", err))
+		}
+	})
+}
+
+// joinErr joins the work's error and a loss on one line; both match.
+func joinErr(werr, lost error) error {
+	if werr == nil {
+		return lost
+	}
+	return &opError{msg: werr.Error() + "; " + lost.Error(), errs: []error{werr, lost}}
+}
+
 // KeepAlive starts the lease's watchdog, if it is not running yet, and returns
 // a context derived from ctx that is cancelled with cause ErrLost when the
-// lease is lost: the watchdog renews the lock every Options.RenewInterval
-// (default TTL/3) and cancels the context when a renewal finds the lock taken
-// over or deleted, or when the lease's Deadline passes before a renewal
-// succeeded (a local timer: a hung Redis call does not delay it). Failed
-// renewals are retried with a short, capped, jittered backoff.
+// lease is lost. The watchdog renews the lock every Options.RenewInterval
+// (default TTL/3) from the start of the previous renewal, and sooner when
+// less than that is left (a KeepAlive called late, an Extend that shortened
+// the TTL). It cancels the context when a renewal finds the lock taken over
+// or deleted, or when the lease's Deadline passes before a renewal succeeded
+// (a local timer: a hung Redis call does not delay it). Failed renewals are
+// retried with a short, capped, jittered backoff.
 //
-// The watchdog follows the caller's own Extend calls: it moves its deadline
-// timer with them, and cancels the context at once when one finds the lock no
-// longer held.
+// The watchdog follows the caller's own Extend calls: it renews by the TTL
+// the last one set, moves its deadline timer with them, and cancels the
+// context at once when one finds the lock no longer held.
 //
 // The watchdog runs until Release, which cancels the returned context (with a
 // cause matching ErrNotHeld), stops the watchdog and waits for it to exit.
@@ -105,17 +141,25 @@ func (l *Locker) RunWithLock(ctx context.Context, name string,
 // the lock stays held until Release. Call Release exactly when the work is
 // done, also on error paths (defer it).
 //
-// On a lease that is already lost, released or found not held, KeepAlive
-// returns a context that is already cancelled with the cause.
+// On a lease that is already lost, released or found not held, and on a nil
+// lease, KeepAlive returns a context that is already cancelled with the
+// cause.
 func (l *Lease) KeepAlive(ctx context.Context) context.Context {
 	workCtx, cancel := context.WithCancelCause(ctx)
+	if l == nil || l.locker == nil {
+		cancel(ErrNotHeld)
+		return workCtx
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
 	case l.lost != nil:
 		cancel(l.lost)
 		return workCtx
-	case l.done || l.releasing:
+	case l.done != nil:
+		cancel(l.done)
+		return workCtx
+	case l.releasing:
 		cancel(errReleased)
 		return workCtx
 	}
@@ -172,10 +216,10 @@ func (l *Lease) lostCause() error {
 }
 
 // lose records that the lease is lost, cancels the work contexts with cause,
-// logs it and calls OnLost.
+// logs it and calls OnLost. A lost lease is not extended again.
 func (l *Lease) lose(cause error) {
 	l.mu.Lock()
-	if l.lost != nil {
+	if l.lost != nil || l.releasing {
 		l.mu.Unlock()
 		return
 	}
@@ -187,45 +231,57 @@ func (l *Lease) lose(cause error) {
 	now := l.locker.clock.Now()
 	l.locker.opts.Logger.LogAttrs(context.Background(), slog.LevelError, "fencelock: lease lost",
 		slog.String("lock", l.name), slog.Int64("fence", l.fence),
-		slog.Duration("held", now.Sub(l.acquired)), slog.Duration("before_deadline", deadline.Sub(now)),
+		slog.Duration("held", now.Sub(l.acquired)), slog.Duration("until_deadline", deadline.Sub(now)),
 		slog.Any("cause", cause))
 	if f := l.locker.opts.OnLost; f != nil {
 		f(l, cause)
 	}
 }
 
-// watch is the watchdog goroutine. It renews the lease every interval; one
-// renewal call at a time runs on a helper goroutine that watch waits for
-// before it exits, so that the local deadline timer fires on time even while
-// a call hangs.
+// nextRenewal returns how long from now the next renewal is due, and how
+// long until the deadline: a renewal is due an interval after the start of
+// the request that set the deadline, and no later than a third of the time
+// that is left, so a lease whose time is short (a late KeepAlive, a
+// shortened TTL) is renewed soon enough to survive a failed try.
+func (l *Lease) nextRenewal() (renewIn, remaining time.Duration) {
+	l.mu.Lock()
+	ttl, deadline := l.ttl, l.deadline
+	l.mu.Unlock()
+	now := l.locker.clock.Now()
+	remaining = deadline.Sub(now)
+	base := deadline.Add(-(ttl - drift(ttl))) // when that request was sent
+	renewIn = min(base.Add(l.locker.opts.renewInterval(ttl)).Sub(now), remaining/3)
+	return max(renewIn, 0), remaining
+}
+
+// watch is the watchdog goroutine. Each renewal is a call of its own on a
+// goroutine of the Locker (see Close), so that the local deadline timer fires
+// on time even while a call hangs, and so that Release does not wait for a
+// renewal in flight; watch reads its result, or drops it once stopped.
 func (l *Lease) watch(wd *watchdog) {
 	defer close(wd.done)
-
-	l.mu.Lock()
-	ttl := l.ttl
-	l.mu.Unlock()
+	clock := l.locker.clock
 	o := &l.locker.opts
-	interval := o.renewInterval(ttl)
-	retry := backoff{min: max(interval/16, time.Millisecond), max: max(interval/2, time.Millisecond)}
-
-	renewTimer := l.locker.clock.NewTimer(interval)
+	renewIn, remaining := l.nextRenewal()
+	renewTimer := clock.NewTimer(renewIn)
 	defer renewTimer.Stop()
-	deadlineTimer := l.locker.clock.NewTimer(l.Deadline().Sub(l.locker.clock.Now()))
+	deadlineTimer := clock.NewTimer(remaining)
 	defer deadlineTimer.Stop()
 
 	var (
 		results     = make(chan error, 1)
 		inFlight    bool
+		failing     bool               // the last renewal failed: renewTimer holds its retry
 		cancelRenew context.CancelFunc = func() {}
-		renewStart  time.Time          // when the renewal in flight, or the last one, was sent
 		lastErr     error
+		retry       backoff
 	)
-	defer func() {
-		cancelRenew()
-		if inFlight {
-			<-results
-		}
-	}()
+	defer func() { cancelRenew() }()
+	schedule := func() {
+		renewIn, remaining := l.nextRenewal()
+		renewTimer.Reset(renewIn)
+		deadlineTimer.Reset(remaining)
+	}
 
 	for {
 		select {
@@ -233,8 +289,7 @@ func (l *Lease) watch(wd *watchdog) {
 			return
 
 		case <-deadlineTimer.C:
-			remaining := l.Deadline().Sub(l.locker.clock.Now())
-			if remaining > 0 { // moved by an Extend since the timer was set
+			if remaining := l.Deadline().Sub(clock.Now()); remaining > 0 { // moved by an Extend since the timer was set
 				deadlineTimer.Reset(remaining)
 				continue
 			}
@@ -244,38 +299,34 @@ func (l *Lease) watch(wd *watchdog) {
 		case <-wd.moved:
 			// A user's Extend moved the deadline (perhaps earlier) or
 			// found the lock not held.
-			if l.isDone() {
-				l.lose(fmt.Errorf("%w: taken over or deleted", ErrLost))
+			l.mu.Lock()
+			notHeld := l.done
+			l.mu.Unlock()
+			if notHeld != nil {
+				l.lose(lostBecause(notHeld))
 				return
 			}
-			remaining := l.Deadline().Sub(l.locker.clock.Now())
+			renewIn, remaining := l.nextRenewal()
 			if remaining <= 0 {
 				l.lose(deadlinePassed(lastErr))
 				return
 			}
 			deadlineTimer.Reset(remaining)
-			if !inFlight {
-				l.mu.Lock()
-				interval = o.renewInterval(l.ttl) // the TTL may have changed
-				l.mu.Unlock()
-				renewTimer.Reset(min(interval, remaining/3))
+			if !inFlight && !failing {
+				renewTimer.Reset(renewIn)
 			}
 
 		case <-renewTimer.C:
 			if inFlight {
-				continue // the reply reschedules
+				continue // its result reschedules
 			}
-			if o.MaxHold > 0 && l.locker.clock.Now().Sub(l.acquired) >= o.MaxHold {
+			if o.MaxHold > 0 && clock.Now().Sub(l.acquired) >= o.MaxHold {
 				lastErr = fmt.Errorf("held for MaxHold %v, no longer renewed", o.MaxHold)
 				continue // the deadline timer ends it
 			}
-			l.mu.Lock()
-			ttl := l.ttl // as last extended, by the watchdog or the user
-			l.mu.Unlock()
 			// The deadline is on the lease's clock; the context's timer
 			// runs on the system clock, so hand it the time that is left.
-			renewStart = l.locker.clock.Now()
-			remaining := l.Deadline().Sub(renewStart)
+			remaining := l.Deadline().Sub(clock.Now())
 			if remaining <= 0 {
 				l.lose(deadlinePassed(lastErr))
 				return
@@ -283,33 +334,65 @@ func (l *Lease) watch(wd *watchdog) {
 			ctx, cancel := context.WithTimeout(context.Background(), remaining)
 			cancelRenew = cancel
 			inFlight = true
-			go func() { results <- l.extend(ctx, ttl, true) }()
+			l.locker.bg.add()
+			go func() {
+				defer l.locker.bg.finish()
+				results <- l.extend(ctx, 0, true)
+			}()
 
 		case err := <-results:
 			inFlight = false
 			cancelRenew()
 			switch {
 			case err == nil:
-				lastErr = nil
-				retry = backoff{min: retry.min, max: retry.max}
-				// Every interval from the previous renewal's start, so a
-				// slow round trip does not stretch the period.
-				renewTimer.Reset(max(interval-l.locker.clock.Now().Sub(renewStart), 0))
-				deadlineTimer.Reset(l.Deadline().Sub(l.locker.clock.Now()))
+				lastErr, failing = nil, false
+				retry = backoff{}
+				schedule()
 			case errors.Is(err, ErrNotHeld):
-				l.lose(fmt.Errorf("%w: taken over or deleted", ErrLost))
+				if l.isReleasing() {
+					return // Release is stopping the watchdog
+				}
+				l.lose(lostBecause(err))
 				return
 			default:
-				lastErr = err
+				if classify(err) == classNoVerdict {
+					err = fmt.Errorf("%w: no reply before the deadline", ErrUnavailable)
+				}
+				lastErr, failing = err, true
+				if retry.min == 0 {
+					interval := o.renewInterval(l.currentTTL())
+					retry = backoff{min: max(interval/16, time.Millisecond), max: max(interval/2, time.Millisecond)}
+				}
 				pause := retry.next()
+				remaining := l.Deadline().Sub(clock.Now())
 				l.locker.opts.Logger.LogAttrs(context.Background(), slog.LevelWarn, "fencelock: renewal failed",
 					slog.String("lock", l.name), slog.Int64("fence", l.fence),
-					slog.Duration("until_deadline", l.Deadline().Sub(l.locker.clock.Now())),
+					slog.Duration("until_deadline", remaining),
 					slog.Duration("retry_in", pause), slog.Any("error", err))
 				renewTimer.Reset(pause)
+				deadlineTimer.Reset(remaining) // an unknown outcome may have moved it earlier
 			}
 		}
 	}
+}
+
+func (l *Lease) isReleasing() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.releasing
+}
+
+func (l *Lease) currentTTL() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.ttl
+}
+
+// lostBecause is the cause of a lease lost because Redis said it is not
+// held. It matches ErrLost only: the lease was held, then lost.
+func lostBecause(notHeld error) error {
+	return &opError{msg: ErrLost.Error() + ": " + strings.TrimPrefix(notHeld.Error(), "fencelock: "),
+		errs: []error{ErrLost}}
 }
 
 // deadlinePassed is the cause of a lease lost at its local deadline, wrapping

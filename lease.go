@@ -1,0 +1,404 @@
+package fencelock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// A Lease is one acquisition of a lock. Its methods are safe for concurrent
+// use, and safe on a nil *Lease, which holds nothing: so a deferred Release
+// after a failed Acquire does no harm.
+type Lease struct {
+	locker   *Locker
+	name     string
+	keys     [3]string // lock, token marker, fence counter: the scripts' KEYS
+	token    string
+	tokenArg any // token, boxed once for the scripts' ARGV
+	fence    int64
+	acquired time.Time // when the acquire request was sent
+	degraded bool      // fail-open stand-in: no lock is held
+
+	// op is held by the one Redis call on the lease at a time (Extend, a
+	// renewal, Release), so that they reach Redis in the order they were
+	// made and each reads the state the previous one left.
+	op chan struct{}
+
+	mu        sync.Mutex
+	ttl       time.Duration             // guarded by mu; as acquired or last extended
+	deadline  time.Time                 // guarded by mu
+	floorTTL  time.Duration             // guarded by mu; the shortest TTL an extension of unknown outcome may still set; 0: none
+	sending   time.Time                 // guarded by mu; when the extension in flight was sent; zero: none
+	sendTTL   time.Duration             // guarded by mu; its TTL
+	done      error                     // guarded by mu; why the lock is no longer held; nil while it may be
+	lost      error                     // guarded by mu; why the watchdog gave the lease up
+	wd        *watchdog                 // guarded by mu; nil until KeepAlive
+	releasing bool                      // guarded by mu; Release was called
+	cancels   []context.CancelCauseFunc // guarded by mu; KeepAlive contexts
+}
+
+// Name returns the lock's name as given to Acquire.
+func (l *Lease) Name() string {
+	if l == nil {
+		return ""
+	}
+	return l.name
+}
+
+// Key returns the Redis key that holds the lock: KeyPrefix+"{"+name+"}".
+func (l *Lease) Key() string {
+	if l == nil {
+		return ""
+	}
+	return l.keys[0]
+}
+
+// Token returns the random token (a UUID v4) that identifies this acquisition
+// in Redis.
+func (l *Lease) Token() string {
+	if l == nil {
+		return ""
+	}
+	return l.token
+}
+
+// Fence returns the fencing token issued with this acquisition. Fences are
+// strictly increasing across all acquisitions of the same name; see the
+// package documentation for their format. A degraded or nil lease's fence is
+// 0.
+func (l *Lease) Fence() int64 {
+	if l == nil {
+		return 0
+	}
+	return l.fence
+}
+
+// Degraded reports whether this is a fail-open stand-in (Options.FailOpen):
+// RunWithLock could not reach Redis and ran the work without a lock.
+func (l *Lease) Degraded() bool {
+	return l != nil && l.degraded
+}
+
+// Deadline returns the local time until which the lock is certainly held,
+// barring a process pause or a failover: the monotonic time taken before the
+// acquire (or last successful extend) request was sent, plus the TTL, minus a
+// drift allowance of TTL/100 + 2ms. After Release, or once Extend or Release
+// found the lock not held, it returns a time that has passed. A nil lease's
+// deadline is the zero time.
+func (l *Lease) Deadline() time.Time {
+	if l == nil {
+		return time.Time{}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.deadline
+}
+
+// Extend resets the lock's time to live to ttl, if this lease still holds it,
+// and moves Deadline to the time before the request plus ttl minus drift. It
+// never recreates a lock that has expired. Concurrent calls, the watchdog's
+// renewals and Release reach Redis one at a time, in order.
+//
+// It returns nil when the TTL was set; ErrNotHeld when the lock is no longer
+// this lease's, saying why when Redis told (the lease is then done: later
+// calls return ErrNotHeld without a Redis call), or when the lease was lost
+// (the error then also matches ErrLost) or released; ErrUnavailable when
+// Redis could not be reached or did not answer; ErrMisconfigured when Redis
+// refused the command; ErrInvalid for a ttl out of range (see WithTTL), or
+// not longer than Options.RenewInterval plus its drift allowance when
+// RenewInterval is set; or an error matching ctx.Err() when ctx ended first.
+// Extend returns within a few milliseconds of ctx's deadline or
+// cancellation; its call may then still reach Redis.
+//
+// When the outcome is unknown (ErrUnavailable, or ctx ended after the
+// request was sent), the TTL may or may not have been set: Deadline becomes
+// the earlier of its old value and the one this call would have set, and
+// stays bounded by that shorter TTL after later extensions, as the request
+// may still reach Redis after them.
+func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
+	if l == nil || l.locker == nil || l.degraded {
+		return ErrNotHeld
+	}
+	if err := checkTTL("Extend ttl", ttl); err != nil {
+		return err
+	}
+	if err := checkRenewInterval(l.locker.opts.RenewInterval, ttl); err != nil {
+		return err
+	}
+	if ctxErr(ctx) != nil {
+		return ctxEnded(ctx, "extend")
+	}
+	err, done := call(l.locker, ctx.Done(), nil, func() error { return l.extend(ctx, ttl, false) }, nil)
+	if !done {
+		l.mu.Lock()
+		l.unknownOutcomeLocked()
+		l.notifyWatchdogLocked()
+		l.mu.Unlock()
+		return ctxEnded(ctx, "extend")
+	}
+	if err != nil && !errors.Is(err, ErrNotHeld) && (classify(err) == classNoVerdict || ctxErr(ctx) != nil) {
+		return ctxEnded(ctx, "extend") // cut short by ctx: no verdict
+	}
+	return err
+}
+
+// extend runs the extend script once, for the user (Extend) or the
+// watchdog (byWatchdog, which extends by the lease's current TTL), and
+// records the outcome. A user's Extend tells a running watchdog about its
+// outcome (the watchdog handles its own renewals' outcomes). Errors of
+// class classNoVerdict are returned as they are.
+//
+// The watchdog's renewals send EVAL instead of EVALSHA: a renewal must take
+// one round trip also on a server whose script cache is empty (after a
+// restart or a failover), where EVALSHA would cost a second one (NOSCRIPT,
+// then EVAL) and could miss the deadline on a slow link.
+func (l *Lease) extend(ctx context.Context, ttl time.Duration, byWatchdog bool) error {
+	select {
+	case l.op <- struct{}{}:
+		defer func() { <-l.op }()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	l.mu.Lock()
+	if err := l.notHeldLocked(); err != nil {
+		l.mu.Unlock()
+		return err
+	}
+	if byWatchdog {
+		ttl = l.ttl
+	}
+	start := l.locker.clock.Now()
+	l.sending, l.sendTTL = start, ttl
+	l.mu.Unlock()
+
+	run := extendScript.Run
+	if byWatchdog {
+		run = extendScript.Eval
+	}
+	code, err := run(ctx, l.locker.client, l.keys[:1], l.tokenArg, ttlMillis(ttl)).Int64()
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sending = time.Time{}
+	if !byWatchdog {
+		defer l.notifyWatchdogLocked() // the deadline may have moved either way
+	}
+	switch {
+	case err != nil:
+		class := classify(err)
+		if class != classMisconfigured { // it may have reached Redis
+			l.sending, l.sendTTL = start, ttl
+			l.unknownOutcomeLocked()
+			l.sending = time.Time{}
+		}
+		if class == classNoVerdict {
+			return err
+		}
+		return callError(l.name, err)
+	case code == 1:
+		if l.done == nil {
+			eff := ttl
+			if l.floorTTL > 0 && l.floorTTL < eff {
+				eff = l.floorTTL
+			}
+			l.deadline = start.Add(eff - drift(eff))
+			l.ttl = ttl
+		}
+		return nil
+	default:
+		why := errGone
+		if code == -1 {
+			why = errTakenBy
+		}
+		l.markDoneLocked(start, why)
+		return why
+	}
+}
+
+// unknownOutcomeLocked records that the extension sent at l.sending may or
+// may not have reached Redis: the deadline must not claim more than it
+// would set, and no later extension may count on more than its TTL.
+func (l *Lease) unknownOutcomeLocked() {
+	if l.sending.IsZero() {
+		return // not sent yet
+	}
+	if d := l.sending.Add(l.sendTTL - drift(l.sendTTL)); d.Before(l.deadline) {
+		l.deadline = d
+	}
+	if l.floorTTL == 0 || l.sendTTL < l.floorTTL {
+		l.floorTTL = l.sendTTL
+	}
+}
+
+// notHeldLocked returns why a call must not extend the lock, or nil.
+func (l *Lease) notHeldLocked() error {
+	switch {
+	case l.done != nil:
+		return l.done
+	case l.lost != nil:
+		return &opError{msg: ErrNotHeld.Error() + ": " + l.lost.Error(), errs: []error{ErrNotHeld, l.lost}}
+	case l.releasing:
+		return errReleased
+	}
+	return nil
+}
+
+// notifyWatchdogLocked tells a running watchdog that the deadline moved or
+// the lease was found not held.
+func (l *Lease) notifyWatchdogLocked() {
+	if l.wd == nil {
+		return
+	}
+	select {
+	case l.wd.moved <- struct{}{}:
+	default:
+	}
+}
+
+// markDoneLocked records that the lock is no longer held as of at, and why.
+func (l *Lease) markDoneLocked(at time.Time, why error) {
+	if l.done == nil {
+		l.done = why
+	}
+	if at.Before(l.deadline) {
+		l.deadline = at
+	}
+}
+
+// Release cancels the contexts KeepAlive returned, stops the lease's watchdog,
+// if KeepAlive started one, and waits for it to exit, so no renewal is sent
+// after Release (one already sent may still be answered). It then deletes
+// the lock if this lease still holds it, leaving another holder's lock
+// alone. The deletion runs on a context that keeps ctx's values but not its
+// cancellation, bounded by Options.ReleaseTimeout, so that a cancelled
+// request still gives its lock back.
+//
+// It returns nil when the lock was deleted (also when go-redis resent the
+// request after a lost reply); ErrNotHeld when it was no longer this lease's,
+// saying why when Redis told (expired or deleted, taken over, or released
+// already); in both cases the lease is done. It returns ErrUnavailable when
+// Redis could not be reached or did not answer within ReleaseTimeout (the
+// error says so; it does not match context.DeadlineExceeded), and
+// ErrMisconfigured when Redis refused the command: the lock may still be
+// held, Release may be called again, and if it is not the lock expires after
+// its TTL. When ctx ends first, Release returns an error matching ctx.Err()
+// within a few milliseconds and the deletion goes on in the background,
+// bounded by ReleaseTimeout (Locker.Close waits for it). In every case the
+// watchdog is stopped for good and later KeepAlive calls return a cancelled
+// context. On a nil or degraded lease Release returns ErrNotHeld.
+func (l *Lease) Release(ctx context.Context) error {
+	if l == nil || l.locker == nil {
+		return ErrNotHeld
+	}
+	l.mu.Lock()
+	l.releasing = true
+	l.mu.Unlock()
+	l.cancelContexts(errReleased) // the work is over: tell it before waiting
+	l.stopWatchdog()
+	if l.degraded {
+		return ErrNotHeld
+	}
+	if err := l.doneErr(); err != nil {
+		return err
+	}
+	if errors.Is(context.Cause(ctx), errReleased) {
+		// ctx is one of this lease's KeepAlive contexts, which Release
+		// has just cancelled (work releasing its own lease).
+		ctx = context.WithoutCancel(ctx)
+	}
+	rctx, cancel := l.locker.detached(ctx)
+	err, done := call(l.locker, ctx.Done(), rctx.Done(), func() error { return l.release(rctx) }, func(err error) {
+		cancel()
+		if err != nil && !errors.Is(err, ErrNotHeld) {
+			l.locker.opts.Logger.LogAttrs(context.Background(), slog.LevelWarn,
+				"fencelock: release failed in the background, the lock expires after its TTL",
+				slog.String("lock", l.name), slog.Int64("fence", l.fence), slog.Any("error", err))
+		}
+	})
+	switch {
+	case done:
+		cancel()
+		return err
+	case ctxErr(ctx) != nil:
+		return ctxEnded(ctx, "release (it goes on in the background)")
+	default:
+		return l.releaseTimedOut()
+	}
+}
+
+func (l *Lease) releaseTimedOut() error {
+	return &opError{msg: fmt.Sprintf("%s: no reply within ReleaseTimeout %v", ErrUnavailable.Error(), l.locker.opts.ReleaseTimeout),
+		errs: []error{ErrUnavailable}}
+}
+
+// release runs the release script once, after the call in flight on the
+// lease, and records the outcome.
+func (l *Lease) release(ctx context.Context) error {
+	select {
+	case l.op <- struct{}{}:
+		defer func() { <-l.op }()
+	case <-ctx.Done():
+		return l.releaseTimedOut()
+	}
+	if err := l.doneErr(); err != nil {
+		return err // a concurrent Release came first
+	}
+	start := l.locker.clock.Now()
+	code, perr, err := l.runRelease(ctx, modeRelease)
+	if err != nil {
+		if ctx.Err() != nil {
+			return l.releaseTimedOut()
+		}
+		return callError(l.name, err)
+	}
+	l.locker.warnPublish(l.name, perr)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch code {
+	case 1:
+		l.markDoneLocked(start, errReleaseD)
+		if log := l.locker.opts.Logger; log.Enabled(ctx, slog.LevelDebug) {
+			log.LogAttrs(ctx, slog.LevelDebug, "fencelock: released",
+				slog.String("lock", l.name), slog.Int64("fence", l.fence),
+				slog.Duration("held", l.locker.clock.Now().Sub(l.acquired)))
+		}
+		return nil
+	case -1:
+		l.markDoneLocked(start, errTakenBy)
+		return errTakenBy
+	default:
+		l.markDoneLocked(start, errGone)
+		return errGone
+	}
+}
+
+// Release script modes.
+const (
+	modeRelease = "r"
+	modeAbandon = "a"
+)
+
+// runRelease runs the release script in mode; perr is set when the lock was
+// deleted but the wake-up could not be published.
+func (l *Lease) runRelease(ctx context.Context, mode string) (code int64, perr, err error) {
+	markerTTL := l.locker.releaseTimeoutMillis
+	if mode == modeAbandon {
+		// A late attempt is refused for as long as its lock would live.
+		markerTTL = ttlMillis(max(l.ttl, l.locker.opts.ReleaseTimeout))
+	}
+	reply, err := releaseScript.Run(ctx, l.locker.client, l.keys[:2], l.tokenArg,
+		l.locker.channel(l.keys[0]), mode, markerTTL).Result()
+	if err != nil {
+		return 0, nil, err
+	}
+	return decodeRelease(reply)
+}
+
+func (l *Lease) doneErr() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.done
+}
