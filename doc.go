@@ -1,9 +1,19 @@
 // Package fencelock provides Redis distributed locks with a watchdog and
 // fencing tokens.
 //
-// A Locker acquires a named lock with one round trip (SET key token NX PX ttl
-// and a fencing token, in one Lua script; a second one, EVAL after NOSCRIPT,
-// the first time after the server's script cache was emptied) and returns a
+//	locker, err := fencelock.New(redisClient, nil) // TTL 30s, renewed every 10s
+//	if err != nil {
+//		return err
+//	}
+//	defer locker.Close()
+//	err = locker.RunWithLock(ctx, "settlement:"+day, func(ctx context.Context, lease *fencelock.Lease) error {
+//		// ctx is cancelled (cause fencelock.ErrLost) if the lock is lost.
+//		return settle(ctx, day, lease.Fence()) // UPDATE ... WHERE fence_token < $fence
+//	})
+//
+// A Locker acquires a named lock with one round trip (SET key NX PX ttl and a
+// fencing token, in one Lua script; a second one, EVAL after NOSCRIPT, the
+// first time after the server's script cache was emptied) and returns a
 // Lease. The Lease releases and extends the lock with compare-the-token
 // scripts, so it never deletes or extends another holder's lock.
 //
@@ -30,47 +40,88 @@
 //	UPDATE settlements SET status = 'done', fence_token = @fence
 //	WHERE settle_date = @date AND fence_token < @fence
 //
+// The column must be NOT NULL (fence_token < @fence is never true for a
+// NULL), and the write must check the rows it changed: 0 rows means a newer
+// holder came first.
+//
 // A fence is a positive int64 (store it as BIGINT). For each lock name it is
-// max(previous fence + 1, server time in microseconds since the Unix epoch),
-// kept in the counter key KeyPrefix+"{"+name+"}:fence". The time floor comes
-// from the Redis server's TIME, never from a client's clock, so fences stay
-// strictly increasing per name even when the counter key is lost (evicted
-// under maxmemory, flushed, or missing after a failover to a replica that had
-// not received it), provided the clock of the server that issues a fence (after
-// a failover, the new master's) is not behind the time at which the previous
-// fence of the name was issued. Fences of different names
-// are unrelated.
+// max(previous fence + 1, server time in microseconds since the Unix epoch).
+// The previous fence is kept in the counter key KeyPrefix+"{"+name+"}:fence"
+// for Options.FenceRetention (default 1h) after the name's last acquisition,
+// then the key expires: a service locking order:<id> does not grow Redis by a
+// key per order for ever.
 //
-// The counter key has no expiry: it costs one small string key per lock name
-// ever acquired, 50 to 150 bytes depending on the name's length (MEMORY USAGE
-// on Redis 7: 56 bytes for lock:{a}:fence, 88 for
-// lock:{settlement:2026-11-30}:fence).
-// Deleting the counters of names no longer used is safe, because of the time
-// floor.
+// Fences stay strictly increasing per name, also after the counter expired or
+// was lost (evicted, flushed, or missing after a failover to a replica that
+// had not received it), because each is floored by the TIME of the Redis
+// server that issues it, never by a client's clock. The argument: a fence f
+// issued at server time T is at most T plus the number of fences issued
+// within the same microsecond, so f <= T in practice (one script takes
+// several microseconds). While the counter exists, the next fence is greater
+// than f by the counter. Once it has expired, at least FenceRetention has
+// passed since f was issued, so the next fence, floored by the server's time
+// then, is greater than T, hence than f, unless the server's clock (after a
+// failover, the new master's) stepped back by more than FenceRetention in
+// between. Choose a retention longer than any step back of your servers'
+// clocks you want to survive. Fences of different names are unrelated.
 //
-// # Waiting
+// A retry of an acquisition (go-redis resending after a lost reply, or the
+// next attempt of a waiting Acquire) finds the lock already held by its token
+// and returns the fence issued to that token, which the lock's value keeps:
+// "<token> <fence>". When the counter is at the largest int64, the
+// acquisition fails with ErrMisconfigured and takes no lock: a fence is
+// never issued twice.
 //
-// WithWait makes Acquire wait for a busy lock. Release publishes a wake-up on
-// a pub/sub channel named like the lock key, in the same script that deletes
-// the lock; a waiting Acquire subscribes to it after its first
-// busy attempt and before the next one, so a release in between is not
-// missed. It then sleeps until a wake-up, the holder's remaining TTL, a capped
-// jittered backoff (Options.MinRetryBackoff, Options.MaxRetryBackoff) or the
-// end of the wait, whichever comes first. Wake-ups only make a waiter try
-// sooner: a lost one (a crashed holder publishes nothing; a dropped
-// subscription connection or a Redis restart loses messages) costs at most
-// the backoff or the holder's TTL, never correctness.
+// # Keys
 //
-// All waiters of a Locker share one subscription connection (on Redis
-// Cluster, one per contended lock name, on the node that serves it) and the
-// one goroutine that reads it. It is opened when the first waiter arrives and
-// closed 30 seconds after the last one left, so that a steady stream of waits
-// does not reconnect each time; Locker.Close closes it at once. Sharded
-// pub/sub (SSUBSCRIBE, SPUBLISH; Redis 7) is used where the server has it,
-// classic SUBSCRIBE and PUBLISH elsewhere. Waiters are not queued: when a lock
-// is released, all of its waiters wake and one of them wins.
+// Per lock name, the library writes three kinds of keys, all sharing the hash
+// tag {name} (so every script runs on one Redis Cluster slot), and all
+// expiring:
 //
-// # Deadlines and the watchdog
+//   - the lock, KeyPrefix+"{"+name+"}", with the lock's TTL;
+//   - the fence counter, the same plus ":fence", for FenceRetention;
+//   - a token marker, the same plus ":t:"+token: written by a release and
+//     kept for Options.ReleaseTimeout, so that a release resent after a lost
+//     reply reports success; and written by the clean-up after an Acquire
+//     that gave up, kept for the lock's TTL, so that a late copy of one of its
+//     attempts cannot take the lock.
+//
+// Because the lock keys expire, a maxmemory policy of volatile-lru,
+// volatile-lfu, volatile-random or volatile-ttl evicts them first when Redis
+// is full, and allkeys-* may evict them too: the lock is then granted twice,
+// and only the fence keeps the data right. Run the lock's Redis with
+// maxmemory-policy noeviction.
+//
+// # Errors
+//
+// Every error matches at most one of these classes, each handled
+// differently: ErrNotObtained (busy: another holder has it), ErrUnavailable
+// (Redis unreachable, not answering in time, or answering with a transient
+// state: LOADING, BUSY, READONLY, MASTERDOWN, CLUSTERDOWN, TRYAGAIN,
+// NOREPLICAS, OOM), ErrMisconfigured (Redis answered and refuses the lock's
+// commands: NOAUTH, WRONGPASS, NOPERM, WRONGTYPE, an unknown command, a fence
+// counter at its maximum, a closed client; the message says what to fix),
+// ErrNotHeld (the lease no longer holds the lock, and why), ErrLost (lost
+// while the work ran) and ErrInvalid (rejected before any Redis call). When
+// the caller's context ends before Redis gave any verdict, the error matches
+// ctx.Err() and none of the classes: a shutdown is not "another instance is
+// on it". Error messages are one line.
+//
+// Options.FailOpen runs the work without the lock on ErrUnavailable alone:
+// never on ErrMisconfigured (a missing password is not an outage), never on
+// ErrNotObtained, never when the caller's context ended.
+//
+// # Deadlines
+//
+// Acquire, RunWithLock, Release and Extend return within a few milliseconds
+// of their context's deadline or cancellation, whatever the go-redis client's
+// options (ContextTimeoutEnabled, MaxRetries, ReadTimeout): a Redis call that
+// outlives its caller goes on in a goroutine that the Locker owns, bounded,
+// and Locker.Close waits for it. Without a deadline, a call to a Redis that
+// stopped answering waits for go-redis to give up: ReadTimeout (3s by
+// default) for each try, and go-redis retries a command that timed out
+// (MaxRetries, 3 by default), so about 10s; a Release is bounded by
+// Options.ReleaseTimeout.
 //
 // A Lease's Deadline is the local monotonic time taken before the acquire (or
 // last successful extend) request was sent, plus the TTL, minus a drift
@@ -78,19 +129,46 @@
 // the work's context when that deadline passes without a successful renewal,
 // which is before Redis could expire the lock and grant it to someone else, as
 // long as the local clock does not run slower than the server's by more than
-// the allowance.
+// the allowance. Acquire never returns a lease whose deadline has passed.
+//
+// # Waiting
+//
+// WithWait makes Acquire wait for a busy lock. Release publishes a wake-up on
+// a pub/sub channel named like the lock key (plus "@" and the database number
+// on a database other than 0, as channels are shared by all databases), in
+// the same script that deletes the lock. A waiting Acquire registers after its
+// first busy attempt; the subscription is made in the background, and its
+// confirmation wakes the waiter for another attempt, so a release in between
+// is not missed. It then sleeps until a wake-up, the holder's remaining TTL, a
+// capped jittered backoff (Options.MinRetryBackoff, Options.MaxRetryBackoff)
+// or the end of the wait, whichever comes first. Wake-ups only make a waiter
+// try sooner: a lost one (a crashed holder publishes nothing; a dropped
+// subscription connection or a Redis restart loses messages) costs at most
+// the backoff or the holder's TTL, never correctness.
+//
+// All waiters of a Locker share one subscription connection per node: one on
+// a single deployment, one per master that serves a waited-on lock on Redis
+// Cluster, one per shard on a Ring. Each connection has one goroutine that
+// owns it; registering and leaving never wait for Redis. A connection is
+// opened when the first waiter arrives and closed 30 seconds after its last
+// channel was left, so that a steady stream of waits does not reconnect each
+// time; Locker.Close closes it at once. When a Cluster slot moves, the
+// server ends its subscriptions, and they are made again on the slot's new
+// master. Sharded pub/sub (SSUBSCRIBE, SPUBLISH; Redis 7) is used where the
+// server has it, classic SUBSCRIBE and PUBLISH elsewhere. Waiters are not
+// queued: when a lock is released, all of its waiters wake and one of them
+// wins.
 //
 // # Redis clients
 //
 // A Locker accepts any go-redis v9 UniversalClient: standalone, Sentinel
-// (failover), Cluster or Ring, on Redis 6.2 or later (the acquire script uses
-// SET ... GET). On Cluster and Ring the waiters' subscriptions are one per
-// contended lock name, each on the node that serves the name. The lock key,
-// its fence counter and its wake-up channel share the hash tag {name}, so
-// every script runs on one Cluster slot.
+// (failover), Cluster or Ring, on Redis 6.2 or later. The lock key, its
+// fence counter, its token markers and its wake-up channel share the hash tag
+// {name}, so every script runs on one Cluster slot.
 //
-// Set ContextTimeoutEnabled in the client's options so a context's deadline
-// also bounds a call to a Redis that stopped answering; otherwise such a call
-// waits for the client's ReadTimeout. The watchdog's deadline does not depend
-// on it.
+// Set ContextTimeoutEnabled in the client's options so that go-redis itself
+// stops waiting for a Redis that stopped answering at the context's
+// deadline; the calls of this package return by the deadline either way, but
+// without it go-redis's own goroutine, and its connection, wait for
+// ReadTimeout. The watchdog's deadline does not depend on it.
 package fencelock

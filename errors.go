@@ -81,10 +81,10 @@ func (e *opError) Unwrap() []error { return e.errs }
 // withCtx adds the caller's context error to err: the result matches both,
 // on one line.
 func withCtx(err, ctxErr error) error {
-	if ctxErr == nil {
+	if err == nil || ctxErr == nil {
 		return err
 	}
-	return &opError{msg: err.Error() + " (and then: " + ctxErr.Error() + ")", errs: []error{err, ctxErr}}
+	return &opError{msg: err.Error() + "; " + ctxErr.Error(), errs: []error{err, ctxErr}}
 }
 
 // ctxEnded is the error of a call whose context ended before Redis gave any
@@ -227,6 +227,13 @@ func oneLine(s string) string {
 		return s
 	}
 	return strings.Join(strings.Fields(s), " ")
+}
+
+// isTimeout reports whether err is a timeout: when the caller's context has
+// ended, that is the context cutting the call short, not a verdict of Redis.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // notSent reports whether err shows that the command never reached Redis:

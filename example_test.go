@@ -127,3 +127,131 @@ func ExampleLease_Fence() {
 	fmt.Println(lease.Fence() > 0)
 	// Output: true
 }
+
+func ExampleLease_KeepAlive() {
+	client, stop := newClient()
+	defer stop()
+	ctx := context.Background()
+	locker, _ := fencelock.New(client, &fencelock.Options{TTL: 10 * time.Second})
+	defer locker.Close()
+
+	lease, err := locker.Acquire(ctx, "report:2026-11")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	// Release when the work is done, also on error paths: it stops the
+	// watchdog and deletes the lock.
+	defer lease.Release(ctx)
+
+	// The watchdog renews the lease every TTL/3 until Release; workCtx is
+	// cancelled with cause fencelock.ErrLost if the lock is lost.
+	workCtx := lease.KeepAlive(ctx)
+	select {
+	case <-workCtx.Done():
+		fmt.Println("lost:", context.Cause(workCtx))
+	case <-time.After(50 * time.Millisecond): // the work
+		fmt.Println("report written with fence", lease.Fence() > 0)
+	}
+	// Output: report written with fence true
+}
+
+func ExampleLease_Extend() {
+	client, stop := newClient()
+	defer stop()
+	ctx := context.Background()
+	locker, _ := fencelock.New(client, &fencelock.Options{TTL: 10 * time.Second})
+
+	lease, err := locker.Acquire(ctx, "import:catalog")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer lease.Release(ctx)
+
+	// The import turns out bigger than expected: hold the lock for longer.
+	// Deadline moves to the time the request was sent plus the new TTL,
+	// minus the drift allowance.
+	before := lease.Deadline()
+	if err := lease.Extend(ctx, time.Minute); err != nil {
+		fmt.Println("stop importing:", err) // ErrNotHeld: someone else may be importing
+		return
+	}
+	fmt.Println("deadline moved by about 50s:", lease.Deadline().Sub(before).Round(10*time.Second))
+	// Output: deadline moved by about 50s: 50s
+}
+
+func ExampleOptions_failOpen() {
+	m, err := miniredis.Run()
+	if err != nil {
+		panic(err)
+	}
+	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer client.Close()
+	m.Close() // Redis is down
+	ctx := context.Background()
+
+	// Refreshing a cache twice is harmless: rather run it without the lock
+	// than not at all while Redis is down.
+	locker, _ := fencelock.New(client, &fencelock.Options{FailOpen: true})
+	err = locker.RunWithLock(ctx, "cache:refresh", func(ctx context.Context, lease *fencelock.Lease) error {
+		fmt.Println("running without the lock:", lease.Degraded(), "fence", lease.Fence())
+		return nil
+	})
+	// FailOpen opens on ErrUnavailable only: a busy lock, a Redis that
+	// refuses the commands (ErrMisconfigured) or an ended ctx still return
+	// their error without running the work.
+	fmt.Println("err:", err)
+	// Output:
+	// running without the lock: true fence 0
+	// err: <nil>
+}
+
+func ExampleOptions_onLost() {
+	m, err := miniredis.Run()
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer client.Close()
+	ctx := context.Background()
+
+	locker, _ := fencelock.New(client, &fencelock.Options{
+		TTL: 300 * time.Millisecond,
+		// Called once per lease lost while the watchdog ran, after the work's
+		// context was cancelled: count it, alert on it.
+		OnLost: func(lease *fencelock.Lease, cause error) {
+			fmt.Println("lost", lease.Name(), errors.Is(cause, fencelock.ErrLost))
+		},
+	})
+	err = locker.RunWithLock(ctx, "payout:7", func(ctx context.Context, lease *fencelock.Lease) error {
+		m.Del(lease.Key()) // an operator deletes the lock
+		<-ctx.Done()       // the next renewal finds it gone
+		return ctx.Err()
+	})
+	fmt.Println(errors.Is(err, fencelock.ErrLost))
+	// Output:
+	// lost payout:7 true
+	// true
+}
+
+func ExampleOptions_maxHold() {
+	client, stop := newClient()
+	defer stop()
+	ctx := context.Background()
+
+	// A job that hangs must not keep the lock for ever: renew for at most
+	// 200ms (the longest the job may legitimately take), then let the lease
+	// run out; its context is cancelled within one TTL.
+	locker, _ := fencelock.New(client, &fencelock.Options{TTL: 100 * time.Millisecond, MaxHold: 200 * time.Millisecond})
+	err := locker.RunWithLock(ctx, "sync:crm", func(ctx context.Context, lease *fencelock.Lease) error {
+		<-ctx.Done() // a hung job
+		return nil
+	})
+	fmt.Println(errors.Is(err, fencelock.ErrLost))
+	fmt.Println(err)
+	// Output:
+	// true
+	// fencelock: lease lost: held for MaxHold 200ms, no longer renewed; its deadline passed
+}

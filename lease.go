@@ -31,8 +31,6 @@ type Lease struct {
 	ttl       time.Duration             // guarded by mu; as acquired or last extended
 	deadline  time.Time                 // guarded by mu
 	floorTTL  time.Duration             // guarded by mu; the shortest TTL an extension of unknown outcome may still set; 0: none
-	sending   time.Time                 // guarded by mu; when the extension in flight was sent; zero: none
-	sendTTL   time.Duration             // guarded by mu; its TTL
 	done      error                     // guarded by mu; why the lock is no longer held; nil while it may be
 	lost      error                     // guarded by mu; why the watchdog gave the lease up
 	wd        *watchdog                 // guarded by mu; nil until KeepAlive
@@ -131,18 +129,21 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if ctxErr(ctx) != nil {
 		return ctxEnded(ctx, "extend")
 	}
-	err, done := call(l.locker, ctx.Done(), nil, func() error { return l.extend(ctx, ttl, false) }, nil)
+	var ec extendState
+	err, done := call(l.locker, ctx.Done(), nil, func() error { return l.extend(ctx, ttl, false, &ec) }, nil)
 	if !done {
 		l.mu.Lock()
-		l.unknownOutcomeLocked()
-		l.notifyWatchdogLocked()
+		if !ec.sent.IsZero() && !ec.finished { // sent, and no reply yet
+			l.unknownOutcomeLocked(ec.sent, ec.ttl)
+			l.notifyWatchdogLocked()
+		}
 		l.mu.Unlock()
 		return ctxEnded(ctx, "extend")
 	}
-	if err != nil && !errors.Is(err, ErrNotHeld) && (classify(err) == classNoVerdict || ctxErr(ctx) != nil) {
+	if err != nil && (classify(err) == classNoVerdict || (ctxErr(ctx) != nil && isTimeout(err))) {
 		return ctxEnded(ctx, "extend") // cut short by ctx: no verdict
 	}
-	return err
+	return withCtx(err, ctxErr(ctx))
 }
 
 // extend runs the extend script once, for the user (Extend) or the
@@ -155,7 +156,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 // one round trip also on a server whose script cache is empty (after a
 // restart or a failover), where EVALSHA would cost a second one (NOSCRIPT,
 // then EVAL) and could miss the deadline on a slow link.
-func (l *Lease) extend(ctx context.Context, ttl time.Duration, byWatchdog bool) error {
+func (l *Lease) extend(ctx context.Context, ttl time.Duration, byWatchdog bool, ec *extendState) error {
 	select {
 	case l.op <- struct{}{}:
 		defer func() { <-l.op }()
@@ -171,7 +172,7 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration, byWatchdog bool) 
 		ttl = l.ttl
 	}
 	start := l.locker.clock.Now()
-	l.sending, l.sendTTL = start, ttl
+	ec.sent, ec.ttl = start, ttl
 	l.mu.Unlock()
 
 	run := extendScript.Run
@@ -182,7 +183,7 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration, byWatchdog bool) 
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.sending = time.Time{}
+	ec.finished = true
 	if !byWatchdog {
 		defer l.notifyWatchdogLocked() // the deadline may have moved either way
 	}
@@ -190,9 +191,7 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration, byWatchdog bool) 
 	case err != nil:
 		class := classify(err)
 		if class != classMisconfigured { // it may have reached Redis
-			l.sending, l.sendTTL = start, ttl
-			l.unknownOutcomeLocked()
-			l.sending = time.Time{}
+			l.unknownOutcomeLocked(start, ttl)
 		}
 		if class == classNoVerdict {
 			return err
@@ -218,28 +217,34 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration, byWatchdog bool) 
 	}
 }
 
-// unknownOutcomeLocked records that the extension sent at l.sending may or
-// may not have reached Redis: the deadline must not claim more than it
-// would set, and no later extension may count on more than its TTL.
-func (l *Lease) unknownOutcomeLocked() {
-	if l.sending.IsZero() {
-		return // not sent yet
-	}
-	if d := l.sending.Add(l.sendTTL - drift(l.sendTTL)); d.Before(l.deadline) {
+// unknownOutcomeLocked records that an extension to ttl sent at sent may or
+// may not have reached Redis, and may still: the deadline must not claim
+// more than it would set, and no later extension may count on more than its
+// TTL.
+func (l *Lease) unknownOutcomeLocked(sent time.Time, ttl time.Duration) {
+	if d := sent.Add(ttl - drift(ttl)); d.Before(l.deadline) {
 		l.deadline = d
 	}
-	if l.floorTTL == 0 || l.sendTTL < l.floorTTL {
-		l.floorTTL = l.sendTTL
+	if l.floorTTL == 0 || ttl < l.floorTTL {
+		l.floorTTL = ttl
 	}
+}
+
+// extendState is what one extension has done so far, for its caller that
+// stops waiting for it; guarded by Lease.mu.
+type extendState struct {
+	sent     time.Time // when the request was sent; zero while it waits its turn
+	ttl      time.Duration
+	finished bool // the reply, or an error, came
 }
 
 // notHeldLocked returns why a call must not extend the lock, or nil.
 func (l *Lease) notHeldLocked() error {
 	switch {
-	case l.done != nil:
-		return l.done
 	case l.lost != nil:
 		return &opError{msg: ErrNotHeld.Error() + ": " + l.lost.Error(), errs: []error{ErrNotHeld, l.lost}}
+	case l.done != nil:
+		return l.done
 	case l.releasing:
 		return errReleased
 	}
@@ -293,11 +298,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	if l == nil || l.locker == nil {
 		return ErrNotHeld
 	}
-	l.mu.Lock()
-	l.releasing = true
-	l.mu.Unlock()
-	l.cancelContexts(errReleased) // the work is over: tell it before waiting
-	l.stopWatchdog()
+	l.endWork()
 	if l.degraded {
 		return ErrNotHeld
 	}
@@ -312,7 +313,10 @@ func (l *Lease) Release(ctx context.Context) error {
 	rctx, cancel := l.locker.detached(ctx)
 	err, done := call(l.locker, ctx.Done(), rctx.Done(), func() error { return l.release(rctx) }, func(err error) {
 		cancel()
-		if err != nil && !errors.Is(err, ErrNotHeld) {
+		switch {
+		case errors.Is(err, ErrUnavailable):
+			l.locker.releaseInBackground(l) // the caller has gone: try again
+		case err != nil && !errors.Is(err, ErrNotHeld):
 			l.locker.opts.Logger.LogAttrs(context.Background(), slog.LevelWarn,
 				"fencelock: release failed in the background, the lock expires after its TTL",
 				slog.String("lock", l.name), slog.Int64("fence", l.fence), slog.Any("error", err))
@@ -327,6 +331,16 @@ func (l *Lease) Release(ctx context.Context) error {
 	default:
 		return l.releaseTimedOut()
 	}
+}
+
+// endWork marks the lease released, cancels its KeepAlive contexts and stops
+// its watchdog: the first half of a release, which never waits for Redis.
+func (l *Lease) endWork() {
+	l.mu.Lock()
+	l.releasing = true
+	l.mu.Unlock()
+	l.cancelContexts(errReleased) // the work is over: tell it before waiting
+	l.stopWatchdog()
 }
 
 func (l *Lease) releaseTimedOut() error {

@@ -3,9 +3,11 @@ package fencelock
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"log/slog"
 	mathrand "math/rand/v2"
+	"net"
 	"reflect"
 	"strconv"
 	"strings"
@@ -32,11 +34,19 @@ type Locker struct {
 	retentionMillis      any // opts.FenceRetention in ms, boxed once
 
 	publishWarned atomic.Bool // a failed wake-up was logged
+
+	dialFailures atomic.Int64          // failed dials of the client, counted by dialWatch
+	lastDialErr  atomic.Pointer[error] // the last one's error
 }
 
 // New returns a Locker that keeps its locks in client, configured by opts (nil
 // means all defaults). It returns an error wrapping ErrInvalid for a nil
 // client or an option it cannot honour, and makes no Redis call.
+//
+// New adds a hook to client (AddHook) that only records the client's failed
+// dials, so that an error can name why Redis could not be reached
+// ("connection refused") when go-redis itself reports only that the
+// caller's context ended during its retries.
 func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 	if isNil(client) {
 		return nil, invalidf("nil redis client")
@@ -54,7 +64,44 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 		retentionMillis:      ttlMillis(o.FenceRetention),
 	}
 	l.waits = newNotifier(client, o.Logger)
+	client.AddHook(dialWatch{l})
 	return l, nil
+}
+
+// dialWatch is a go-redis hook that records the client's failed dials and
+// changes nothing else. go-redis retries a command whose connection could
+// not be made, and when the caller's context ends during those retries it
+// returns only the context's error; the Locker's error then names the
+// cause ("connection refused") from here.
+type dialWatch struct{ l *Locker }
+
+func (h dialWatch) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := next(ctx, network, addr)
+		if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+			h.l.lastDialErr.Store(&err)
+			h.l.dialFailures.Add(1)
+		}
+		return c, err
+	}
+}
+
+func (dialWatch) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (dialWatch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// dialErrorSince returns the last failed dial's error if a dial failed
+// since the count was seen.
+func (l *Locker) dialErrorSince(seen int64) error {
+	if l.dialFailures.Load() == seen {
+		return nil
+	}
+	if p := l.lastDialErr.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // Close stops what the Locker runs in the background, and waits for it: the
@@ -293,11 +340,16 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration) 
 			return giveUp()
 		}
 		start := l.clock.Now()
+		dials := l.dialFailures.Load()
 		a, done := call(l, ctx.Done(), nil, func() attempt { return lease.tryAcquire(ctx) }, nil)
-		if !done || (a.err != nil && classify(a.err) == classNoVerdict) || (a.err != nil && ctxErr(ctx) != nil) {
-			// ctx ended with the attempt in flight or cut short: it
-			// may have reached Redis.
+		if !done || (a.err != nil && (classify(a.err) == classNoVerdict || (ctxErr(ctx) != nil && isTimeout(a.err)))) {
+			// ctx ended with the attempt in flight or cut short, before
+			// Redis gave a verdict: it may have reached Redis. Unless
+			// Redis could not even be reached.
 			unsure = true
+			if err := l.dialErrorSince(dials); err != nil {
+				verdict = callError(lease.name, err)
+			}
 			return giveUp()
 		}
 		switch {
@@ -396,38 +448,66 @@ func (l *Locker) channel(key string) string {
 // abandon makes what the attempts of an Acquire that gave up may have done
 // harmless, in the background: it deletes the lock if one of them took it,
 // and retires the token, so that an attempt reaching Redis only later does
-// not take the lock. It tries until Redis answers, Close is called, or the
-// lease's TTL has passed since it started: by then a lock taken by an
-// attempt that arrived in time has expired.
+// not take the lock. See giveBack for how long it tries.
 func (l *Locker) abandon(lease *Lease) {
+	l.giveBack(lease, "clean-up after a failed acquire", func(ctx context.Context) (bool, error) {
+		code, perr, err := lease.runRelease(ctx, modeAbandon)
+		if err != nil {
+			return false, callError(lease.name, err)
+		}
+		l.warnPublish(lease.name, perr)
+		return code == 1, nil
+	})
+}
+
+// releaseInBackground gives a lease's lock back in the background: after
+// its work was lost (RunWithLock), or after a Release whose caller did not
+// wait for Redis to answer. See giveBack for how long it tries.
+func (l *Locker) releaseInBackground(lease *Lease) {
+	l.giveBack(lease, "release", func(ctx context.Context) (bool, error) {
+		err := lease.release(ctx)
+		if errors.Is(err, ErrNotHeld) {
+			return false, nil
+		}
+		return err == nil, err
+	})
+}
+
+// giveBack runs try, which deletes a lock, on a goroutine of the Locker
+// until Redis answers, Redis refuses (ErrMisconfigured), Close is called, or
+// the lease's TTL has passed since it started (by then the lock, taken or
+// last extended before, has expired by itself). Each try is bounded by
+// ReleaseTimeout. A try sent to a hung server runs there when the server
+// resumes, even after the client gave up on it.
+func (l *Locker) giveBack(lease *Lease, what string, try func(ctx context.Context) (deleted bool, err error)) {
 	log := l.opts.Logger
-	log.LogAttrs(context.Background(), slog.LevelDebug, "fencelock: clean-up after a failed acquire",
-		slog.String("lock", lease.name))
+	bg := context.Background()
 	l.bg.goBackground(func(stop <-chan struct{}) {
-		end := l.clock.Now().Add(max(lease.ttl, l.opts.ReleaseTimeout))
+		end := l.clock.Now().Add(max(lease.currentTTL(), l.opts.ReleaseTimeout))
 		bo := backoff{min: 10 * time.Millisecond, max: time.Second}
 		for tries := 1; ; tries++ {
-			ctx, cancel := context.WithTimeout(context.Background(), l.opts.ReleaseTimeout)
-			code, perr, err := lease.runRelease(ctx, modeAbandon)
+			ctx, cancel := context.WithTimeout(bg, l.opts.ReleaseTimeout)
+			deleted, err := try(ctx)
 			cancel()
 			if err == nil {
-				l.warnPublish(lease.name, perr)
-				log.LogAttrs(context.Background(), slog.LevelDebug, "fencelock: cleaned up after a failed acquire",
-					slog.String("lock", lease.name), slog.Bool("lock_deleted", code == 1), slog.Int("tries", tries))
+				log.LogAttrs(bg, slog.LevelDebug, "fencelock: "+what+" done in the background",
+					slog.String("lock", lease.name), slog.Bool("lock_deleted", deleted), slog.Int("tries", tries))
 				return
 			}
-			if classify(err) == classMisconfigured || !l.clock.Now().Before(end) {
-				log.LogAttrs(context.Background(), slog.LevelWarn,
-					"fencelock: clean-up after a failed acquire failed, a lock it took expires after its TTL",
+			if errors.Is(err, ErrMisconfigured) || !l.clock.Now().Before(end) {
+				log.LogAttrs(bg, slog.LevelWarn, "fencelock: "+what+" failed in the background, the lock expires after its TTL",
 					slog.String("lock", lease.name), slog.Int("tries", tries), slog.Any("error", err))
 				return
+			}
+			if tries == 1 {
+				log.LogAttrs(bg, slog.LevelDebug, "fencelock: "+what+" goes on in the background",
+					slog.String("lock", lease.name), slog.Any("error", err))
 			}
 			t := l.clock.NewTimer(bo.next())
 			select {
 			case <-stop:
 				t.Stop()
-				log.LogAttrs(context.Background(), slog.LevelWarn,
-					"fencelock: clean-up after a failed acquire stopped by Close, a lock it took expires after its TTL",
+				log.LogAttrs(bg, slog.LevelWarn, "fencelock: "+what+" stopped by Close, the lock expires after its TTL",
 					slog.String("lock", lease.name), slog.Int("tries", tries), slog.Any("error", err))
 				return
 			case <-t.C:
@@ -498,12 +578,25 @@ func call[T any](l *Locker, stop1, stop2 <-chan struct{}, f func() T, late func(
 	case <-stop1:
 	case <-stop2:
 	}
+	// A call that honours the context (go-redis's dial loop, a client with
+	// ContextTimeoutEnabled) returns at once, often with the cause of its
+	// failure ("connection refused"): give it a moment.
+	t := time.NewTimer(callGrace)
+	select {
+	case <-c.done:
+	case <-t.C:
+	}
+	t.Stop()
 	if !c.state.CompareAndSwap(0, 2) { // finished meanwhile
 		<-c.done
 		return c.res, true
 	}
 	return res, false
 }
+
+// callGrace is how long a call whose caller's context has ended still waits
+// for its result.
+const callGrace = 5 * time.Millisecond
 
 // pending is a call's result in transit.
 type pending[T any] struct {

@@ -98,7 +98,7 @@ func (n *notifier) register(channel string) *waiter {
 			w.signal() // subscribed: try now, a release may have come since the attempt
 		}
 	case !cs.routing:
-		n.routeLocked(channel, cs)
+		n.routeLocked(channel, cs, "")
 	}
 	return w
 }
@@ -134,7 +134,11 @@ func (w *waiter) signal() {
 // routeLocked assigns channel to the hub of the node that serves it: the one
 // hub of a single deployment at once, a node's hub on Cluster and Ring after
 // a lookup on a goroutine of its own (it may ask the cluster for its slots).
-func (n *notifier) routeLocked(channel string, cs *chanState) {
+//
+// moved names the node that ended the channel's subscription because its
+// slot moved: the lookup waits, briefly, for the client to learn the slot's
+// new master (go-redis reloads its slot map in the background).
+func (n *notifier) routeLocked(channel string, cs *chanState, moved string) {
 	if !n.nodes {
 		n.attachLocked(channel, cs, "", n.client)
 		return
@@ -146,6 +150,18 @@ func (n *notifier) routeLocked(channel string, cs *chanState) {
 		ctx, cancel := context.WithTimeout(n.ctx, routeTimeout)
 		defer cancel()
 		node, err := n.nodeFor(ctx, channel)
+		for i := 0; moved != "" && err == nil && node.Options().Addr == moved && i < 50; i++ {
+			if c, ok := n.client.(*redis.ClusterClient); ok {
+				c.ReloadState(ctx)
+			}
+			t := time.NewTimer(20 * time.Millisecond)
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+			node, err = n.nodeFor(ctx, channel)
+		}
 		n.mu.Lock()
 		defer n.mu.Unlock()
 		cs.routing = false
@@ -195,8 +211,8 @@ func (n *notifier) attachLocked(channel string, cs *chanState, key string, clien
 }
 
 // rerouteLocked detaches channel from its hub and routes it again: its slot
-// may have moved to another node.
-func (n *notifier) rerouteLocked(channel string) {
+// may have moved to another node (moved, if the node said so).
+func (n *notifier) rerouteLocked(channel, moved string) {
 	cs := n.channels[channel]
 	if cs == nil || cs.routing {
 		return
@@ -210,7 +226,7 @@ func (n *notifier) rerouteLocked(channel string) {
 	if c, ok := n.client.(*redis.ClusterClient); ok {
 		c.ReloadState(n.ctx)
 	}
-	n.routeLocked(channel, cs)
+	n.routeLocked(channel, cs, moved)
 }
 
 // wake signals the waiters on channel, or, when channel is "", those on
@@ -527,7 +543,7 @@ func (h *hub) handle(c *conn, m any) bool {
 			n.mu.Lock()
 			delete(h.confirmed, m.Channel)
 			if n.nodes {
-				n.rerouteLocked(m.Channel)
+				n.rerouteLocked(m.Channel, h.key)
 			}
 			h.kickLocked()
 			n.mu.Unlock()
@@ -573,7 +589,7 @@ func (h *hub) checkPending(c *conn) time.Duration {
 		}
 		delete(c.sent, ch)
 		if n.nodes {
-			n.rerouteLocked(ch) // unsubscribed by the next sync if it moved
+			n.rerouteLocked(ch, "") // unsubscribed by the next sync if it moved
 		}
 		next = 0
 	}

@@ -81,8 +81,8 @@ func (l *Locker) RunWithLock(ctx context.Context, name string,
 		if !releasedByWork {
 			// The watchdog has called OnLost when RunWithLock returns;
 			// the release, which may wait for Redis, goes on without it.
-			lease.stopWatchdog()
-			l.releaseLost(lease)
+			lease.endWork()
+			l.releaseInBackground(lease)
 		}
 		return joinErr(werr, lost)
 	}
@@ -98,19 +98,6 @@ func (l *Locker) RunWithLock(ctx context.Context, name string,
 			slog.String("lock", name), slog.Int64("fence", lease.fence), slog.Any("error", rerr))
 	}
 	return werr
-}
-
-// releaseLost releases a lost lease in the background: it may still hold
-// the lock (its deadline passed while Redis did not answer).
-func (l *Locker) releaseLost(lease *Lease) {
-	l.bg.goBackground(func(<-chan struct{}) {
-		err := lease.Release(context.Background())
-		if err != nil && !errors.Is(err, ErrNotHeld) {
-			l.opts.Logger.LogAttrs(context.Background(), slog.LevelWarn,
-				"fencelock: release of a lost lease failed, the lock expires after its TTL",
-				slog.String("lock", lease.name), slog.Int64("fence", lease.fence), slog.Any("error", err))
-		}
-	})
 }
 
 // joinErr joins the work's error and a loss on one line; both match.
@@ -321,7 +308,7 @@ func (l *Lease) watch(wd *watchdog) {
 				continue // its result reschedules
 			}
 			if o.MaxHold > 0 && clock.Now().Sub(l.acquired) >= o.MaxHold {
-				lastErr = fmt.Errorf("held for MaxHold %v, no longer renewed", o.MaxHold)
+				lastErr = fmt.Errorf("%w %v, no longer renewed", errMaxHold, o.MaxHold)
 				continue // the deadline timer ends it
 			}
 			// The deadline is on the lease's clock; the context's timer
@@ -337,7 +324,7 @@ func (l *Lease) watch(wd *watchdog) {
 			l.locker.bg.add()
 			go func() {
 				defer l.locker.bg.finish()
-				results <- l.extend(ctx, 0, true)
+				results <- l.extend(ctx, 0, true, new(extendState))
 			}()
 
 		case err := <-results:
@@ -388,6 +375,9 @@ func (l *Lease) currentTTL() time.Duration {
 	return l.ttl
 }
 
+// errMaxHold starts the cause of a lease no longer renewed after MaxHold.
+var errMaxHold = errors.New("held for MaxHold")
+
 // lostBecause is the cause of a lease lost because Redis said it is not
 // held. It matches ErrLost only: the lease was held, then lost.
 func lostBecause(notHeld error) error {
@@ -398,6 +388,9 @@ func lostBecause(notHeld error) error {
 // deadlinePassed is the cause of a lease lost at its local deadline, wrapping
 // the last renewal error if there was one.
 func deadlinePassed(lastErr error) error {
+	if errors.Is(lastErr, errMaxHold) {
+		return fmt.Errorf("%w: %w; its deadline passed", ErrLost, lastErr)
+	}
 	if lastErr != nil {
 		return fmt.Errorf("%w: deadline passed before a renewal succeeded: %w", ErrLost, lastErr)
 	}

@@ -1,0 +1,145 @@
+package fencelock
+
+import (
+	"math"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestRetriedAcquireReturnsItsOwnFence(t *testing.T) {
+	// A retry after a lost reply returns the fence issued to its token,
+	// kept in the lock's value, not the counter's current value (which
+	// another acquisition, or anything else, may have moved).
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	lease := l.newLease(uniqueName(t), time.Minute)
+	first := lease.tryAcquire(ctx)
+	require.NoError(t, first.err)
+	require.True(t, first.ok)
+	require.NoError(t, e.admin.Set(ctx, lease.keys[2], "9000000000000000000", 0).Err())
+	again := lease.tryAcquire(ctx)
+	require.NoError(t, again.err)
+	require.True(t, again.ok)
+	assert.Equal(t, first.fence, again.fence, "the fence issued to this token")
+	got, err := e.admin.Get(ctx, lease.keys[2]).Result()
+	require.NoError(t, err)
+	assert.Equal(t, "9000000000000000000", got, "a retry issues no new fence")
+}
+
+func TestFenceOverflowIsAnErrorNotADuplicate(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	name := uniqueName(t)
+	_, fenceKey := l.keys(name)
+
+	require.NoError(t, e.admin.Set(ctx, fenceKey, math.MaxInt64-1, 0).Err())
+	last, err := l.Acquire(ctx, name)
+	require.NoError(t, err)
+	assert.Equal(t, int64(math.MaxInt64), last.Fence(), "the last fence there is")
+	require.NoError(t, last.Release(ctx))
+
+	for range 2 {
+		_, err = l.Acquire(ctx, name)
+		require.ErrorIs(t, err, ErrMisconfigured, "no fence left to issue")
+		assert.NotErrorIs(t, err, ErrUnavailable)
+		assert.Contains(t, err.Error(), "maximum")
+		n, err := e.admin.Exists(ctx, last.Key()).Result()
+		require.NoError(t, err)
+		assert.Zero(t, n, "no lock is taken without a fence")
+		got, err := e.admin.Get(ctx, fenceKey).Result()
+		require.NoError(t, err)
+		assert.Equal(t, strconv.FormatInt(math.MaxInt64, 10), got, "the counter is unchanged")
+	}
+}
+
+func TestFencesIncreaseAfterTheCounterExpired(t *testing.T) {
+	// The counter is kept for FenceRetention after the name's last
+	// acquisition; fences issued after it expired are still greater,
+	// because each is floored by the server's clock.
+	e := newEnv(t, nil)
+	l := e.locker(t, &Options{FenceRetention: 100 * time.Millisecond})
+	name := uniqueName(t)
+	_, fenceKey := l.keys(name)
+	var last int64
+	for i := range 3 {
+		lease, err := l.Acquire(ctx, name)
+		require.NoError(t, err)
+		assert.Greater(t, lease.Fence(), last, "acquisition %d", i)
+		last = lease.Fence()
+		pttl, err := e.admin.PTTL(ctx, fenceKey).Result()
+		require.NoError(t, err)
+		assert.Positive(t, pttl, "the counter expires")
+		assert.LessOrEqual(t, pttl, 100*time.Millisecond)
+		require.NoError(t, lease.Release(ctx))
+		require.Eventually(t, func() bool {
+			n, err := e.admin.Exists(ctx, fenceKey).Result()
+			return err == nil && n == 0
+		}, 5*time.Second, 5*time.Millisecond, "the counter expired")
+	}
+}
+
+func TestManyNamesLeaveNothingBehind(t *testing.T) {
+	// 100 000 distinct names acquired and released (as a service locking
+	// order:<id> does): once the retention has passed, every key the library
+	// wrote is gone and Redis's memory is back at its baseline.
+	if testing.Short() {
+		t.Skip("100 000 acquisitions; skipped with -short")
+	}
+	e := newEnv(t, nil)
+	const retention = 3 * time.Second
+	l := e.locker(t, &Options{FenceRetention: retention, ReleaseTimeout: time.Second})
+	memory := func() int64 {
+		t.Helper()
+		n, err := strconv.ParseInt(e.srv.Info("memory")["used_memory"], 10, 64)
+		require.NoError(t, err)
+		return n
+	}
+	const workers = 16
+	run := func(prefix string, names int64) {
+		t.Helper()
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		errs := make(chan error, workers)
+		for range workers {
+			wg.Go(func() {
+				for i := next.Add(1); i <= names; i = next.Add(1) {
+					lease, err := l.Acquire(ctx, prefix+strconv.FormatInt(i, 10))
+					if err == nil {
+						err = lease.Release(ctx)
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+	}
+	drained := func() bool { return e.admin.DBSize(ctx).Val() == 0 }
+
+	// The baseline: the same connections, the scripts cached, nothing left.
+	run("warm-up:", 10*workers)
+	require.Eventually(t, drained, 30*time.Second, 50*time.Millisecond)
+	before := memory()
+
+	start := time.Now()
+	run("order:", 100_000)
+	elapsed := time.Since(start)
+	peakKeys, peak := e.admin.DBSize(ctx).Val(), memory()
+	require.Eventually(t, drained, 30*time.Second, 50*time.Millisecond, "every key expires after the retention")
+	after := memory()
+	t.Logf("100000 names acquired and released in %v; right after: %d keys (those of the last %v), used_memory %d bytes; "+
+		"before: %d bytes; once expired: %d bytes", elapsed.Round(time.Millisecond), peakKeys, retention, peak, before, after)
+	assert.Less(t, after-before, int64(64<<10), "memory back at its baseline (within 64 KiB)")
+}
