@@ -199,6 +199,14 @@ func advice(name string, err error) string {
 			}
 		}
 	}
+	if i := strings.Index(msg, ", with args beginning with"); i >= 0 { // the arguments: a SHA, keys, the token
+		msg = msg[:i]
+	}
+	if i := strings.Index(msg, "user_script:"); i >= 0 { // a Lua error's location: "ERR user_script:1: ..."
+		if _, after, ok := strings.Cut(msg[i:], ": "); ok {
+			msg = msg[:i] + after
+		}
+	}
 	msg = strings.TrimSuffix(strings.TrimSpace(msg), ".")
 	switch errCode(err.Error()) {
 	case "NOAUTH":
@@ -218,7 +226,11 @@ func advice(name string, err error) string {
 	if strings.Contains(strings.ToLower(msg), "unknown command") {
 		return msg + ": fencelock needs Redis 6.2 or later with scripting enabled"
 	}
-	return msg
+	if strings.Contains(msg, "not an integer") {
+		return fmt.Sprintf("%s: the fence counter of lock %q holds something else than a number: "+
+			"delete it or use another KeyPrefix", msg, name)
+	}
+	return fmt.Sprintf("%s (in the script of lock %q)", msg, name)
 }
 
 // oneLine replaces line breaks, which break line-based logs.

@@ -573,30 +573,6 @@ func TestUnreachableBeforeSend(t *testing.T) {
 	assert.Equal(t, "fencelock: redis unavailable: test: connection refused", err.Error())
 }
 
-func TestPausedServer(t *testing.T) {
-	e := newEnv(t, &redis.Options{ContextTimeoutEnabled: true, MaxRetries: -1})
-	l := e.locker(t, &Options{ReleaseTimeout: 200 * time.Millisecond})
-	name := uniqueName(t)
-	lease, err := l.Acquire(ctx, name)
-	require.NoError(t, err)
-
-	e.srv.Pause()
-	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	defer cancel()
-	start := time.Now()
-	_, err = l.Acquire(cctx, name+"-2")
-	require.ErrorIs(t, err, context.DeadlineExceeded, "no verdict before the deadline")
-	assert.NotErrorIs(t, err, ErrNotObtained, "a Redis that does not answer is not busy")
-	assert.NotErrorIs(t, err, ErrUnavailable)
-	assert.Less(t, time.Since(start), time.Second, "bounded by ctx")
-
-	cctx2, cancel2 := context.WithTimeout(ctx, 200*time.Millisecond)
-	defer cancel2()
-	assert.ErrorIs(t, lease.Extend(cctx2, time.Minute), context.DeadlineExceeded)
-	e.srv.Resume()
-	require.NoError(t, lease.Release(ctx))
-}
-
 func TestInvalidInput(t *testing.T) {
 	e := newEnv(t, nil)
 	l := e.locker(t, nil)

@@ -289,6 +289,9 @@ func TestLostLeaseStaysLost(t *testing.T) {
 				tc.lose(l, hook, lease)
 				<-workCtx.Done()
 				require.ErrorIs(t, context.Cause(workCtx), ErrLost)
+				for len(lost.get()) == 0 { // OnLost comes after the cancellation
+					time.Sleep(time.Millisecond)
+				}
 				require.Len(t, lost.get(), 1)
 				hook.set(nil, nil) // Redis is healthy again
 
