@@ -1,0 +1,213 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// tokenAPI is the external API the instances call, served on loopback: an
+// authorization endpoint that issues access tokens and a quotes endpoint
+// that accepts only the current one. Like many providers, it keeps one
+// token per client: issuing a token revokes the previous one.
+type tokenAPI struct {
+	URL      string
+	lifetime time.Duration // how long a token is accepted
+	latency  time.Duration // how long issuing a token takes
+
+	srv    *http.Server
+	served chan struct{} // closed when Serve has returned
+
+	mu      sync.Mutex
+	issued  map[string]bool // guarded by mu; every token issued
+	current string          // guarded by mu; the one token accepted, until expires
+	expires time.Time       // guarded by mu
+	calls   int             // guarded by mu; quote requests
+	refused map[string]int  // guarded by mu; quote requests refused, by reason
+}
+
+// tokenResponse is the authorization endpoint's answer (OAuth 2.0 style).
+type tokenResponse struct {
+	AccessToken string `json:"access_token"`
+	ExpiresInMS int64  `json:"expires_in_ms"`
+}
+
+// startTokenAPI serves a tokenAPI on a free loopback port until close.
+func startTokenAPI(lifetime, latency time.Duration) (*tokenAPI, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("token API: %w", err)
+	}
+	a := &tokenAPI{
+		URL: "http://" + ln.Addr().String(), lifetime: lifetime, latency: latency,
+		served: make(chan struct{}), issued: make(map[string]bool), refused: make(map[string]int),
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /oauth/token", a.issue)
+	mux.HandleFunc("GET /v1/quote", a.quote)
+	a.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		defer close(a.served)
+		_ = a.srv.Serve(ln) // ErrServerClosed after close
+	}()
+	return a, nil
+}
+
+// close stops the server and waits for it.
+func (a *tokenAPI) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = a.srv.Shutdown(ctx)
+	<-a.served
+}
+
+func (a *tokenAPI) issue(w http.ResponseWriter, r *http.Request) {
+	select { // a real authorization server takes a while
+	case <-time.After(a.latency):
+	case <-r.Context().Done():
+		return
+	}
+	a.mu.Lock()
+	tok := "tok-" + strconv.Itoa(len(a.issued)+1)
+	a.issued[tok] = true
+	a.current, a.expires = tok, time.Now().Add(a.lifetime) // the previous token is revoked
+	a.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(tokenResponse{AccessToken: tok, ExpiresInMS: a.lifetime.Milliseconds()})
+}
+
+func (a *tokenAPI) quote(w http.ResponseWriter, r *http.Request) {
+	tok, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	a.mu.Lock()
+	a.calls++
+	var reason string
+	switch {
+	case !a.issued[tok]:
+		reason = "unknown token"
+	case tok != a.current:
+		reason = "revoked"
+	case !time.Now().Before(a.expires):
+		reason = "expired"
+	}
+	if reason != "" {
+		a.refused[reason]++
+	}
+	a.mu.Unlock()
+	if reason != "" {
+		http.Error(w, reason, http.StatusUnauthorized)
+		return
+	}
+	_, _ = w.Write([]byte(`{"quote": 42}`))
+}
+
+// APIStats is what the token API counted.
+type APIStats struct {
+	Issued  int            // tokens issued
+	Calls   int            // quote requests
+	Refused map[string]int // quote requests refused (401), by reason
+}
+
+// String describes the refusals: "0 refused", "25 refused (revoked 25)".
+func (s APIStats) String() string {
+	if s.Failed() == 0 {
+		return "0 refused"
+	}
+	reasons := slices.Sorted(maps.Keys(s.Refused))
+	for i, r := range reasons {
+		reasons[i] = fmt.Sprintf("%s %d", r, s.Refused[r])
+	}
+	return fmt.Sprintf("%d refused (%s)", s.Failed(), strings.Join(reasons, ", "))
+}
+
+// Failed returns the number of refused quote requests.
+func (s APIStats) Failed() int {
+	n := 0
+	for _, c := range s.Refused {
+		n += c
+	}
+	return n
+}
+
+// stats returns the counts so far.
+func (a *tokenAPI) stats() APIStats {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return APIStats{Issued: len(a.issued), Calls: a.calls, Refused: maps.Clone(a.refused)}
+}
+
+// apiClient is one instance's client of the token API.
+type apiClient struct {
+	base string
+	http *http.Client
+}
+
+func newAPIClient(base string) *apiClient {
+	return &apiClient{base: base, http: &http.Client{Transport: &http.Transport{}, Timeout: 5 * time.Second}}
+}
+
+// close closes the client's idle connections.
+func (c *apiClient) close() { c.http.CloseIdleConnections() }
+
+// token asks the authorization endpoint for a new token, which revokes the
+// previous one.
+func (c *apiClient) token(ctx context.Context) (tok string, expires time.Time, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/oauth/token", nil)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return "", time.Time{}, fmt.Errorf("token API: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return "", time.Time{}, fmt.Errorf("token API: %s", resp.Status)
+	}
+	var tr tokenResponse
+	if err := json.NewDecoder(resp.Body).Decode(&tr); err != nil {
+		return "", time.Time{}, fmt.Errorf("token API: %w", err)
+	}
+	// The provider's clock is not ours: count the lifetime from the answer.
+	return tr.AccessToken, time.Now().Add(time.Duration(tr.ExpiresInMS) * time.Millisecond), nil
+}
+
+// errRefused is a quote request refused with 401: the token was revoked or
+// has expired.
+var errRefused = errors.New("401 unauthorized")
+
+// quote calls the API with tok. It returns an error wrapping errRefused,
+// with the reason, when the API refuses the token.
+func (c *apiClient) quote(ctx context.Context, tok string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/quote", nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+tok)
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("quote API: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1024))
+	if err != nil {
+		return fmt.Errorf("quote API: %w", err)
+	}
+	switch resp.StatusCode {
+	case http.StatusOK:
+		return nil
+	case http.StatusUnauthorized:
+		return fmt.Errorf("%w: %s", errRefused, strings.TrimSpace(string(body)))
+	default:
+		return fmt.Errorf("quote API: %s", resp.Status)
+	}
+}
