@@ -79,10 +79,10 @@ func TestRing(t *testing.T) {
 	}
 	// One subscription connection per shard, not per name.
 	require.Eventually(t, func() bool {
-		l.waits.mu.Lock()
-		defer l.waits.mu.Unlock()
+		waitsOf(l).mu.Lock()
+		defer waitsOf(l).mu.Unlock()
 		confirmed := 0
-		for _, h := range l.waits.hubs {
+		for _, h := range waitsOf(l).hubs {
 			confirmed += len(h.confirmed)
 		}
 		return confirmed == len(held)

@@ -141,3 +141,9 @@ func (e *env) locker(t *testing.T, opts *Options) *Locker {
 	t.Cleanup(func() { _ = l.Close() })
 	return l
 }
+
+// waitsOf returns the notifier of a Locker made by New.
+func waitsOf(l *Locker) *notifier { return l.b.(*deployment).waits }
+
+// clientOf returns the client of a Locker made by New.
+func clientOf(l *Locker) redis.UniversalClient { return l.b.(*deployment).client }

@@ -175,11 +175,7 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration, byWatchdog bool, 
 	ec.sent, ec.ttl = start, ttl
 	l.mu.Unlock()
 
-	run := extendScript.Run
-	if byWatchdog {
-		run = extendScript.Eval
-	}
-	code, err := run(ctx, l.locker.client, l.keys[:1], l.tokenArg, ttlMillis(ttl)).Int64()
+	code, err := l.locker.b.extend(ctx, l, ttl, byWatchdog)
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -391,24 +387,15 @@ func (l *Lease) release(ctx context.Context) error {
 
 // Release script modes.
 const (
-	modeRelease = "r"
-	modeAbandon = "a"
+	modeRelease       = "r"
+	modeAbandon       = "a"
+	modeQuorumRelease = "q"
 )
 
 // runRelease runs the release script in mode; perr is set when the lock was
 // deleted but the wake-up could not be published.
 func (l *Lease) runRelease(ctx context.Context, mode string) (code int64, perr, err error) {
-	markerTTL := l.locker.releaseTimeoutMillis
-	if mode == modeAbandon {
-		// A late attempt is refused for as long as its lock would live.
-		markerTTL = ttlMillis(max(l.ttl, l.locker.opts.ReleaseTimeout))
-	}
-	reply, err := releaseScript.Run(ctx, l.locker.client, l.keys[:2], l.tokenArg,
-		l.locker.channel(l.keys[0]), mode, markerTTL).Result()
-	if err != nil {
-		return 0, nil, err
-	}
-	return decodeRelease(reply)
+	return l.locker.b.release(ctx, l, mode)
 }
 
 func (l *Lease) doneErr() error {

@@ -9,7 +9,6 @@ import (
 	mathrand "math/rand/v2"
 	"net"
 	"reflect"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,12 +22,10 @@ import (
 // use; create one per client and share it. The zero Locker is not usable:
 // its methods return an error matching ErrInvalid.
 type Locker struct {
-	client redis.UniversalClient
-	opts   Options
-	clock  Clock
-	waits  *notifier
-	dbTag  string // appended to wake-up channels: "" on database 0, "@<db>" on others
-	bg     tasks
+	b     backend
+	opts  Options
+	clock Clock
+	bg    tasks
 
 	releaseTimeoutMillis any // opts.ReleaseTimeout in ms, boxed once for the scripts' ARGV
 	retentionMillis      any // opts.FenceRetention in ms, boxed once
@@ -55,17 +52,18 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Locker{
-		client:               client,
+	l := newLocker(o)
+	l.b = newDeployment(l, client)
+	return l, nil
+}
+
+func newLocker(o Options) *Locker {
+	return &Locker{
 		opts:                 o,
 		clock:                o.Clock,
-		dbTag:                dbTag(client),
 		releaseTimeoutMillis: ttlMillis(o.ReleaseTimeout),
 		retentionMillis:      ttlMillis(o.FenceRetention),
 	}
-	l.waits = newNotifier(client, o.Logger)
-	client.AddHook(dialWatch{l})
-	return l, nil
 }
 
 // dialWatch is a go-redis hook that records the client's failed dials and
@@ -116,18 +114,18 @@ func (l *Locker) dialErrorSince(seen int64) error {
 // that waits polls instead of being woken by releases. Close does not close
 // the Redis client. It always returns nil.
 func (l *Locker) Close() error {
-	if l == nil || l.waits == nil {
+	if l == nil || l.b == nil {
 		return nil
 	}
-	l.waits.close()
+	l.b.close()
 	l.bg.close()
 	return nil
 }
 
 // usable returns an ErrInvalid error for a nil or zero Locker.
 func (l *Locker) usable() error {
-	if l == nil || l.client == nil {
-		return invalidf("Locker not created with New")
+	if l == nil || l.b == nil {
+		return invalidf("Locker not created with New or NewRedlock")
 	}
 	return nil
 }
@@ -138,22 +136,6 @@ func isNil(c redis.UniversalClient) bool {
 	}
 	v := reflect.ValueOf(c)
 	return v.Kind() == reflect.Pointer && v.IsNil()
-}
-
-// dbTag tells wake-up channels of different databases apart: pub/sub
-// channels are shared by all databases of a server.
-func dbTag(c redis.UniversalClient) string {
-	var db int
-	switch c := c.(type) {
-	case *redis.Client:
-		db = c.Options().DB
-	case *redis.Ring:
-		db = c.Options().DB
-	}
-	if db == 0 {
-		return ""
-	}
-	return "@" + strconv.Itoa(db)
 }
 
 // keys returns the lock key and the fence counter key of name. They share the
@@ -292,14 +274,6 @@ func hexUUID(dst *[36]byte, u *uuid.UUID) {
 // busy is the verdict of an attempt that found the lock held by another.
 var busy = ErrNotObtained
 
-// attempt is the outcome of one try of the acquire script.
-type attempt struct {
-	ok    bool
-	fence int64
-	pttl  time.Duration // the holder's, when busy; -1: no expiry
-	err   error
-}
-
 // acquire runs Acquire's attempts for lease.
 func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration) (*Lease, error) {
 	log := l.opts.Logger
@@ -341,7 +315,7 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration) 
 		}
 		start := l.clock.Now()
 		dials := l.dialFailures.Load()
-		a, done := call(l, ctx.Done(), nil, func() attempt { return lease.tryAcquire(ctx) }, nil)
+		a, done := call(l, ctx.Done(), nil, func() attempt { return l.b.acquire(ctx, lease) }, nil)
 		if !done || (a.err != nil && (classify(a.err) == classNoVerdict || (ctxErr(ctx) != nil && isTimeout(a.err)))) {
 			// ctx ended with the attempt in flight or cut short, before
 			// Redis gave a verdict: it may have reached Redis. Unless
@@ -355,11 +329,11 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration) 
 		switch {
 		case a.err != nil:
 			verdict = callError(lease.name, a.err)
-			if classify(a.err) == classMisconfigured {
-				return giveUp() // the script was refused before it took the lock
-			}
-			if !notSent(a.err) {
+			if !notSent(a.err) || a.retire {
 				unsure = true
+			}
+			if classify(a.err) == classMisconfigured {
+				return giveUp() // refused: retrying does not help
 			}
 		case a.ok:
 			deadline := start.Add(lease.ttl - drift(lease.ttl))
@@ -390,6 +364,14 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration) 
 		default:
 			verdict = busy
 		}
+		if a.retire {
+			// The try may hold the lock on some nodes of a quorum without
+			// having got it: give those back now, and try again with a new
+			// token, which that clean-up cannot touch.
+			l.abandon(lease)
+			lease = l.newLease(lease.name, lease.ttl)
+			unsure = false
+		}
 		now := l.clock.Now()
 		if wait == 0 || !now.Before(waitEnd) {
 			return giveUp()
@@ -398,7 +380,7 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration) 
 			// Wake-ups from now on: the subscription is made in the
 			// background, and its confirmation wakes w for another try, so
 			// that a release before it is not missed.
-			w = l.waits.register(l.channel(lease.keys[0]))
+			w = l.b.register(lease.keys[0])
 		}
 		var wake <-chan struct{}
 		if w != nil {
@@ -418,31 +400,6 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration) 
 			t.Stop()
 		}
 	}
-}
-
-// tryAcquire runs the acquire script once.
-func (l *Lease) tryAcquire(ctx context.Context) attempt {
-	reply, err := acquireScript.Run(ctx, l.locker.client, l.keys[:], l.tokenArg,
-		ttlMillis(l.ttl), l.locker.retentionMillis).Result()
-	if err != nil {
-		return attempt{err: err}
-	}
-	ok, val, err := decodeAcquire(reply)
-	if err != nil {
-		return attempt{err: err}
-	}
-	if ok {
-		return attempt{ok: true, fence: val}
-	}
-	return attempt{pttl: time.Duration(val) * time.Millisecond}
-}
-
-// channel returns the wake-up channel of the lock key.
-func (l *Locker) channel(key string) string {
-	if l.dbTag == "" {
-		return key
-	}
-	return key + l.dbTag
 }
 
 // abandon makes what the attempts of an Acquire that gave up may have done

@@ -241,7 +241,7 @@ func TestRenewalDoesNotUndoConcurrentExtend(t *testing.T) {
 		require.NoError(t, <-extended)
 		time.Sleep(50 * time.Millisecond)
 
-		pttl, err := l.client.PTTL(ctx, lease.Key()).Result()
+		pttl, err := clientOf(l).PTTL(ctx, lease.Key()).Result()
 		require.NoError(t, err)
 		assert.LessOrEqual(t, pttl, 600*time.Millisecond, "the server's TTL after Extend(600ms)")
 		assert.LessOrEqual(t, time.Until(lease.Deadline()), 600*time.Millisecond, "Deadline after Extend(600ms)")
@@ -275,7 +275,7 @@ func TestLostLeaseStaysLost(t *testing.T) {
 		}},
 		{"deleted", func(l *Locker, _ *faultHook, lease *Lease) {
 			// The next renewal finds the lock gone.
-			_ = l.client.Del(ctx, lease.Key()).Err()
+			_ = clientOf(l).Del(ctx, lease.Key()).Err()
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

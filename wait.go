@@ -53,6 +53,7 @@ type waiter struct {
 	n       *notifier
 	channel string
 	wake    chan struct{} // buffered: a pending wake-up
+	also    []*waiter     // the same call's registrations on the other nodes of a quorum
 }
 
 // hubLinger is how long a hub stays open after its last waiter left, so that a
@@ -77,10 +78,14 @@ func newNotifier(client redis.UniversalClient, log *slog.Logger) *notifier {
 }
 
 // register adds a waiter on channel and returns at once; it returns nil
-// after close. The waiter is woken when its channel's subscription is
-// confirmed (at once if it already was), and on every release.
-func (n *notifier) register(channel string) *waiter {
-	w := &waiter{n: n, channel: channel, wake: make(chan struct{}, 1)}
+// after close. The waiter is woken, on wake if not nil, when its channel's
+// subscription is confirmed (at once if it already was), and on every
+// release.
+func (n *notifier) register(channel string, wake chan struct{}) *waiter {
+	if wake == nil {
+		wake = make(chan struct{}, 1)
+	}
+	w := &waiter{n: n, channel: channel, wake: wake}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed {
@@ -106,6 +111,9 @@ func (n *notifier) register(channel string) *waiter {
 // leave deregisters w; it never blocks on Redis. The last waiter on a channel
 // has its hub unsubscribe it.
 func (w *waiter) leave() {
+	for _, o := range w.also {
+		o.leave()
+	}
 	n := w.n
 	n.mu.Lock()
 	defer n.mu.Unlock()

@@ -180,7 +180,7 @@ func TestMiniredisFallsBackToClassicPubSub(t *testing.T) {
 	m, l := newMini(t)
 	l2, err := New(redis.NewClient(&redis.Options{Addr: m.Addr()}), slowPolling)
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = l2.Close(); _ = l2.client.Close() })
+	t.Cleanup(func() { _ = l2.Close(); _ = clientOf(l2).Close() })
 	held, err := l.Acquire(ctx, "job", WithTTL(time.Minute))
 	require.NoError(t, err)
 	got := waitInBackground(l2, "job")
@@ -192,7 +192,7 @@ func TestMiniredisFallsBackToClassicPubSub(t *testing.T) {
 func TestSubscriptionLingersThenCloses(t *testing.T) {
 	e := newEnv(t, nil)
 	l := e.locker(t, slowPolling)
-	l.waits.linger = 300 * time.Millisecond
+	waitsOf(l).linger = 300 * time.Millisecond
 
 	var hubs []*hub
 	wait := func() {
@@ -201,9 +201,9 @@ func TestSubscriptionLingersThenCloses(t *testing.T) {
 		require.NoError(t, err)
 		got := waitInBackground(l, "linger")
 		require.Eventually(t, func() bool { return pubsubClients(t, e) == 1 }, 5*time.Second, time.Millisecond)
-		l.waits.mu.Lock()
-		hubs = append(hubs, l.waits.hubs[""])
-		l.waits.mu.Unlock()
+		waitsOf(l).mu.Lock()
+		hubs = append(hubs, waitsOf(l).hubs[""])
+		waitsOf(l).mu.Unlock()
 		time.Sleep(10 * time.Millisecond)
 		require.NoError(t, held.Release(ctx))
 		requireObtained(t, got, 5*time.Second, "not woken")
@@ -218,9 +218,9 @@ func TestSubscriptionLingersThenCloses(t *testing.T) {
 
 // openHubs returns how many subscription connections l has open.
 func openHubs(l *Locker) int {
-	l.waits.mu.Lock()
-	defer l.waits.mu.Unlock()
-	return len(l.waits.hubs)
+	waitsOf(l).mu.Lock()
+	defer waitsOf(l).mu.Unlock()
+	return len(waitsOf(l).hubs)
 }
 
 func TestCancelWhileSubscriptionHangs(t *testing.T) {

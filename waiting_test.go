@@ -161,7 +161,7 @@ func TestClusterWaitersShareOneConnectionPerNode(t *testing.T) {
 	l, err := New(client, &Options{MinRetryBackoff: time.Minute, MaxRetryBackoff: time.Minute})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close() })
-	l.waits.linger = 300 * time.Millisecond
+	waitsOf(l).linger = 300 * time.Millisecond
 
 	const names = 1000
 	held := make([]*Lease, names)
