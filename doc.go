@@ -159,6 +159,54 @@
 // queued: when a lock is released, all of its waiters wake and one of them
 // wins.
 //
+// # Redlock
+//
+// NewRedlock keeps each lock on N independent Redis deployments (typically
+// 5) and holds it when a quorum, N/2+1, granted it within its validity: TTL
+// minus the time the grants took minus the drift allowance. The lease is
+// the same as New's: Deadline is the request's start + TTL − drift, the
+// watchdog renews on every node and needs a quorum, Release goes to every
+// node, a release on any node wakes the waiters. Calls to the nodes run in
+// parallel, each bounded, so that a hung node holds nothing up; a minority
+// down or hung is not an outage (FailOpen opens only without a quorum). A
+// node that lost the lock (restarted empty) gets it back at the next
+// renewal, where it is free, so that a lease does not shrink to a bare
+// quorum. An attempt that got no quorum gives back what it took at once
+// and the next attempt uses a new token, so that this clean-up never
+// touches what a later attempt was granted; releases and clean-ups retire
+// the token on every node, so that a grant still on its way to a slow node
+// cannot take the lock after it.
+//
+// Fences stay ordered without trusting clocks. Acquisition has two phases:
+// every node grants the lock and returns its fence counter and its TIME;
+// the fence is one more than the largest counter of the granting quorum,
+// and at least the largest TIME; then it is written to the counter
+// (max(counter, fence)) and to the lock's value on a quorum, on each node
+// only while the lock is still this lease's there, before Acquire returns.
+// Any two quorums share a node, so an Acquire that begins after another
+// has returned reads, on that node, a counter at least the other's fence,
+// and gets a greater one. This costs one more round trip than New (two in
+// parallel per node, instead of one).
+//
+// What it rests on, and what breaks it:
+//
+//	guarantee                                  rests on                               broken by
+//	one holder at a time (efficiency)          the TTL running at the same rate on    a process pause (GC, SIGSTOP), a node
+//	                                           the client and the nodes (drift)       restarted empty at once while the lock
+//	                                                                                  is held (it grants the lock again),
+//	                                                                                  clocks faster than the drift allowance
+//	fences ordered with the acquisitions       the nodes keeping their data:          a node of both quorums restarted
+//	                                           counters live for FenceRetention       without persistence: then only the
+//	                                           after the last acquisition             TIME floor orders fences, which rests
+//	                                                                                  on the nodes' clocks not stepping back
+//	a paused or cut-off holder's writes        the resource checking the fence        nothing the lock controls
+//	rejected
+//
+// Run the nodes with persistence (appendfsync always), or keep a crashed
+// node down for longer than the longest TTL before restarting it empty, as
+// the Redlock algorithm asks; and pass the fence to the resource, which is
+// what keeps the data right when the lock alone cannot.
+//
 // # Redis clients
 //
 // A Locker accepts any go-redis v9 UniversalClient: standalone, Sentinel

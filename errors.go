@@ -124,6 +124,10 @@ var transient = map[string]bool{
 
 // classify tells what err, returned by a Redis call, means.
 func classify(err error) errClass {
+	var qe *quorumError
+	if errors.As(err, &qe) {
+		return qe.class
+	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		var op *net.OpError
 		if !errors.As(err, &op) { // a context's own error, not a network timeout
@@ -254,6 +258,15 @@ func isTimeout(err error) bool {
 // server became unreachable, counts as not sent; the server then was going
 // away, and a lock it took expires after its TTL.
 func notSent(err error) bool {
+	var qe *quorumError
+	if errors.As(err, &qe) { // not sent to any node
+		for _, e := range qe.errs {
+			if !notSent(e) {
+				return false
+			}
+		}
+		return len(qe.errs) > 0
+	}
 	if errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed) {
 		return true
 	}

@@ -6,13 +6,15 @@
 -- ARGV[1]  token
 -- ARGV[2]  wake-up channel: the lock key, plus the database number on a
 --          database other than 0 (channels are not per database)
--- ARGV[3]  'r' to release a lease, 'a' to abandon an Acquire that gave up
+-- ARGV[3]  'r' to release a lease, 'a' to abandon an Acquire that gave up,
+--          'q' to release a lease on one node of a Redlock quorum
 -- ARGV[4]  how long the marker is kept, milliseconds
 --
--- The marker makes a release resent after a lost reply report what the
--- first one did ('r': written when the lock is deleted), and a late copy of
--- an abandoned acquire attempt refuse to take the lock ('a': always
--- written; acquire.lua checks it).
+-- The marker retires the token. Written as 'r' whenever the lock is
+-- deleted, it makes a release resent after a lost reply report what the
+-- first one did. Written as 'a' where the lock was not this token's, for
+-- 'a' and 'q', it makes a late copy of an acquire request (acquire.lua,
+-- redlock_grant.lua) refuse to take the lock.
 --
 -- Returns 1 when the lock was ours and is now deleted (by this call or, per
 -- the marker, an earlier one), 0 when it does not exist (expired or
@@ -37,8 +39,10 @@ elseif held then
 else
 	code = 0
 end
-if ARGV[3] == 'a' or code == 1 then
-	redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
+if code == 1 then
+	redis.call('SET', KEYS[2], 'r', 'PX', ARGV[4])
+elseif ARGV[3] ~= 'r' then
+	redis.call('SET', KEYS[2], 'a', 'PX', ARGV[4])
 end
 if code ~= 1 then
 	return code

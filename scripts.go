@@ -24,6 +24,14 @@ var (
 	//go:embed extend.lua
 	extendLua    string
 	extendScript = redis.NewScript(extendLua)
+
+	//go:embed redlock_grant.lua
+	grantLua    string
+	grantScript = redis.NewScript(grantLua)
+
+	//go:embed redlock_fence.lua
+	setFenceLua    string
+	setFenceScript = redis.NewScript(setFenceLua)
 )
 
 // errRetired is the acquire script's refusal of a token whose Acquire gave

@@ -1,0 +1,499 @@
+package fencelock
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// NewRedlock returns a Locker whose locks are held on a majority of
+// independent Redis deployments: the Redlock algorithm, with fencing
+// tokens that stay ordered. Its leases are used exactly as New's are (the
+// same Acquire, RunWithLock, Lease methods, options and errors); see the
+// package documentation (Redlock) for what it guarantees and what it rests
+// on.
+//
+// A lock is held when a quorum of len(clients)/2+1 deployments granted it
+// within its validity (TTL minus the time the grants took minus the drift
+// allowance). Use an odd number of deployments: four tolerate the loss of
+// one, as three do, with one more to lose; five tolerate two. The clients
+// must reach independent deployments (not replicas of one another, not
+// nodes of one Cluster), or a single failure can take a quorum with it.
+//
+// It returns an error matching ErrInvalid, and makes no Redis call, for no
+// clients, a nil client, the same client twice, or an option it cannot
+// honour. New's dial hook (see New) is added to every client.
+func NewRedlock(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
+	if len(clients) == 0 {
+		return nil, invalidf("no redis clients")
+	}
+	for i, c := range clients {
+		if isNil(c) {
+			return nil, invalidf("redis client %d is nil", i)
+		}
+		for j := range i {
+			if clients[j] == c {
+				return nil, invalidf("redis clients %d and %d are the same client", j, i)
+			}
+		}
+	}
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	l := newLocker(o)
+	q := &quorum{l: l, n: len(clients)/2 + 1}
+	for i, c := range clients {
+		d := newDeployment(l, c)
+		d.name = "node " + strconv.Itoa(i)
+		if rc, ok := c.(*redis.Client); ok {
+			d.name += " (" + rc.Options().Addr + ")"
+		}
+		q.nodes = append(q.nodes, d)
+	}
+	l.b = q
+	return l, nil
+}
+
+// A quorum is the backend of NewRedlock: every call goes to all nodes in
+// parallel, each bounded so that a hung node cannot hold the others up, and
+// counts when n of them agree.
+type quorum struct {
+	l     *Locker
+	nodes []*deployment
+	n     int // how many nodes make a quorum
+}
+
+var _ backend = (*quorum)(nil)
+
+// quorumError is the error of a call that did not get a quorum: its class
+// is the verdict on the whole (busy nodes are not an outage; a minority
+// unreachable is not one either).
+type quorumError struct {
+	class errClass
+	msg   string
+	errs  []error
+}
+
+func (e *quorumError) Error() string   { return e.msg }
+func (e *quorumError) Unwrap() []error { return e.errs }
+
+// each runs f on every node in parallel, on goroutines the Locker tracks,
+// with a context bounded by timeout, and returns their results. The context
+// ends when every call has returned, not when the caller stops reading: a
+// node that answers late still gets the call (a straggler's grant is part
+// of the lease, released with it). With detach, the calls do not end with
+// ctx either.
+func each[T any](ctx context.Context, q *quorum, timeout time.Duration, detach bool, f func(ctx context.Context, i int, d *deployment) T) *results[T] {
+	base := ctx
+	if detach { // the calls go on when ctx ends; the reader stops
+		base = context.WithoutCancel(ctx)
+	}
+	nctx, cancel := context.WithTimeout(base, timeout)
+	var left atomic.Int32
+	left.Store(int32(len(q.nodes)))
+	returned := func() {
+		if left.Add(-1) == 0 {
+			cancel()
+		}
+	}
+	r := &results[T]{ch: make(chan T, len(q.nodes)), ctx: ctx, timer: time.NewTimer(timeout)}
+	for i, d := range q.nodes {
+		q.l.bg.add()
+		go func() {
+			defer q.l.bg.finish()
+			defer returned()
+			r.ch <- f(nctx, i, d)
+		}()
+	}
+	return r
+}
+
+// results are the nodes' results of each, as they come.
+type results[T any] struct {
+	ch    chan T // buffered: no node's goroutine waits for the reader
+	ctx   context.Context
+	timer *time.Timer
+}
+
+// next returns the next result, or false once the timeout has passed or the
+// caller's context has ended.
+func (r *results[T]) next() (T, bool) {
+	select {
+	case v := <-r.ch:
+		return v, true
+	default:
+	}
+	select {
+	case v := <-r.ch:
+		return v, true
+	case <-r.timer.C:
+	case <-r.ctx.Done():
+	}
+	var zero T
+	return zero, false
+}
+
+func (r *results[T]) stop() { r.timer.Stop() }
+
+// nodeGrant is one node's reply to redlock_grant.lua.
+type nodeGrant struct {
+	node    int
+	ok      bool
+	pttl    time.Duration // the holder's, when busy
+	counter int64         // the node's fence counter
+	time    int64         // the node's TIME, microseconds
+	err     error
+}
+
+func (d *deployment) grant(ctx context.Context, lease *Lease, ttl time.Duration, fence int64) nodeGrant {
+	reply, err := grantScript.Run(ctx, d.client, lease.keys[:], lease.tokenArg,
+		ttlMillis(ttl), strconv.FormatInt(fence, 10)).Result()
+	if err != nil {
+		return nodeGrant{err: err}
+	}
+	arr, _ := reply.([]any)
+	flag := int64(-1)
+	if len(arr) > 0 {
+		flag, _ = arr[0].(int64)
+	}
+	switch {
+	case flag == 1 && len(arr) == 3:
+		c, _ := arr[1].(string)
+		t, _ := arr[2].(string)
+		counter, err1 := strconv.ParseInt(c, 10, 64)
+		now, err2 := strconv.ParseInt(t, 10, 64)
+		if err1 == nil && err2 == nil {
+			return nodeGrant{ok: true, counter: counter, time: now}
+		}
+	case flag == 0 && len(arr) == 2:
+		if pttl, isInt := arr[1].(int64); isInt {
+			return nodeGrant{pttl: time.Duration(pttl) * time.Millisecond}
+		}
+	case flag == 2 && len(arr) == 1:
+		return nodeGrant{err: errRetired}
+	}
+	return nodeGrant{err: fmt.Errorf("%w from the grant script: %v", errReply, reply)}
+}
+
+// acquire takes the lock on a quorum and issues its fence, in two phases:
+//
+//  1. every node grants the lock (SET NX) and returns its fence counter and
+//     its TIME;
+//  2. the fence, one more than the largest counter of the granting quorum
+//     and at least the largest TIME, is written to the counter
+//     (max(counter, fence)) and to the lock's value on a quorum, on each
+//     node only while the lock is still this token's there.
+//
+// Any two quorums share a node, so an acquisition that begins after this
+// one has returned reads a counter at least this fence in phase 1, and gets
+// a greater one (see the package documentation for what this rests on).
+// The lease exists when phase 2 reached a quorum within the validity.
+func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
+	validity := lease.ttl - drift(lease.ttl)
+	start := q.l.clock.Now()
+	// A grant after the validity is of no use.
+	grants := each(ctx, q, validity, false, func(ctx context.Context, i int, d *deployment) nodeGrant {
+		g := d.grant(ctx, lease, lease.ttl, 0)
+		g.node = i
+		return g
+	})
+	defer grants.stop()
+	var ok, busy, failed []nodeGrant
+	for len(ok) < q.n && len(busy)+len(failed) <= len(q.nodes)-q.n && len(ok)+len(busy)+len(failed) < len(q.nodes) {
+		g, more := grants.next()
+		if !more {
+			break
+		}
+		switch {
+		case g.ok:
+			ok = append(ok, g)
+		case g.err != nil:
+			failed = append(failed, g)
+		default:
+			busy = append(busy, g)
+		}
+	}
+	if err := ctx.Err(); err != nil && len(failed) == 0 {
+		return attempt{err: err, retire: true} // no verdict
+	}
+	if len(ok) < q.n {
+		return q.refused(lease, ok, busy, failed)
+	}
+
+	// Phase 2.
+	var fence, maxCounter, maxTime int64
+	for _, g := range ok {
+		maxCounter, maxTime = max(maxCounter, g.counter), max(maxTime, g.time)
+	}
+	if maxCounter == math.MaxInt64 {
+		return attempt{retire: true, err: &quorumError{class: classMisconfigured,
+			msg: "the fence counters are at their maximum (9223372036854775807): delete them; fences go on from the servers' time"}}
+	}
+	fence = max(maxCounter+1, maxTime)
+	fenceArg := strconv.FormatInt(fence, 10)
+	granted := make([]bool, len(q.nodes))
+	for _, g := range ok {
+		granted[g.node] = true
+	}
+	type set struct {
+		node int
+		ok   bool
+		err  error
+	}
+	sets := each(ctx, q, start.Add(validity).Sub(q.l.clock.Now()), false, func(ctx context.Context, i int, d *deployment) set {
+		if !granted[i] {
+			return set{node: i}
+		}
+		n, err := setFenceScript.Run(ctx, d.client, []string{lease.keys[0], lease.keys[2]}, lease.tokenArg,
+			fenceArg, q.l.retentionMillis).Int64()
+		return set{node: i, ok: err == nil && n == 1, err: err}
+	})
+	defer sets.stop()
+	var recorded int
+	var errs []error
+	for range q.nodes {
+		s, more := sets.next()
+		if !more {
+			break
+		}
+		if s.ok {
+			recorded++
+		} else if s.err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", q.nodes[s.node].name, s.err))
+		}
+		if recorded >= q.n {
+			break
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return attempt{err: err, retire: true}
+	}
+	if recorded < q.n || !q.l.clock.Now().Before(start.Add(validity)) {
+		return attempt{retire: true, err: &quorumError{class: classUnavailable,
+			msg:  fmt.Sprintf("the fence reached %d of %d nodes within the lock's validity %v", recorded, len(q.nodes), validity),
+			errs: errs}}
+	}
+	return attempt{ok: true, fence: fence}
+}
+
+// refused is the outcome of an attempt that got no quorum: busy when enough
+// nodes are held by another, misconfigured when refusals make a quorum
+// impossible, unavailable otherwise. The nodes that granted it are given
+// back (retire), and so are those that did not answer.
+func (q *quorum) refused(lease *Lease, ok, busy, failed []nodeGrant) attempt {
+	retire := len(ok) > 0
+	var misconfigured int
+	var errs []error
+	var parts []string
+	for _, g := range failed {
+		if classify(g.err) == classMisconfigured {
+			misconfigured++
+		}
+		if !notSent(g.err) {
+			retire = true
+		}
+		errs = append(errs, g.err)
+		parts = append(parts, q.nodes[g.node].name+": "+oneLine(g.err.Error()))
+	}
+	answered := len(ok) + len(busy) + len(failed)
+	if answered < len(q.nodes) {
+		retire = true // a node that did not answer may grant it yet
+	}
+	spare := len(q.nodes) - q.n // how many nodes a quorum can do without
+	if len(busy) > spare {
+		pttls := make([]time.Duration, 0, len(busy))
+		for _, g := range busy {
+			if g.pttl < 0 {
+				g.pttl = math.MaxInt64 // no expiry
+			}
+			pttls = append(pttls, g.pttl)
+		}
+		slices.Sort(pttls)
+		// The lock is free on a quorum once this many of the busy nodes
+		// have let it expire.
+		k := q.n - (len(q.nodes) - len(busy))
+		pttl := pttls[max(k, 1)-1]
+		if pttl == math.MaxInt64 {
+			pttl = -1
+		}
+		return attempt{pttl: pttl, retire: retire}
+	}
+	class := classUnavailable
+	if misconfigured > 0 && len(busy)+misconfigured > spare {
+		class = classMisconfigured
+	}
+	msg := fmt.Sprintf("%d of %d nodes granted the lock, %d needed", len(ok), len(q.nodes), q.n)
+	if len(busy) > 0 {
+		msg += fmt.Sprintf(", %d held by another", len(busy))
+	}
+	if missing := len(q.nodes) - answered; missing > 0 {
+		msg += fmt.Sprintf(", %d did not answer within the lock's validity", missing)
+	}
+	if len(parts) > 0 {
+		msg += ": " + strings.Join(parts, "; ")
+	}
+	return attempt{retire: retire, err: &quorumError{class: class, msg: msg, errs: errs}}
+}
+
+func (q *quorum) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
+	type ext struct {
+		node int
+		code int64
+		err  error
+	}
+	// A node that answers after the quorum did is still extended: the
+	// caller's context ends when the quorum answered, not its call.
+	exts := each(ctx, q, ttl-drift(ttl), true, func(ctx context.Context, i int, d *deployment) ext {
+		code, err := d.extend(ctx, lease, ttl, renewal)
+		return ext{node: i, code: code, err: err}
+	})
+	defer exts.stop()
+	var ours, other, gone int
+	var absent []int
+	var errs []error
+	var parts []string
+	for range q.nodes {
+		e, more := exts.next()
+		if !more {
+			break
+		}
+		switch {
+		case e.err != nil:
+			errs = append(errs, e.err)
+			parts = append(parts, q.nodes[e.node].name+": "+oneLine(e.err.Error()))
+		case e.code == 1:
+			ours++
+		case e.code == 0:
+			gone++
+			absent = append(absent, e.node)
+		default:
+			other++
+		}
+		if ours >= q.n || other+gone > len(q.nodes)-q.n {
+			break
+		}
+	}
+	switch {
+	case ours >= q.n:
+		// Held on a quorum: put the lock back on the nodes that lost it
+		// (restarted empty), so that the lease does not shrink to a bare
+		// quorum. A repair that comes after Release finds the token
+		// retired.
+		for _, i := range absent {
+			d := q.nodes[i]
+			q.l.bg.goBackground(func(<-chan struct{}) {
+				rctx, cancel := context.WithTimeout(context.Background(), q.l.opts.ReleaseTimeout)
+				defer cancel()
+				_ = d.grant(rctx, lease, ttl, lease.fence)
+			})
+		}
+		return 1, nil
+	case other+gone > len(q.nodes)-q.n:
+		if other > 0 {
+			return -1, nil
+		}
+		return 0, nil
+	case ctx.Err() != nil:
+		return 0, ctx.Err()
+	}
+	msg := fmt.Sprintf("the lock's expiry was set on %d of %d nodes, %d needed", ours, len(q.nodes), q.n)
+	if len(parts) > 0 {
+		msg += ": " + strings.Join(parts, "; ")
+	}
+	return 0, &quorumError{class: classUnavailable, msg: msg, errs: errs}
+}
+
+func (q *quorum) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
+	if mode == modeRelease {
+		mode = modeQuorumRelease // retire the token everywhere: a grant still in flight to a slow node must not take the lock
+	}
+	type rel struct {
+		node      int
+		code      int64
+		perr, err error
+	}
+	// Every node gets the release, also after the result is known.
+	rels := each(ctx, q, q.l.opts.ReleaseTimeout, true, func(ctx context.Context, i int, d *deployment) rel {
+		code, perr, err := d.release(ctx, lease, mode)
+		return rel{node: i, code: code, perr: perr, err: err}
+	})
+	defer rels.stop()
+	var deleted, other, gone int
+	var perr error
+	var errs []error
+	var parts []string
+	for range q.nodes {
+		r, more := rels.next()
+		if !more {
+			break
+		}
+		switch {
+		case r.err != nil:
+			errs = append(errs, r.err)
+			parts = append(parts, q.nodes[r.node].name+": "+oneLine(r.err.Error()))
+		case r.code == 1:
+			deleted++
+			if perr == nil {
+				perr = r.perr
+			}
+		case r.code == 0:
+			gone++
+		default:
+			other++
+		}
+		if deleted > 0 && deleted+other+gone+len(errs) >= q.n {
+			// The lease held it, and a quorum has answered: the lock can
+			// be taken again. The other nodes' releases go on in the
+			// background.
+			break
+		}
+	}
+	switch {
+	case deleted > 0:
+		return 1, perr, nil // the lease still held the lock somewhere
+	case other+gone == len(q.nodes) && other > 0:
+		return -1, nil, nil
+	case gone == len(q.nodes):
+		return 0, nil, nil
+	case ctx.Err() != nil && len(errs) == 0:
+		return 0, nil, ctx.Err()
+	}
+	msg := fmt.Sprintf("%d of %d nodes answered the release, none held the lock", other+gone, len(q.nodes))
+	if len(parts) > 0 {
+		msg += ": " + strings.Join(parts, "; ")
+	}
+	return 0, nil, &quorumError{class: classUnavailable, msg: msg, errs: errs}
+}
+
+func (q *quorum) register(key string) *waiter {
+	var first *waiter
+	for _, d := range q.nodes {
+		var wake chan struct{}
+		if first != nil {
+			wake = first.wake
+		}
+		w := d.waits.register(d.channel(key), wake)
+		switch {
+		case w == nil:
+		case first == nil:
+			first = w
+		default:
+			first.also = append(first.also, w)
+		}
+	}
+	return first
+}
+
+func (q *quorum) close() {
+	for _, d := range q.nodes {
+		d.close()
+	}
+}

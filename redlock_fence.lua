@@ -1,0 +1,25 @@
+-- redlock_fence: record the fence issued to a Redlock lease on one node
+-- (phase 2 of NewRedlock's acquisition), while the lease holds the lock
+-- there.
+--
+-- KEYS[1]  lock key, whose value is "<token> <fence>"
+-- KEYS[2]  fence counter
+-- ARGV[1]  token
+-- ARGV[2]  fence            decimal
+-- ARGV[3]  fence retention  milliseconds the counter is kept
+--
+-- Returns 1 when the counter is now at least the fence and the lock's value
+-- holds it, 0 when the lock is not this token's on this node (any more).
+
+local held = redis.call('GET', KEYS[1])
+if not held or string.sub(held, 1, #ARGV[1] + 1) ~= ARGV[1] .. ' ' then
+	return 0
+end
+local c = redis.call('GET', KEYS[2])
+if not c or #c < #ARGV[2] or (#c == #ARGV[2] and c < ARGV[2]) then
+	redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+else
+	redis.call('PEXPIRE', KEYS[2], ARGV[3])
+end
+redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[2], 'KEEPTTL')
+return 1

@@ -1,0 +1,436 @@
+package fencelock
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock/internal/redistest"
+)
+
+// redlockEnv is n independent redis-servers and a Redlock Locker over them.
+type redlockEnv struct {
+	srvs    []*redistest.Server
+	clients []redis.UniversalClient // the Locker's, one per server
+	hooks   []*faultHook
+	admins  []*redis.Client
+}
+
+func newRedlockEnv(t *testing.T, n int, opts *redis.Options) *redlockEnv {
+	t.Helper()
+	e := &redlockEnv{}
+	for range n {
+		srv := redistest.Start(t)
+		c := srv.Client(opts)
+		h := &faultHook{}
+		c.AddHook(h)
+		e.srvs = append(e.srvs, srv)
+		e.clients = append(e.clients, c)
+		e.hooks = append(e.hooks, h)
+		e.admins = append(e.admins, srv.Client(&redis.Options{MaxRetries: -1}))
+	}
+	return e
+}
+
+func (e *redlockEnv) locker(t *testing.T, opts *Options) *Locker {
+	t.Helper()
+	l, err := NewRedlock(e.clients, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+// holders returns how many servers hold key for token.
+func (e *redlockEnv) holders(t *testing.T, key, token string) int {
+	t.Helper()
+	n := 0
+	for _, a := range e.admins {
+		v, err := a.Get(ctx, key).Result()
+		if err == nil && strings.HasPrefix(v, token+" ") {
+			n++
+		}
+	}
+	return n
+}
+
+func TestRedlockInvalid(t *testing.T) {
+	e := newRedlockEnv(t, 1, nil)
+	var nilClient *redis.Client
+	for _, tc := range []struct {
+		name    string
+		clients []redis.UniversalClient
+		msg     string
+	}{
+		{"none", nil, "no redis clients"},
+		{"nil", []redis.UniversalClient{e.clients[0], nil}, "client 1 is nil"},
+		{"typed nil", []redis.UniversalClient{nilClient}, "client 0 is nil"},
+		{"twice", []redis.UniversalClient{e.clients[0], e.clients[0]}, "the same client"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := NewRedlock(tc.clients, nil)
+			require.ErrorIs(t, err, ErrInvalid)
+			assert.Contains(t, err.Error(), tc.msg)
+			assert.Zero(t, e.hooks[0].calls.Load(), "no Redis call")
+		})
+	}
+}
+
+func TestRedlockAcquireRelease(t *testing.T) {
+	e := newRedlockEnv(t, 3, nil)
+	l := e.locker(t, nil)
+	lease, err := l.Acquire(ctx, uniqueName(t), WithTTL(10*time.Second))
+	require.NoError(t, err)
+	assert.Positive(t, lease.Fence())
+	require.Eventually(t, func() bool { return e.holders(t, lease.Key(), lease.Token()) == 3 },
+		time.Second, time.Millisecond, "held on every node")
+	for _, a := range e.admins {
+		v, err := a.Get(ctx, lease.Key()).Result()
+		require.NoError(t, err)
+		_ = v
+	}
+	_, err = l.Acquire(ctx, uniqueName(t))
+	require.ErrorIs(t, err, ErrNotObtained)
+
+	require.NoError(t, lease.Extend(ctx, time.Minute))
+	assert.Eventually(t, func() bool {
+		for _, a := range e.admins {
+			if pttl, err := a.PTTL(ctx, lease.Key()).Result(); err != nil || pttl < 50*time.Second {
+				return false
+			}
+		}
+		return true
+	}, time.Second, time.Millisecond, "extended on every node")
+	require.NoError(t, lease.Release(ctx))
+	// Release returns once a quorum has answered; the rest follows.
+	assert.Eventually(t, func() bool { return e.holders(t, lease.Key(), lease.Token()) == 0 },
+		time.Second, time.Millisecond, "released on every node")
+	assert.ErrorIs(t, lease.Release(ctx), ErrNotHeld)
+
+	next, err := l.Acquire(ctx, uniqueName(t))
+	require.NoError(t, err)
+	assert.Greater(t, next.Fence(), lease.Fence())
+	require.NoError(t, next.Release(ctx))
+}
+
+func TestRedlockOneWinnerAndOrderedFences(t *testing.T) {
+	e := newRedlockEnv(t, 5, nil)
+	name := uniqueName(t)
+	const workers, rounds = 6, 15
+	var (
+		inside, overlap atomic.Int32
+		mu              sync.Mutex
+		fences          []int64
+		quorumHeld      atomic.Int32
+	)
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Go(func() {
+			var clients []redis.UniversalClient
+			for _, s := range e.srvs {
+				clients = append(clients, s.Client(nil))
+			}
+			l, err := NewRedlock(clients, nil)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer l.Close()
+			for range rounds {
+				lease, err := l.Acquire(ctx, name, WithWait(20*time.Second))
+				if err != nil {
+					errs <- err
+					return
+				}
+				if inside.Add(1) > 1 {
+					overlap.Add(1)
+				}
+				mu.Lock()
+				fences = append(fences, lease.Fence())
+				mu.Unlock()
+				time.Sleep(time.Millisecond)
+				// The clean-ups of this call's failed attempts never touch
+				// what its last attempt was granted.
+				if e.holders(t, lease.Key(), lease.Token()) >= 3 {
+					quorumHeld.Add(1)
+				}
+				inside.Add(-1)
+				if err := lease.Release(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	assert.Zero(t, overlap.Load(), "overlapping holders")
+	assert.Equal(t, int32(workers*rounds), quorumHeld.Load(), "every holder held a quorum while it worked")
+	require.Len(t, fences, workers*rounds)
+	for i := 1; i < len(fences); i++ {
+		assert.Greater(t, fences[i], fences[i-1], "fence %d in acquisition order", i)
+	}
+}
+
+func TestRedlockMinorityDown(t *testing.T) {
+	e := newRedlockEnv(t, 3, &redis.Options{MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	l := e.locker(t, &Options{TTL: 600 * time.Millisecond})
+	e.srvs[2].Kill()
+	var fence int64
+	err := l.RunWithLock(ctx, uniqueName(t), func(ctx context.Context, lease *Lease) error {
+		fence = lease.Fence()
+		time.Sleep(1500 * time.Millisecond) // renewed on the two nodes left
+		return ctx.Err()
+	})
+	require.NoError(t, err, "a minority down is not an outage")
+	assert.Positive(t, fence)
+
+	e.srvs[1].Pause()
+	t.Cleanup(e.srvs[1].Resume)
+	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = l.Acquire(cctx, uniqueName(t)+"-majority")
+	assert.Less(t, time.Since(start), time.Second, "returns by the ctx deadline")
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, ErrNotObtained)
+}
+
+func TestRedlockMajorityDownLeavesNothingHeld(t *testing.T) {
+	e := newRedlockEnv(t, 3, &redis.Options{MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	l := e.locker(t, &Options{TTL: time.Second})
+	name := uniqueName(t)
+	e.srvs[1].Pause()
+	t.Cleanup(e.srvs[1].Resume)
+	e.srvs[2].Kill()
+
+	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := l.Acquire(cctx, name)
+	elapsed := time.Since(start)
+	require.ErrorIs(t, err, ErrUnavailable, "a majority down is an outage")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.NotErrorIs(t, err, ErrNotObtained)
+	assert.Less(t, elapsed, 800*time.Millisecond, "returns by the ctx deadline")
+	assert.NotContains(t, err.Error(), "\n")
+
+	// The nodes come back: the grant node 0 gave, and the one the paused
+	// node 1 had queued, are given back by the clean-up.
+	e.srvs[1].Resume()
+	e.srvs[2].Restart()
+	key, _ := l.keys(name)
+	require.Eventually(t, func() bool {
+		for _, a := range e.admins {
+			if n, err := a.Exists(ctx, key).Result(); err != nil || n != 0 {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, 10*time.Millisecond, "no lock left held once the nodes are back")
+	lease, err := l.Acquire(ctx, name)
+	require.NoError(t, err, "and the lock can be taken")
+	require.NoError(t, lease.Release(ctx))
+}
+
+func TestRedlockFencesIncreaseThroughNodeFaults(t *testing.T) {
+	// Fences of successive acquisitions stay strictly increasing while any
+	// minority of the nodes is restarted empty, killed, paused or slow.
+	e := newRedlockEnv(t, 5, &redis.Options{MaxRetries: -1, DialTimeout: 100 * time.Millisecond, ContextTimeoutEnabled: true})
+	l := e.locker(t, &Options{TTL: time.Second})
+	name := uniqueName(t)
+	var last int64
+	step := func(what string) {
+		t.Helper()
+		for range 3 {
+			lease, err := l.Acquire(ctx, name, WithWait(5*time.Second))
+			require.NoError(t, err, what)
+			assert.Greater(t, lease.Fence(), last, what)
+			last = lease.Fence()
+			require.NoError(t, lease.Release(ctx), what)
+		}
+	}
+	step("all up")
+	e.srvs[0].Restart()
+	step("node 0 restarted empty")
+	e.srvs[1].Restart()
+	e.srvs[2].Restart()
+	step("nodes 1 and 2 restarted empty")
+	e.srvs[3].Kill()
+	e.srvs[4].Kill()
+	step("nodes 3 and 4 killed")
+	e.srvs[3].Restart()
+	e.srvs[4].Restart()
+	e.srvs[0].Pause()
+	e.srvs[1].Pause()
+	t.Cleanup(e.srvs[0].Resume)
+	t.Cleanup(e.srvs[1].Resume)
+	step("nodes 0 and 1 paused")
+	e.srvs[0].Resume()
+	e.srvs[1].Resume()
+	step("all back")
+}
+
+func TestRedlockRenewalRepairsANodeRestartedEmpty(t *testing.T) {
+	e := newRedlockEnv(t, 3, nil)
+	l := e.locker(t, &Options{TTL: 600 * time.Millisecond}) // renewed every 200ms
+	lease, err := l.Acquire(ctx, uniqueName(t))
+	require.NoError(t, err)
+	defer lease.Release(ctx)
+	workCtx := lease.KeepAlive(ctx)
+	require.Eventually(t, func() bool { return e.holders(t, lease.Key(), lease.Token()) == 3 }, time.Second, time.Millisecond)
+
+	e.srvs[1].Restart() // without persistence: the lock is gone there
+	require.Eventually(t, func() bool { return e.holders(t, lease.Key(), lease.Token()) == 3 }, 2*time.Second, 5*time.Millisecond,
+		"the next renewal puts the lock back on the restarted node")
+	time.Sleep(time.Second) // and keeps it there
+	assert.Equal(t, 3, e.holders(t, lease.Key(), lease.Token()))
+	require.NoError(t, workCtx.Err())
+	got, err := e.admins[1].Get(ctx, lease.Key()).Result()
+	require.NoError(t, err)
+	assert.Equal(t, lease.Token()+" "+strconv.FormatInt(lease.Fence(), 10), got, "with the lease's fence")
+	require.NoError(t, lease.Release(ctx))
+	assert.Eventually(t, func() bool { return e.holders(t, lease.Key(), lease.Token()) == 0 },
+		time.Second, time.Millisecond, "released on every node")
+}
+
+func TestRedlockFenceOrderRestsOnTheIntersection(t *testing.T) {
+	// Lease A is acquired on nodes {0, 1} (node 2 down) and returns. Node 1
+	// is wiped. Lease B is acquired on {1, 2} (node 0 down): the two quorums
+	// intersect at node 1 only.
+	//
+	// To take the servers' clocks out of the argument, A's fence is far
+	// ahead of them (its counters start there), so only a counter that B
+	// reads can order B after A.
+	const ahead = int64(1) << 60
+	setup := func(t *testing.T) (e *redlockEnv, l *Locker, name, fenceKey string) {
+		e = newRedlockEnv(t, 3, &redis.Options{MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+		l = e.locker(t, nil)
+		name = uniqueName(t)
+		_, fenceKey = l.keys(name)
+		for _, a := range e.admins[:2] {
+			require.NoError(t, a.Set(ctx, fenceKey, ahead, 0).Err())
+		}
+		return e, l, name, fenceKey
+	}
+	acquireOn := func(t *testing.T, e *redlockEnv, l *Locker, name string, down int) *Lease {
+		t.Helper()
+		e.srvs[down].Pause()
+		defer e.srvs[down].Resume()
+		lease, err := l.Acquire(ctx, name)
+		require.NoError(t, err)
+		require.NoError(t, lease.Release(ctx))
+		return lease
+	}
+
+	t.Run("the intersection kept its data", func(t *testing.T) {
+		e, l, name, _ := setup(t)
+		a := acquireOn(t, e, l, name, 2)
+		assert.Equal(t, ahead+1, a.Fence())
+		require.NoError(t, e.admins[0].FlushAll(ctx).Err()) // a node of A's quorum, outside B's
+		b := acquireOn(t, e, l, name, 0)
+		assert.Greater(t, b.Fence(), a.Fence(), "node 1 kept A's fence in its counter")
+	})
+	t.Run("the intersection lost its data", func(t *testing.T) {
+		e, l, name, _ := setup(t)
+		a := acquireOn(t, e, l, name, 2)
+		require.NoError(t, e.admins[1].FlushAll(ctx).Err()) // the intersection, restarted empty
+		b := acquireOn(t, e, l, name, 0)
+		// What is left is the servers' clocks: B's fence is their time,
+		// behind A's. This is the case the documentation warns about.
+		assert.Less(t, b.Fence(), a.Fence(), "no node of B's quorum knew A's fence")
+		t.Logf("A's fence %d, B's fence %d (the servers' time)", a.Fence(), b.Fence())
+	})
+}
+
+func TestRedlockReleaseWakesWaiters(t *testing.T) {
+	e := newRedlockEnv(t, 3, nil)
+	l := e.locker(t, slowPolling)
+	name := uniqueName(t)
+	held, err := l.Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+	got := waitInBackground(l, name)
+	require.Eventually(t, func() bool {
+		n := 0
+		for _, a := range e.admins {
+			m, err := a.PubSubShardNumSub(ctx, held.Key()).Result()
+			if err == nil && m[held.Key()] == 1 {
+				n++
+			}
+		}
+		return n == 3
+	}, 5*time.Second, time.Millisecond, "the waiter subscribes on every node")
+	time.Sleep(20 * time.Millisecond)
+	released := time.Now()
+	require.NoError(t, held.Release(ctx))
+	requireObtained(t, got, 5*time.Second, "not woken by the release (backoff 10-20s, TTL 1 minute)")
+	assert.Less(t, time.Since(released), 5*time.Second)
+}
+
+func TestRedlockFailOpenOnlyWithoutAQuorum(t *testing.T) {
+	e := newRedlockEnv(t, 3, &redis.Options{MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	l := e.locker(t, &Options{FailOpen: true})
+	name := uniqueName(t)
+	e.srvs[0].Kill()
+	var degraded []bool
+	work := func(_ context.Context, lease *Lease) error { degraded = append(degraded, lease.Degraded()); return nil }
+	require.NoError(t, l.RunWithLock(ctx, name, work))
+	e.srvs[1].Kill()
+	require.NoError(t, l.RunWithLock(ctx, name, work))
+	assert.Equal(t, []bool{false, true}, degraded, "a minority down is not an outage; a majority down is")
+}
+
+func TestRedlockReleaseReachesSlowNodes(t *testing.T) {
+	// Node 2 answers 200ms late: the lease is granted by nodes 0 and 1
+	// while node 2's grant is in flight, and released at once. Node 2 must
+	// not keep the lock.
+	e := newRedlockEnv(t, 2, nil)
+	slow := redistest.Start(t)
+	proxy := redistest.StartProxy(t, slow.Addr)
+	slowClient := redis.NewClient(&redis.Options{Addr: proxy.Addr})
+	t.Cleanup(func() { _ = slowClient.Close() })
+	require.NoError(t, slowClient.Ping(ctx).Err()) // connected before the latency
+	proxy.SetLatency(100 * time.Millisecond)
+	l, err := NewRedlock([]redis.UniversalClient{e.clients[0], e.clients[1], slowClient}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	admin := slow.Client(nil)
+
+	for range 3 {
+		lease, err := l.Acquire(ctx, uniqueName(t))
+		require.NoError(t, err)
+		require.NoError(t, lease.Release(ctx))
+		// The slow node's grant and release arrive in either order, each
+		// after a few of its 200ms round trips (a new connection, NOSCRIPT).
+		assert.Eventually(t, func() bool {
+			n, err := admin.Exists(ctx, lease.Key()).Result()
+			return err == nil && n == 0
+		}, 3*time.Second, 10*time.Millisecond, "the slow node does not keep the lock")
+	}
+}
+
+func TestRedlockMinorityHungKeepsDeadlines(t *testing.T) {
+	e := newRedlockEnv(t, 3, nil) // go-redis's defaults: a hung node's calls wait 3s
+	l := e.locker(t, &Options{TTL: 600 * time.Millisecond})
+	e.srvs[2].Pause()
+	t.Cleanup(e.srvs[2].Resume)
+	start := time.Now()
+	err := l.RunWithLock(ctx, uniqueName(t), func(ctx context.Context, lease *Lease) error {
+		assert.Less(t, time.Since(start), 300*time.Millisecond, "acquired without waiting for the hung node")
+		time.Sleep(1500 * time.Millisecond) // renewed by the two other nodes
+		return ctx.Err()
+	})
+	require.NoError(t, err)
+	assert.Less(t, time.Since(start), 2500*time.Millisecond, "released without waiting for the hung node")
+}
