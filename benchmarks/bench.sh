@@ -1,13 +1,24 @@
 #!/usr/bin/env bash
 # bench.sh runs the benchmarks the way README.md reports them.
 #
-#   ./bench.sh               the library in .. (work tree): writes
-#                            results/latest.txt and refreshes the tables
-#                            between the bench-table markers of README.md
+#   ./bench.sh               the library in .. (work tree), both suites:
+#                            writes results/latest.txt and
+#                            results/redlock-latest.txt and refreshes the
+#                            tables between the bench-table markers of
+#                            README.md (bench-table and bench-table:redlock)
+#   SUITE=single ./bench.sh  only the single-deployment suite (Uncontended,
+#                            Parallel, Contended on one redis-server):
+#                            results/latest.txt, the bench-table section
+#   SUITE=redlock ./bench.sh only the Redlock suite (RedlockUncontended,
+#                            RedlockContended on 5 redis-servers):
+#                            results/redlock-latest.txt, the
+#                            bench-table:redlock section
 #   REV=cc2d0ba ./bench.sh   the library at a git revision (exported with git
 #                            archive into a temporary directory; the repository
-#                            is not touched): writes results/REV.txt and prints
-#                            the tables
+#                            is not touched): writes results/REV.txt (and
+#                            results/redlock-REV.txt) and prints the tables; a
+#                            revision without NewRedlock gets the single suite
+#                            only (built with -tags noredlock)
 #   COUNT=3 ./bench.sh       runs per benchmark (default 5)
 #
 # Uncontended and Parallel run pinned to one CPU with taskset: on a small VM
@@ -16,16 +27,33 @@
 # differences between implementations; pinned, runs repeat within a few
 # percent and ns/op measures the CPU work of client, server and kernel.
 # Contended runs on all CPUs, because its waiters and the server must run at
-# the same time. The whole script takes about 2.5 minutes on 2 CPUs.
+# the same time. The single suite takes about 2.5 minutes on 2 CPUs.
+#
+# The Redlock suite runs COUNT rounds, each one run of RedlockUncontended
+# (pinned like Uncontended; the 5 servers inherit the pinning) and one of
+# RedlockContended, instead of COUNT runs of one benchmark in a row: the two
+# implementations it compares run seconds apart in every round, so a change
+# in the machine's load (another job on a shared VM) moves both. It takes
+# about a minute. Each suite's results file records the load average
+# before and after it.
 set -euo pipefail
 cd "$(dirname "$0")"
 
 count=${COUNT:-5}
 rev=${REV:-}
+suite=${SUITE:-all}
+case $suite in
+all | single | redlock) ;;
+*)
+	echo "bench.sh: SUITE is all, single or redlock, not $suite" >&2
+	exit 2
+	;;
+esac
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 modfile=()
+tags=()
 if [ -n "$rev" ]; then
 	mkdir "$tmp/lib" "$tmp/mod"
 	git -C .. archive "$rev" | tar -x -C "$tmp/lib"
@@ -34,12 +62,27 @@ if [ -n "$rev" ]; then
 	modfile=(-modfile="$tmp/mod/go.mod")
 	library="$(git -C .. log -1 --format='%h %s' "$rev")"
 	out=results/$rev.txt
+	redlockOut=results/redlock-$rev.txt
+	if ! grep -q '^func NewRedlock(' "$tmp/lib"/*.go; then
+		tags=(-tags noredlock)
+		case $suite in
+		redlock)
+			echo "bench.sh: $rev has no NewRedlock" >&2
+			exit 2
+			;;
+		all)
+			echo "bench.sh: $rev has no NewRedlock: single suite only" >&2
+			suite=single
+			;;
+		esac
+	fi
 else
 	library="$(git -C .. log -1 --format='%h %s')"
 	if [ -n "$(git -C .. status --porcelain -- . ':(exclude)benchmarks')" ]; then
 		library+=" (plus uncommitted changes)"
 	fi
 	out=results/latest.txt
+	redlockOut=results/redlock-latest.txt
 fi
 
 pin=()
@@ -47,18 +90,49 @@ if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then
 	pin=(taskset -c 1)
 fi
 
-go test "${modfile[@]}" -c -o "$tmp/bench.test" .
+go test "${modfile[@]}" "${tags[@]}" -c -o "$tmp/bench.test" .
 mkdir -p results
-{
-	echo "library: $library"
-	echo "command: ${pin[*]} go test -run '^\$' -bench 'Uncontended|Parallel' -benchmem -count $count"
-	"${pin[@]}" "$tmp/bench.test" -test.run '^$' -test.bench 'Uncontended|Parallel' -test.benchmem -test.count "$count"
-	echo "command: go test -run '^\$' -bench Contended -benchmem -count $count"
-	"$tmp/bench.test" -test.run '^$' -test.bench Contended -test.benchmem -test.count "$count"
-} | tee "$out"
+bench=("$tmp/bench.test" -test.run '^$' -test.benchmem)
 
-if [ -n "$rev" ]; then
-	go run ./cmd/table "$out"
-else
-	go run ./cmd/table -update README.md "$out"
+# table prints the tables of a results file, or with the name of a README
+# section ("" for the single suite's) refreshes that section.
+table() {
+	if [ -n "$rev" ]; then
+		go run ./cmd/table "$1"
+	elif [ -n "$2" ]; then
+		go run ./cmd/table -update README.md -section "$2" "$1"
+	else
+		go run ./cmd/table -update README.md "$1"
+	fi
+}
+
+if [ "$suite" != redlock ]; then
+	uncontended='^Benchmark(Uncontended|Parallel)$'
+	contended='^BenchmarkContended$'
+	{
+		echo "library: $library"
+		echo "load: before: $(cat /proc/loadavg)"
+		echo "command: ${pin[*]} go test -run '^\$' -bench '$uncontended' -benchmem -count $count"
+		"${pin[@]}" "${bench[@]}" -test.bench "$uncontended" -test.count "$count"
+		echo "command: go test -run '^\$' -bench '$contended' -benchmem -count $count"
+		"${bench[@]}" -test.bench "$contended" -test.count "$count"
+		echo "load: after: $(cat /proc/loadavg)"
+	} | tee "$out"
+	table "$out" ""
+fi
+
+if [ "$suite" != single ]; then
+	uncontended='^BenchmarkRedlockUncontended$'
+	contended='^BenchmarkRedlockContended$'
+	{
+		echo "library: $library"
+		echo "load: before: $(cat /proc/loadavg)"
+		echo "command: $count rounds of: ${pin[*]} go test -run '^\$' -bench '$uncontended' -benchmem -count 1; go test -run '^\$' -bench '$contended' -benchmem -count 1"
+		for ((i = 1; i <= count; i++)); do
+			"${pin[@]}" "${bench[@]}" -test.bench "$uncontended" -test.count 1
+			"${bench[@]}" -test.bench "$contended" -test.count 1
+		done
+		echo "load: after: $(cat /proc/loadavg)"
+	} | tee "$redlockOut"
+	table "$redlockOut" redlock
 fi

@@ -34,29 +34,34 @@ var (
 // srv-ns/op is the redis-server main thread's CPU time per acquire+release.
 func BenchmarkUncontended(b *testing.B) {
 	srv := redistest.Start(b)
-	ctx := context.Background()
 	for _, d := range drivers {
 		newSession := d.open(b, srv.Addr)
 		b.Run(d.name, func(b *testing.B) {
-			s := newSession()
-			key := d.name + ":uncontended"
-			cycle := func() {
-				if err := s.tryLock(ctx, key); err != nil {
-					b.Fatalf("lock: %v", err)
-				}
-				if err := s.unlock(ctx); err != nil {
-					b.Fatalf("unlock: %v", err)
-				}
-			}
-			cycle() // dial, load the scripts
-			b.ReportAllocs()
-			cpu := newServerCPU(b, srv)
-			for b.Loop() {
-				cycle()
-			}
-			cpu.report(b)
+			uncontended(b, newSession(), d.name+":uncontended", srv)
 		})
 	}
+}
+
+// uncontended takes and releases key with s in a loop and reports
+// srv-ns/op: the CPU time of the servers' main threads, summed, per
+// acquire+release.
+func uncontended(b *testing.B, s session, key string, servers ...*redistest.Server) {
+	ctx := context.Background()
+	cycle := func() {
+		if err := s.tryLock(ctx, key); err != nil {
+			b.Fatalf("lock: %v", err)
+		}
+		if err := s.unlock(ctx); err != nil {
+			b.Fatalf("unlock: %v", err)
+		}
+	}
+	cycle() // dial, load the scripts
+	b.ReportAllocs()
+	cpu := newServerCPU(b, servers...)
+	for b.Loop() {
+		cycle()
+	}
+	cpu.report(b)
 }
 
 // BenchmarkParallel takes and releases locks from parallelism*GOMAXPROCS
@@ -91,15 +96,19 @@ func BenchmarkParallel(b *testing.B) {
 	}
 }
 
-// serverCPU measures the CPU time of redis-server's main thread, which runs
-// every command and script, from /proc/PID/schedstat (nanoseconds).
+// serverCPU measures the CPU time of redis-server main threads, which run
+// every command and script, from /proc/PID/schedstat (nanoseconds), summed
+// over one or more servers.
 type serverCPU struct {
-	path  string
+	paths []string
 	start int64
 }
 
-func newServerCPU(b *testing.B, srv *redistest.Server) *serverCPU {
-	c := &serverCPU{path: fmt.Sprintf("/proc/%d/schedstat", srv.Pid())}
+func newServerCPU(b *testing.B, servers ...*redistest.Server) *serverCPU {
+	c := &serverCPU{}
+	for _, srv := range servers {
+		c.paths = append(c.paths, fmt.Sprintf("/proc/%d/schedstat", srv.Pid()))
+	}
 	start, err := c.read()
 	if err != nil {
 		b.Logf("no server CPU metric: %v", err)
@@ -110,12 +119,20 @@ func newServerCPU(b *testing.B, srv *redistest.Server) *serverCPU {
 }
 
 func (c *serverCPU) read() (int64, error) {
-	data, err := os.ReadFile(c.path)
-	if err != nil {
-		return 0, err
+	var sum int64
+	for _, path := range c.paths {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return 0, err
+		}
+		first, _, _ := strings.Cut(string(data), " ")
+		n, err := strconv.ParseInt(first, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", path, err)
+		}
+		sum += n
 	}
-	first, _, _ := strings.Cut(string(data), " ")
-	return strconv.ParseInt(first, 10, 64)
+	return sum, nil
 }
 
 // report adds srv-ns/op: server CPU since newServerCPU, per b.N.

@@ -47,18 +47,26 @@ func BenchmarkContended(b *testing.B) {
 	srv := redistest.Start(b)
 	for _, d := range drivers {
 		b.Run(d.name, func(b *testing.B) {
-			sessions := make([]session, *waiters)
-			var newSession func() session
-			for i := range sessions {
-				if newSession == nil || !*shared {
-					newSession = d.open(b, srv.Addr)
-				}
-				sessions[i] = newSession()
-			}
+			sessions := waiterSessions(func() func() session { return d.open(b, srv.Addr) })
 			r := contend(b, sessions, d.name+":contended", measuredDuration())
 			r.report(b)
 		})
 	}
+}
+
+// waiterSessions returns one session per waiter (-waiters), each from an
+// instance of its own made by open (its own clients, as if each waiter were
+// a separate process), or all from one instance with -shared.
+func waiterSessions(open func() func() session) []session {
+	sessions := make([]session, *waiters)
+	var newSession func() session
+	for i := range sessions {
+		if newSession == nil || !*shared {
+			newSession = open()
+		}
+		sessions[i] = newSession()
+	}
+	return sessions
 }
 
 // measuredDuration is -contend, or -benchtime when that is a longer

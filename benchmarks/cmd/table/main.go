@@ -42,7 +42,7 @@ const (
 var impls = []string{subject, "redislock", "redsync", "rueidislock", baseline}
 
 // groups is the order of the sections; groups not listed follow.
-var groups = []string{"Uncontended", "Parallel", "Contended"}
+var groups = append(slices.Clone(singleGroups), redlockGroups...)
 
 // metricOrder is the order of the columns; metrics not listed follow, sorted.
 var metricOrder = []string{
@@ -92,7 +92,7 @@ func fail(err error) {
 // unit, in input order.
 type results struct {
 	inputs []string // file names, or "standard input"
-	header []string // library (written by bench.sh), goos, goarch and cpu lines
+	header []string // library, command and load (written by bench.sh), goos, goarch and cpu lines
 	runs   map[string]map[string]map[string][]float64
 }
 
@@ -126,7 +126,7 @@ func (r *results) parse(in io.Reader) error {
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
 		line := sc.Text()
-		for _, key := range []string{"library:", "command:", "goos:", "goarch:", "cpu:"} {
+		for _, key := range []string{"library:", "command:", "load:", "goos:", "goarch:", "cpu:"} {
 			if strings.HasPrefix(line, key) && !slices.Contains(r.header, line) {
 				r.header = append(r.header, line)
 			}
@@ -370,18 +370,47 @@ func num(v float64) string {
 	return strconv.FormatFloat(v, 'f', 4, 64)
 }
 
+// Groups of the single-deployment benchmarks and of the Redlock ones (over
+// several independent servers); each has its own targets.
+var (
+	singleGroups  = []string{"Uncontended", "Parallel", "Contended"}
+	redlockGroups = []string{"RedlockUncontended", "RedlockContended"}
+)
+
+// hasAny reports whether the input has results of any of groups.
+func (r *results) hasAny(groups []string) bool {
+	return slices.ContainsFunc(groups, func(g string) bool { return len(r.runs[g]) > 0 })
+}
+
 // writeTargets prints the targets fencelock is held to, each with its
-// measurement, and reports whether all were met.
+// measurement, and reports whether all were met: the single-deployment
+// targets when the input has those benchmarks (or no Redlock ones), the
+// Redlock targets when it has Redlock benchmarks.
 func (r *results) writeTargets(w io.Writer) bool {
-	v := r.value
 	all := true
-	fmt.Fprintln(w, "### Targets")
-	fmt.Fprintln(w)
+	if r.hasAny(singleGroups) || !r.hasAny(redlockGroups) {
+		all = r.targetTable(w, "Targets", r.singleTargets) && all
+	}
+	if r.hasAny(redlockGroups) {
+		all = r.targetTable(w, "Redlock targets", r.redlockTargets) && all
+	}
+	return all
+}
+
+// A targetRow prints one target: what it is, what was measured, whether it
+// was met, and whether every figure it needs was measured.
+type targetRow func(target, measured string, ok, known bool)
+
+// targetTable prints a table of the targets that rows lists and reports
+// whether all were met; a target not measured counts as not met.
+func (r *results) targetTable(w io.Writer, title string, rows func(row targetRow)) bool {
+	all := true
+	fmt.Fprintf(w, "### %s\n\n", title)
 	fmt.Fprintln(w, "Medians, except overlaps (the largest of any run of any implementation) and fairness (also the lowest run).")
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| target | measured | met |")
 	fmt.Fprintln(w, "|---|---|---|")
-	row := func(target, measured string, ok, known bool) {
+	rows(func(target, measured string, ok, known bool) {
 		mark := "yes"
 		switch {
 		case !known:
@@ -391,11 +420,32 @@ func (r *results) writeTargets(w io.Writer) bool {
 		}
 		all = all && ok
 		fmt.Fprintf(w, "| %s | %s | %s |\n", target, measured, mark)
-	}
-	known := func(vs ...float64) bool {
-		return !slices.ContainsFunc(vs, math.IsNaN)
-	}
+	})
+	fmt.Fprintln(w)
+	return all
+}
 
+func known(vs ...float64) bool {
+	return !slices.ContainsFunc(vs, math.IsNaN)
+}
+
+// worstOverlaps is the largest overlaps of any run of any implementation in
+// group, or NaN when none was measured.
+func (r *results) worstOverlaps(group string) float64 {
+	worst := math.NaN()
+	for _, byUnit := range r.runs[group] {
+		for _, o := range byUnit["overlaps"] {
+			if math.IsNaN(worst) || o > worst {
+				worst = o
+			}
+		}
+	}
+	return worst
+}
+
+// singleTargets are the targets of fencelock.New on one redis-server.
+func (r *results) singleTargets(row targetRow) {
+	v := r.value
 	f, raw := v("Uncontended", subject, "ns/op"), v("Uncontended", baseline, "ns/op")
 	row("Uncontended ns/op ≤ 1.10 × raw",
 		fmt.Sprintf("%s vs %s: %.2f×", num(f), num(raw), f/raw), f <= 1.10*raw, known(f, raw))
@@ -422,14 +472,7 @@ func (r *results) writeTargets(w io.Writer) bool {
 	row("Contended handoff-p50 < every peer's",
 		fmt.Sprintf("%s ms vs %s", num(f), strings.Join(parts, ", ")), ok, ks)
 
-	worst := math.NaN()
-	for _, byUnit := range r.runs["Contended"] {
-		for _, o := range byUnit["overlaps"] {
-			if math.IsNaN(worst) || o > worst {
-				worst = o
-			}
-		}
-	}
+	worst := r.worstOverlaps("Contended")
 	row("Contended overlaps = 0", num(worst), worst == 0, known(worst))
 
 	fs := r.runs["Contended"][subject]["fairness"]
@@ -439,8 +482,57 @@ func (r *results) writeTargets(w io.Writer) bool {
 		lowest = slices.Min(fs)
 	}
 	row("Contended fairness ≥ 0.98", fmt.Sprintf("%s (lowest run %s)", num(f), num(lowest)), f >= 0.98, known(f))
-	fmt.Fprintln(w)
-	return all
+}
+
+// redlockPeer is the implementation the Redlock targets compare with.
+const redlockPeer = "redsync"
+
+// redlockTargets are the targets of fencelock.NewRedlock against redsync,
+// both over the same independent servers (issue 11): the uncontended cost
+// of the fence's extra parallel round trip bounded, and push-based waiting
+// paying off under contention. bench.sh runs the Redlock benchmarks in
+// rounds, each implementation once per round, so the ratios of the runs
+// paired in order are also shown: they say whether the verdict holds in
+// every round.
+func (r *results) redlockTargets(row targetRow) {
+	ratioRow := func(target, group, unit string, ok func(ratio float64) bool) {
+		f, rs := r.value(group, subject, unit), r.value(group, redlockPeer, unit)
+		u := ""
+		if strings.HasSuffix(unit, "-ms") {
+			u = " ms"
+		}
+		measured := fmt.Sprintf("%s%s vs %s%s: %.2f×", num(f), u, num(rs), u, f/rs)
+		if lo, hi, n := pairedRatios(r.runs[group][subject][unit], r.runs[group][redlockPeer][unit]); n > 1 {
+			measured += fmt.Sprintf(" (runs paired in order: %.2f–%.2f×)", lo, hi)
+		}
+		row(target, measured, ok(f/rs), known(f, rs))
+	}
+	ratioRow("RedlockUncontended ns/op ≤ 1.6 × redsync's", "RedlockUncontended", "ns/op",
+		func(x float64) bool { return x <= 1.6 })
+	ratioRow("RedlockContended cs/s ≥ 2 × redsync's", "RedlockContended", "cs/s",
+		func(x float64) bool { return x >= 2 })
+	ratioRow("RedlockContended handoff-p50 < redsync's", "RedlockContended", "handoff-p50-ms",
+		func(x float64) bool { return x < 1 })
+	worst := r.worstOverlaps("RedlockContended")
+	row("RedlockContended overlaps = 0", num(worst), worst == 0, known(worst))
+}
+
+// pairedRatios returns the smallest and largest a[i]/b[i], and how many
+// pairs there are (0 when a and b differ in length).
+func pairedRatios(a, b []float64) (lo, hi float64, n int) {
+	if len(a) != len(b) {
+		return 0, 0, 0
+	}
+	for i := range a {
+		x := a[i] / b[i]
+		if i == 0 || x < lo {
+			lo = x
+		}
+		if i == 0 || x > hi {
+			hi = x
+		}
+	}
+	return lo, hi, len(a)
 }
 
 // replaceSection replaces the text between the markers of section in the
