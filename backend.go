@@ -2,6 +2,8 @@ package fencelock
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -29,6 +31,9 @@ type backend interface {
 	release(ctx context.Context, lease *Lease, mode string) (code int64, perr, err error)
 	// register adds a waiter for the releases of the lock at key.
 	register(key string) *waiter
+	// wakeSpread is how long waiters woken together spread their next
+	// attempts over; 0 where the first attempt wins atomically.
+	wakeSpread() time.Duration
 	// close closes the waiters' subscriptions and waits for their
 	// goroutines.
 	close()
@@ -41,8 +46,9 @@ type attempt struct {
 	pttl  time.Duration // the holder's, when busy; -1: no expiry
 	err   error
 	// retire: the try may have taken the lock somewhere without getting
-	// it (a quorum not reached); its token must be retired at once, and
-	// the next try needs a new one.
+	// it (a quorum not reached, too few replicas); the backend is giving
+	// that back in the background and retiring the token, so the next try
+	// needs a new one.
 	retire bool
 }
 
@@ -89,8 +95,15 @@ func (d *deployment) channel(key string) string {
 }
 
 func (d *deployment) acquire(ctx context.Context, lease *Lease) attempt {
-	reply, err := acquireScript.Run(ctx, d.client, lease.keys[:], lease.tokenArg,
-		ttlMillis(lease.ttl), d.l.retentionMillis).Result()
+	reply, err := d.run(ctx, acquireScript, false, lease.keys[:], lease.tokenArg,
+		ttlMillis(lease.ttl), d.l.retentionMillis)
+	var short *replicaError
+	if errors.As(err, &short) {
+		// Taken, but not on enough replicas to survive a failover: give it
+		// back, and try again, if at all, with a new token.
+		d.l.abandon(lease)
+		return attempt{err: err, retire: true}
+	}
 	if err != nil {
 		return attempt{err: err}
 	}
@@ -105,12 +118,116 @@ func (d *deployment) acquire(ctx context.Context, lease *Lease) attempt {
 }
 
 func (d *deployment) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
-	run := extendScript.Run
-	if renewal {
-		run = extendScript.Eval
+	reply, err := d.run(ctx, extendScript, renewal, lease.keys[:1], lease.tokenArg, ttlMillis(ttl))
+	if err != nil {
+		return 0, err
 	}
-	return run(ctx, d.client, lease.keys[:1], lease.tokenArg, ttlMillis(ttl)).Int64()
+	code, ok := reply.(int64)
+	if !ok {
+		return 0, fmt.Errorf("%w from the extend script: %v", errReply, reply)
+	}
+	return code, nil
 }
+
+// run runs script with Script.Run (EVALSHA, then EVAL if the server does
+// not have it), or with EVAL alone when eval is set. With Options.Replicas,
+// it sends WAIT (or WAITAOF) after the script in one pipeline on the
+// connection to the node that serves keys[0]: WAIT counts the writes of its
+// own connection, so on any other connection it would not count this one.
+// It then returns a *replicaError, wrapping ErrUnavailable, when fewer
+// replicas acknowledged; the script's reply is returned with it.
+func (d *deployment) run(ctx context.Context, script *redis.Script, eval bool, keys []string, args ...any) (any, error) {
+	o := &d.l.opts
+	if o.Replicas == 0 {
+		if eval {
+			return script.Eval(ctx, d.client, keys, args...).Result()
+		}
+		return script.Run(ctx, d.client, keys, args...).Result()
+	}
+	node, err := d.node(ctx, keys[0])
+	if err != nil {
+		return nil, err
+	}
+	timeout := ttlMillis(o.ReplicaTimeout)
+	exec := func(eval bool) (*redis.Cmd, *redis.Cmd, error) {
+		pipe := node.Pipeline()
+		var cmd *redis.Cmd
+		if eval {
+			cmd = script.Eval(ctx, pipe, keys, args...)
+		} else {
+			cmd = script.EvalSha(ctx, pipe, keys, args...)
+		}
+		var wait *redis.Cmd
+		if o.ReplicaFsync {
+			wait = pipe.Do(ctx, "WAITAOF", 1, o.Replicas, timeout)
+		} else {
+			wait = pipe.Do(ctx, "WAIT", o.Replicas, timeout)
+		}
+		_, err := pipe.Exec(ctx)
+		return cmd, wait, err
+	}
+	cmd, wait, err := exec(eval)
+	if err != nil && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		cmd, wait, err = exec(true)
+	}
+	if cmd.Err() != nil {
+		return nil, cmd.Err()
+	}
+	if err := wait.Err(); err != nil {
+		return cmd.Val(), err
+	}
+	acked, local := int64(0), int64(1)
+	switch v := wait.Val().(type) {
+	case int64: // WAIT
+		acked = v
+	case []any: // WAITAOF: [local, replicas]
+		if len(v) == 2 {
+			local, _ = v[0].(int64)
+			acked, _ = v[1].(int64)
+		}
+	}
+	if acked < int64(o.Replicas) || local < 1 {
+		return cmd.Val(), &replicaError{acked: acked, want: o.Replicas, local: local, fsync: o.ReplicaFsync, timeout: o.ReplicaTimeout}
+	}
+	return cmd.Val(), err
+}
+
+// node returns the client to pipeline on for key: the master that serves
+// its slot on a Cluster, its shard on a Ring, the deployment's client
+// otherwise (a single server, or Sentinel's current master).
+func (d *deployment) node(ctx context.Context, key string) (redis.Cmdable, error) {
+	switch c := d.client.(type) {
+	case *redis.ClusterClient:
+		return c.MasterForKey(ctx, key)
+	case *redis.Ring:
+		return c.GetShardClientForKey(key)
+	}
+	return d.client, nil
+}
+
+// replicaError is an acquisition or extension that fewer replicas than
+// Options.Replicas acknowledged within ReplicaTimeout.
+type replicaError struct {
+	acked   int64
+	want    int
+	local   int64 // WAITAOF: whether the master fsynced it
+	fsync   bool
+	timeout time.Duration
+}
+
+func (e *replicaError) Error() string {
+	what := "acknowledged"
+	if e.fsync {
+		what = "wrote it to disk"
+		if e.local < 1 {
+			return fmt.Sprintf("the master did not write the lock to disk, %d of %d replicas did, within ReplicaTimeout %v",
+				e.acked, e.want, e.timeout)
+		}
+	}
+	return fmt.Sprintf("%d of %d replicas %s within ReplicaTimeout %v", e.acked, e.want, what, e.timeout)
+}
+
+func (e *replicaError) Unwrap() error { return ErrUnavailable }
 
 func (d *deployment) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
 	markerTTL := d.l.releaseTimeoutMillis
@@ -129,5 +246,7 @@ func (d *deployment) release(ctx context.Context, lease *Lease, mode string) (in
 func (d *deployment) register(key string) *waiter {
 	return d.waits.register(d.channel(key), nil)
 }
+
+func (d *deployment) wakeSpread() time.Duration { return 0 }
 
 func (d *deployment) close() { d.waits.close() }

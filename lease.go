@@ -126,6 +126,11 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := checkRenewInterval(l.locker.opts.RenewInterval, ttl); err != nil {
 		return err
 	}
+	if l.locker.opts.Replicas > 0 {
+		if err := checkReplicaTimeout(l.locker.opts.ReplicaTimeout, ttl, "Extend ttl"); err != nil {
+			return err
+		}
+	}
 	if ctxErr(ctx) != nil {
 		return ctxEnded(ctx, "extend")
 	}

@@ -171,6 +171,11 @@ func (l *Locker) callOptions(opts []Option) (callOptions, error) {
 		if err := checkRenewInterval(l.opts.RenewInterval, co.ttl); err != nil {
 			return co, err
 		}
+		if l.opts.Replicas > 0 {
+			if err := checkReplicaTimeout(l.opts.ReplicaTimeout, co.ttl, "WithTTL"); err != nil {
+				return co, err
+			}
+		}
 	}
 	if co.wait < 0 {
 		return co, invalidf("WithWait %v is negative", co.wait)
@@ -365,10 +370,9 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration) 
 			verdict = busy
 		}
 		if a.retire {
-			// The try may hold the lock on some nodes of a quorum without
-			// having got it: give those back now, and try again with a new
-			// token, which that clean-up cannot touch.
-			l.abandon(lease)
+			// The try may hold the lock somewhere without having got it;
+			// the backend gives that back in the background. Try again
+			// with a new token, which that clean-up cannot touch.
 			lease = l.newLease(lease.name, lease.ttl)
 			unsure = false
 		}
@@ -398,6 +402,21 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration) 
 		case <-t.C:
 		case <-wake:
 			t.Stop()
+			if spread := l.b.wakeSpread(); spread > 0 {
+				t := l.clock.NewTimer(mathrand.N(spread + 1))
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return giveUp()
+				case <-t.C:
+				}
+			}
+		}
+		if wake != nil {
+			select { // wake-ups before this attempt: it sees what they announced
+			case <-wake:
+			default:
+			}
 		}
 	}
 }

@@ -65,6 +65,33 @@ type Options struct {
 	// Default 0: no cap.
 	MaxHold time.Duration
 
+	// Replicas is how many replicas must acknowledge an acquisition or an
+	// extension before it counts (WAIT, on the connection that ran the
+	// script, so that it counts that write). An acquisition acknowledged by
+	// fewer is released in the background and Acquire returns an error
+	// matching ErrUnavailable that says "k of n replicas acknowledged"; an
+	// extension acknowledged by fewer does not move Deadline and counts as a
+	// failed renewal. It makes a failover to an acknowledging replica keep
+	// the lock. An acknowledgement is not durability: the replica has the
+	// write in memory; with ReplicaFsync, on disk. 0, the default: do not
+	// wait.
+	Replicas int
+
+	// ReplicaTimeout bounds each WAIT. A replica in the same region
+	// acknowledges within milliseconds; 100ms absorbs a replica's pause
+	// without letting an unhealthy one delay every acquisition for long. It
+	// must be shorter than a third of the TTL (the watchdog renews at that
+	// interval, and each renewal waits for it too). Default 100ms; used only
+	// when Replicas is positive.
+	ReplicaTimeout time.Duration
+
+	// ReplicaFsync makes the wait WAITAOF (Redis 7.2 and later, with
+	// appendonly yes): the lock must be written to the append-only file of
+	// the master and of Replicas replicas, not only be in their memory. On
+	// an older server every acquisition fails with ErrMisconfigured. Default
+	// false.
+	ReplicaFsync bool
+
 	// FailOpen decides in advance what RunWithLock does when Redis is
 	// unavailable at acquisition. false (the default, fail-closed):
 	// RunWithLock returns ErrUnavailable and does not run the work. true
@@ -115,6 +142,7 @@ const (
 	defaultMaxRetryBackoff = 256 * time.Millisecond
 	defaultReleaseTimeout  = 5 * time.Second
 	defaultFenceRetention  = time.Hour
+	defaultReplicaTimeout  = 100 * time.Millisecond
 
 	minTTL = 10 * time.Millisecond
 	maxTTL = 365 * 24 * time.Hour
@@ -162,6 +190,26 @@ func (o *Options) withDefaults() (Options, error) {
 	}
 	if err := checkDuration("FenceRetention", out.FenceRetention, time.Millisecond, maxTTL); err != nil {
 		return out, err
+	}
+	if out.Replicas < 0 {
+		return out, invalidf("Replicas %d is negative", out.Replicas)
+	}
+	if out.ReplicaTimeout < 0 {
+		return out, invalidf("ReplicaTimeout %v is negative", out.ReplicaTimeout)
+	}
+	if out.Replicas > 0 {
+		if out.ReplicaTimeout == 0 {
+			out.ReplicaTimeout = defaultReplicaTimeout
+		}
+		if out.ReplicaTimeout < time.Millisecond {
+			return out, invalidf("ReplicaTimeout %v is less than 1ms (WAIT's unit; 0 would wait for ever)", out.ReplicaTimeout)
+		}
+		if err := checkReplicaTimeout(out.ReplicaTimeout, out.TTL, "Options.TTL"); err != nil {
+			return out, err
+		}
+	}
+	if out.ReplicaFsync && out.Replicas == 0 {
+		return out, invalidf("ReplicaFsync without Replicas")
 	}
 	if out.RenewInterval < 0 {
 		return out, invalidf("RenewInterval %v is negative", out.RenewInterval)
@@ -229,6 +277,13 @@ func checkDuration(what string, d, lo, hi time.Duration) error {
 		return invalidf("%s %v is shorter than the minimum %v", what, d, lo)
 	case d > hi:
 		return invalidf("%s %v is longer than the maximum %v", what, d, hi)
+	}
+	return nil
+}
+
+func checkReplicaTimeout(timeout, ttl time.Duration, what string) error {
+	if timeout >= ttl/3 {
+		return invalidf("ReplicaTimeout %v is not shorter than a third of %s %v", timeout, what, ttl)
 	}
 	return nil
 }

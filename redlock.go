@@ -69,6 +69,8 @@ type quorum struct {
 	l     *Locker
 	nodes []*deployment
 	n     int // how many nodes make a quorum
+
+	answerTime atomic.Int64 // how long a quorum took to answer a grant, lately (a moving average, ns)
 }
 
 var _ backend = (*quorum)(nil)
@@ -154,9 +156,9 @@ type nodeGrant struct {
 }
 
 func (d *deployment) grant(ctx context.Context, lease *Lease, ttl time.Duration, fence int64) nodeGrant {
-	reply, err := grantScript.Run(ctx, d.client, lease.keys[:], lease.tokenArg,
-		ttlMillis(ttl), strconv.FormatInt(fence, 10)).Result()
-	if err != nil {
+	reply, err := d.run(ctx, grantScript, false, lease.keys[:], lease.tokenArg,
+		ttlMillis(ttl), strconv.FormatInt(fence, 10))
+	if err != nil { // with Options.Replicas, too few replicas count as no grant
 		return nodeGrant{err: err}
 	}
 	arr, _ := reply.([]any)
@@ -207,11 +209,9 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 	})
 	defer grants.stop()
 	var ok, busy, failed []nodeGrant
-	for len(ok) < q.n && len(busy)+len(failed) <= len(q.nodes)-q.n && len(ok)+len(busy)+len(failed) < len(q.nodes) {
-		g, more := grants.next()
-		if !more {
-			break
-		}
+	answered := make([]bool, len(q.nodes))
+	take := func(g nodeGrant) {
+		answered[g.node] = true
 		switch {
 		case g.ok:
 			ok = append(ok, g)
@@ -221,11 +221,41 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 			busy = append(busy, g)
 		}
 	}
+	for len(ok) < q.n && len(busy)+len(failed) <= len(q.nodes)-q.n && len(ok)+len(busy)+len(failed) < len(q.nodes) {
+		g, more := grants.next()
+		if !more {
+			break
+		}
+		take(g)
+	}
 	if err := ctx.Err(); err != nil && len(failed) == 0 {
-		return attempt{err: err, retire: true} // no verdict
+		return attempt{err: err} // no verdict: Acquire cleans up if it gives up
+	}
+	if len(ok)+len(busy)+len(failed) >= q.n {
+		took := int64(q.l.clock.Now().Sub(start))
+		if old := q.answerTime.Load(); old > 0 {
+			took = old + (took-old)/8
+		}
+		q.answerTime.Store(took)
 	}
 	if len(ok) < q.n {
-		return q.refused(lease, ok, busy, failed)
+		// No quorum. The replies still on their way usually come within a
+		// round trip: wait a little for them, so that a node that will not
+		// grant the lock needs no clean-up.
+		grace := time.NewTimer(max(5*time.Millisecond, 2*q.l.clock.Now().Sub(start)))
+	wait:
+		for len(ok)+len(busy)+len(failed) < len(q.nodes) {
+			select {
+			case g := <-grants.ch:
+				take(g)
+			case <-grace.C:
+				break wait
+			case <-ctx.Done():
+				break wait
+			}
+		}
+		grace.Stop()
+		return q.refused(lease, ok, busy, failed, answered)
 	}
 
 	// Phase 2.
@@ -234,6 +264,7 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 		maxCounter, maxTime = max(maxCounter, g.counter), max(maxTime, g.time)
 	}
 	if maxCounter == math.MaxInt64 {
+		q.retire(lease, nil)
 		return attempt{retire: true, err: &quorumError{class: classMisconfigured,
 			msg: "the fence counters are at their maximum (9223372036854775807): delete them; fences go on from the servers' time"}}
 	}
@@ -252,9 +283,9 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 		if !granted[i] {
 			return set{node: i}
 		}
-		n, err := setFenceScript.Run(ctx, d.client, []string{lease.keys[0], lease.keys[2]}, lease.tokenArg,
-			fenceArg, q.l.retentionMillis).Int64()
-		return set{node: i, ok: err == nil && n == 1, err: err}
+		reply, err := d.run(ctx, setFenceScript, false, []string{lease.keys[0], lease.keys[2]}, lease.tokenArg,
+			fenceArg, q.l.retentionMillis)
+		return set{node: i, ok: err == nil && reply == int64(1), err: err}
 	})
 	defer sets.stop()
 	var recorded int
@@ -274,9 +305,10 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 		}
 	}
 	if err := ctx.Err(); err != nil {
-		return attempt{err: err, retire: true}
+		return attempt{err: err}
 	}
 	if recorded < q.n || !q.l.clock.Now().Before(start.Add(validity)) {
+		q.retire(lease, nil)
 		return attempt{retire: true, err: &quorumError{class: classUnavailable,
 			msg:  fmt.Sprintf("the fence reached %d of %d nodes within the lock's validity %v", recorded, len(q.nodes), validity),
 			errs: errs}}
@@ -286,26 +318,34 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 
 // refused is the outcome of an attempt that got no quorum: busy when enough
 // nodes are held by another, misconfigured when refusals make a quorum
-// impossible, unavailable otherwise. The nodes that granted it are given
-// back (retire), and so are those that did not answer.
-func (q *quorum) refused(lease *Lease, ok, busy, failed []nodeGrant) attempt {
-	retire := len(ok) > 0
+// impossible, unavailable otherwise. The nodes that granted it, and those
+// whose answer is not known, are cleaned up in the background, and the
+// token retired: the next attempt needs a new one.
+func (q *quorum) refused(lease *Lease, ok, busy, failed []nodeGrant, answered []bool) attempt {
+	var cleanup []int
+	for _, g := range ok {
+		cleanup = append(cleanup, g.node)
+	}
 	var misconfigured int
 	var errs []error
 	var parts []string
 	for _, g := range failed {
 		if classify(g.err) == classMisconfigured {
 			misconfigured++
-		}
-		if !notSent(g.err) {
-			retire = true
+		} else if !notSent(g.err) {
+			cleanup = append(cleanup, g.node) // it may have granted it
 		}
 		errs = append(errs, g.err)
 		parts = append(parts, q.nodes[g.node].name+": "+oneLine(g.err.Error()))
 	}
-	answered := len(ok) + len(busy) + len(failed)
-	if answered < len(q.nodes) {
-		retire = true // a node that did not answer may grant it yet
+	for i, a := range answered {
+		if !a {
+			cleanup = append(cleanup, i) // it may grant it yet
+		}
+	}
+	retire := len(cleanup) > 0
+	if retire {
+		q.retire(lease, cleanup)
 	}
 	spare := len(q.nodes) - q.n // how many nodes a quorum can do without
 	if len(busy) > spare {
@@ -334,13 +374,64 @@ func (q *quorum) refused(lease *Lease, ok, busy, failed []nodeGrant) attempt {
 	if len(busy) > 0 {
 		msg += fmt.Sprintf(", %d held by another", len(busy))
 	}
-	if missing := len(q.nodes) - answered; missing > 0 {
+	if missing := len(q.nodes) - len(ok) - len(busy) - len(failed); missing > 0 {
 		msg += fmt.Sprintf(", %d did not answer within the lock's validity", missing)
 	}
 	if len(parts) > 0 {
 		msg += ": " + strings.Join(parts, "; ")
 	}
 	return attempt{retire: retire, err: &quorumError{class: class, msg: msg, errs: errs}}
+}
+
+// retire gives back, in the background, what an attempt without a quorum
+// may hold on nodes (all nodes when nodes is nil), and retires its token
+// there, so that a grant still on its way is refused.
+func (q *quorum) retire(lease *Lease, nodes []int) {
+	if nodes == nil {
+		nodes = make([]int, len(q.nodes))
+		for i := range nodes {
+			nodes[i] = i
+		}
+	}
+	q.l.giveBack(lease, "clean-up of an attempt without a quorum", func(ctx context.Context) (bool, error) {
+		type rel struct {
+			code int64
+			err  error
+		}
+		out := make(chan rel, len(nodes))
+		for _, i := range nodes {
+			d := q.nodes[i]
+			q.l.bg.add()
+			go func() {
+				defer q.l.bg.finish()
+				code, _, err := d.release(ctx, lease, modeAbandon)
+				out <- rel{code, err}
+			}()
+		}
+		var deleted bool
+		var errs []error
+		for range nodes {
+			r := <-out
+			deleted = deleted || r.code == 1
+			if r.err != nil {
+				errs = append(errs, r.err)
+			}
+		}
+		if len(errs) > 0 { // tried again, on the same nodes: it is idempotent
+			return deleted, &quorumError{class: classUnavailable,
+				msg: fmt.Sprintf("%d nodes did not answer the clean-up", len(errs)), errs: errs}
+		}
+		return deleted, nil
+	})
+}
+
+// wakeSpread is how long waiters woken by one release spread their next
+// attempts over: at once, they would split the nodes' votes among them and
+// none would get a quorum. Twice the time a quorum took to answer lately
+// lets the first attempt's grants reach the nodes before most of the
+// others start; it is capped by half MinRetryBackoff.
+func (q *quorum) wakeSpread() time.Duration {
+	return min(2*time.Duration(q.answerTime.Load()), q.l.opts.MinRetryBackoff/2)
 }
 
 func (q *quorum) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {

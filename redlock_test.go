@@ -328,7 +328,9 @@ func TestRedlockFenceOrderRestsOnTheIntersection(t *testing.T) {
 		t.Helper()
 		e.srvs[down].Pause()
 		defer e.srvs[down].Resume()
-		lease, err := l.Acquire(ctx, name)
+		// With a wait: the previous acquisition's grant and release, queued
+		// on the node that was paused, may still be on their way.
+		lease, err := l.Acquire(ctx, name, WithWait(10*time.Second))
 		require.NoError(t, err)
 		require.NoError(t, lease.Release(ctx))
 		return lease

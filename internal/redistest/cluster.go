@@ -57,12 +57,12 @@ func StartClusterN(t testing.TB, masters, replicasPerMaster int) *Cluster {
 	}
 	c := &Cluster{t: t, ids: make(map[*Server]string)}
 	for range masters {
-		c.Masters = append(c.Masters, start(t, true, nil))
+		c.Masters = append(c.Masters, start(t, true, nil, ""))
 	}
 	for range masters {
 		var rs []*Server
 		for range replicasPerMaster {
-			rs = append(rs, start(t, true, nil))
+			rs = append(rs, start(t, true, nil, ""))
 		}
 		c.Replicas = append(c.Replicas, rs)
 	}

@@ -35,20 +35,23 @@ type Server struct {
 	port int
 	bus  int // cluster bus port; 0 unless the server is a cluster node
 	args []string
-	cmd  *exec.Cmd
-	exit chan struct{} // closed when cmd has been waited for
+	// sentinel is the configuration of a Sentinel (without port, bind, dir
+	// and logfile); "" for a redis-server.
+	sentinel string
+	cmd      *exec.Cmd
+	exit     chan struct{} // closed when cmd has been waited for
 }
 
 // Start starts a redis-server on a free loopback port, with extra appended to
 // its command line, and stops it when the test ends.
 func Start(t testing.TB, extra ...string) *Server {
 	t.Helper()
-	return start(t, false, extra)
+	return start(t, false, extra, "")
 }
 
 // start starts a server; a cluster node also gets a free port for its cluster
 // bus, since the default (port+10000) can be taken or above 65535.
-func start(t testing.TB, cluster bool, extra []string) *Server {
+func start(t testing.TB, cluster bool, extra []string, sentinel string) *Server {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -57,7 +60,7 @@ func start(t testing.TB, cluster bool, extra []string) *Server {
 		}
 		t.Skip("redistest: redis-server not on PATH; install it or set FENCELOCK_REQUIRE_REDIS=1 to fail instead of skipping")
 	}
-	s := &Server{t: t, bin: bin, dir: t.TempDir(), args: extra}
+	s := &Server{t: t, bin: bin, dir: t.TempDir(), args: extra, sentinel: sentinel}
 	var lastErr error
 	for range 5 { // a free port can be taken between choosing and binding it
 		s.port, err = freePort()
@@ -87,6 +90,15 @@ func freePort() (int, error) {
 }
 
 func (s *Server) start() error {
+	if s.sentinel != "" {
+		conf := filepath.Join(s.dir, "sentinel.conf") // rewritten by the Sentinel
+		body := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nlogfile %s\n%s\n",
+			s.port, s.dir, filepath.Join(s.dir, "redis.log"), s.sentinel)
+		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+			return err
+		}
+		return s.run([]string{conf, "--sentinel"})
+	}
 	args := append([]string{
 		"--port", strconv.Itoa(s.port),
 		"--bind", "127.0.0.1",
@@ -105,6 +117,11 @@ func (s *Server) start() error {
 			"--cluster-config-file", "nodes.conf",
 			"--cluster-port", strconv.Itoa(s.bus))
 	}
+	return s.run(args)
+}
+
+// run starts the process with args and waits until it answers PING.
+func (s *Server) run(args []string) error {
 	cmd := exec.Command(s.bin, args...)
 	if err := cmd.Start(); err != nil {
 		return err
@@ -197,6 +214,30 @@ func (s *Server) Restart() {
 	s.t.Fatalf("redistest: restart: %v", err)
 }
 
+// StartSentinel starts a Sentinel that monitors master under the name
+// "fl" with the given quorum, judging a master down after 1s of silence,
+// and waits until it knows the master's replicas (as many as the master
+// reports). Start several, and use FailoverClient("fl", their addresses).
+func StartSentinel(t testing.TB, master *Server, quorum int) *Server {
+	t.Helper()
+	conf := fmt.Sprintf("sentinel monitor fl 127.0.0.1 %d %d\n"+
+		"sentinel down-after-milliseconds fl 1000\n"+
+		"sentinel failover-timeout fl 2000\n", master.port, quorum)
+	s := start(t, false, nil, conf)
+	want := master.Info("replication")["connected_slaves"]
+	eventually(t, 10*time.Second, func() error {
+		v, err := s.Do("SENTINEL", "REPLICAS", "fl")
+		if err != nil {
+			return err
+		}
+		if got := strconv.Itoa(len(v.([]any))); got != want {
+			return fmt.Errorf("the sentinel knows %s replicas, the master has %s", got, want)
+		}
+		return nil
+	})
+	return s
+}
+
 // StartReplica starts a server replicating master (--replicaof), with extra
 // appended to its command line, and waits until the replica reports
 // master_link_status:up and master lists it as online. It is stopped when
@@ -234,6 +275,38 @@ func waitLinked(t testing.TB, replica, master *Server) {
 		}
 		return fmt.Errorf("master %s does not list replica %s as online", master.Addr, replica.Addr)
 	})
+	// A replica's acknowledgements count for WAIT only once the master has
+	// had its first one (replicas send one a second): write, and wait until
+	// this replica has acknowledged the write's offset.
+	key := "redistest:replicas"
+	for i := 0; ; i++ { // a cluster master takes only keys of its own slots
+		_, err := master.Do("INCR", key)
+		if err == nil {
+			break
+		}
+		if !strings.HasPrefix(err.Error(), "MOVED") || i == 1000 {
+			t.Fatalf("redistest: %s: %v", master.Addr, err)
+		}
+		key = "redistest:replicas:" + strconv.Itoa(i)
+	}
+	eventually(t, 10*time.Second, func() error {
+		info, err := master.info("replication")
+		if err != nil {
+			return err
+		}
+		want := info["master_repl_offset"]
+		for k, v := range info {
+			if strings.HasPrefix(k, "slave") && strings.Contains(v, ",port="+port+",") {
+				for _, f := range strings.Split(v, ",") {
+					if off, ok := strings.CutPrefix(f, "offset="); ok && len(off) >= len(want) && off >= want {
+						return nil
+					}
+				}
+			}
+		}
+		return fmt.Errorf("replica %s has not acknowledged offset %s", replica.Addr, want)
+	})
+	master.mustDo("DEL", key)
 }
 
 // Do sends one command through a short-lived client and returns its reply

@@ -1,0 +1,221 @@
+package fencelock
+
+import (
+	"bufio"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock/internal/redistest"
+)
+
+// replicated is a master with replicas, and a Locker on the master.
+func replicated(t *testing.T, replicas int, opts *Options) (*redistest.Server, []*redistest.Server, *Locker, *redis.Client) {
+	t.Helper()
+	master := redistest.Start(t)
+	var rs []*redistest.Server
+	for range replicas {
+		rs = append(rs, redistest.StartReplica(t, master))
+	}
+	client := master.Client(nil)
+	l, err := New(client, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	return master, rs, l, master.Client(nil)
+}
+
+func TestReplicasAcknowledgeTheLock(t *testing.T) {
+	t.Parallel()
+	_, rs, l, _ := replicated(t, 2, &Options{Replicas: 2})
+	lease, err := l.Acquire(ctx, uniqueName(t))
+	require.NoError(t, err, "two replicas acknowledge")
+	for i, r := range rs {
+		v, err := r.Do("GET", lease.Key())
+		require.NoError(t, err)
+		assert.Equal(t, lease.Token()+" ", v.(string)[:len(lease.Token())+1], "replica %d has the lock when Acquire returns", i)
+	}
+	require.NoError(t, lease.Extend(ctx, time.Minute))
+	require.NoError(t, lease.Release(ctx))
+}
+
+func TestReplicasShortOfAcknowledgements(t *testing.T) {
+	t.Parallel()
+	master, rs, _, admin := replicated(t, 2, nil)
+	rs[1].Pause() // only one replica can acknowledge
+	t.Cleanup(rs[1].Resume)
+
+	one, err := New(master.Client(nil), &Options{Replicas: 1})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = one.Close() })
+	lease, err := one.Acquire(ctx, uniqueName(t)+"-one")
+	require.NoError(t, err, "one replica acknowledges: enough for Replicas 1")
+	require.NoError(t, lease.Release(ctx))
+
+	two, err := New(master.Client(nil), &Options{Replicas: 2, ReplicaTimeout: 50 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = two.Close() })
+	name := uniqueName(t) + "-two"
+	start := time.Now()
+	_, err = two.Acquire(ctx, name)
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.NotErrorIs(t, err, ErrNotObtained)
+	assert.Contains(t, err.Error(), "1 of 2 replicas acknowledged")
+	assert.Less(t, time.Since(start), time.Second, "bounded by ReplicaTimeout")
+	key, _ := two.keys(name)
+	require.Eventually(t, func() bool { return admin.Exists(ctx, key).Val() == 0 }, 5*time.Second, time.Millisecond,
+		"the lock that too few replicas acknowledged is released")
+
+	// An extension short of replicas does not move Deadline, and is a
+	// failed renewal for the watchdog.
+	rs[1].Resume()
+	lease, err = two.Acquire(ctx, name, WithWait(5*time.Second))
+	require.NoError(t, err)
+	rs[1].Pause()
+	before := lease.Deadline()
+	err = lease.Extend(ctx, time.Minute)
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.Contains(t, err.Error(), "1 of 2 replicas acknowledged")
+	assert.False(t, lease.Deadline().After(before), "Deadline not moved")
+	rs[1].Resume()
+	require.NoError(t, lease.Release(ctx))
+}
+
+func TestReplicasWaitOnTheScriptsOwnConnection(t *testing.T) {
+	// WAIT counts the writes of its own connection. With the only replica
+	// paused, the library's WAIT (pipelined after the script) sees the lock
+	// unacknowledged; a WAIT on another connection returns at once with the
+	// replica counted, and would have let the lock through.
+	t.Parallel()
+	master, rs, _, admin := replicated(t, 1, nil)
+	rs[0].Pause()
+	t.Cleanup(rs[0].Resume)
+	l, err := New(master.Client(nil), &Options{Replicas: 1, ReplicaTimeout: 50 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+
+	_, err = l.Acquire(ctx, uniqueName(t))
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.Contains(t, err.Error(), "0 of 1 replicas acknowledged")
+
+	// The same write, then WAIT on a connection that wrote nothing (raw,
+	// as a WAIT sent separately through a pool could land on): it counts
+	// the paused replica, which never received the write.
+	require.NoError(t, admin.Set(ctx, uniqueName(t)+"-plain", "x", 0).Err())
+	conn, err := net.Dial("tcp", master.Addr)
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = conn.Write([]byte("WAIT 1 50\r\n"))
+	require.NoError(t, err)
+	reply, err := bufio.NewReader(conn).ReadString('\n')
+	require.NoError(t, err)
+	assert.Equal(t, ":1\r\n", reply, "a WAIT on another connection counts the paused replica")
+}
+
+func TestReplicasInvalidOptions(t *testing.T) {
+	e := newEnv(t, nil)
+	for _, tc := range []struct {
+		name string
+		opts Options
+		msg  string
+	}{
+		{"negative", Options{Replicas: -1}, "Replicas"},
+		{"negative timeout", Options{Replicas: 1, ReplicaTimeout: -1}, "ReplicaTimeout"},
+		{"tiny timeout", Options{Replicas: 1, ReplicaTimeout: time.Microsecond}, "less than 1ms"},
+		{"timeout against TTL", Options{Replicas: 1, TTL: 300 * time.Millisecond, ReplicaTimeout: 100 * time.Millisecond}, "a third"},
+		{"fsync alone", Options{ReplicaFsync: true}, "ReplicaFsync"},
+	} {
+		_, err := New(e.client, &tc.opts)
+		require.ErrorIs(t, err, ErrInvalid, tc.name)
+		assert.Contains(t, err.Error(), tc.msg, tc.name)
+	}
+	l := e.locker(t, &Options{Replicas: 1})
+	_, err := l.Acquire(ctx, "x", WithTTL(200*time.Millisecond))
+	require.ErrorIs(t, err, ErrInvalid, "the default 100ms against WithTTL 200ms")
+	assert.Zero(t, e.hook.calls.Load(), "no Redis call")
+}
+
+func TestReplicaFsyncNeedsWaitAOF(t *testing.T) {
+	t.Parallel()
+	master, _, _, _ := replicated(t, 1, nil)
+	version := master.Info("server")["redis_version"]
+	l, err := New(master.Client(nil), &Options{Replicas: 1, ReplicaFsync: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	_, err = l.Acquire(ctx, uniqueName(t))
+	if version < "7.2" {
+		require.ErrorIs(t, err, ErrMisconfigured, "WAITAOF is unknown before Redis 7.2 (%s)", version)
+		assert.Contains(t, strings.ToLower(err.Error()), "unknown command")
+		return
+	}
+	// Redis 7.2 and later: the master and the replica need appendonly.
+	t.Skipf("WAITAOF with appendonly is not tested on Redis %s here", version)
+}
+
+func TestReplicasWithSentinel(t *testing.T) {
+	t.Parallel()
+	master := redistest.Start(t)
+	replica := redistest.StartReplica(t, master)
+	redistest.StartReplica(t, master)
+	var sentinels []string
+	for range 3 {
+		sentinels = append(sentinels, redistest.StartSentinel(t, master, 2).Addr)
+	}
+	client := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "fl", SentinelAddrs: sentinels})
+	t.Cleanup(func() { _ = client.Close() })
+	l, err := New(client, &Options{Replicas: 2})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	lease, err := l.Acquire(ctx, uniqueName(t))
+	require.NoError(t, err)
+	v, err := replica.Do("GET", lease.Key())
+	require.NoError(t, err)
+	assert.True(t, strings.HasPrefix(v.(string), lease.Token()+" "), "on the replica when Acquire returns")
+	require.NoError(t, lease.Release(ctx))
+
+	replica.Pause()
+	t.Cleanup(replica.Resume)
+	_, err = l.Acquire(ctx, uniqueName(t)+"-short")
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.Contains(t, err.Error(), "1 of 2 replicas acknowledged")
+}
+
+func TestReplicasOnCluster(t *testing.T) {
+	// WAIT goes to the master that serves the lock's slot, on the
+	// connection that ran the script.
+	t.Parallel()
+	c := redistest.StartClusterN(t, 3, 1)
+	l, err := New(c.Client(nil), &Options{Replicas: 1})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	masters := map[*redistest.Server]string{}
+	for i := 0; len(masters) < 3 && i < 100; i++ {
+		name := uniqueName(t) + strings.Repeat("x", i)
+		lease, err := l.Acquire(ctx, name)
+		require.NoError(t, err, "the replica of the slot's master acknowledges")
+		slot, err := c.Masters[0].Do("CLUSTER", "KEYSLOT", lease.Key())
+		require.NoError(t, err)
+		masters[c.MasterOf(int(slot.(int64)))] = name
+		require.NoError(t, lease.Release(ctx))
+	}
+	require.Len(t, masters, 3, "locks on every master")
+
+	// Pause the replica of one master: locks served by that master fail,
+	// the others do not.
+	c.Replicas[0][0].Pause()
+	t.Cleanup(c.Replicas[0][0].Resume)
+	for m, name := range masters {
+		lease, err := l.Acquire(ctx, name)
+		if m == c.Masters[0] {
+			require.ErrorIs(t, err, ErrUnavailable, "the paused replica's master")
+			assert.Contains(t, err.Error(), "0 of 1 replicas acknowledged")
+			continue
+		}
+		require.NoError(t, err)
+		require.NoError(t, lease.Release(ctx))
+	}
+}
