@@ -207,6 +207,24 @@
 // the Redlock algorithm asks; and pass the fence to the resource, which is
 // what keeps the data right when the lock alone cannot.
 //
+// # Replicas and failover
+//
+// With one master and replicas (Sentinel, a managed service, a Cluster),
+// replication is asynchronous: a master that acknowledges a lock and dies
+// before a replica has it lets the promoted replica grant it again.
+// Options.Replicas makes an acquisition, and each extension, wait until that
+// many replicas acknowledged it (WAIT, sent after the script in one pipeline
+// on the same connection, to the master that serves the key: WAIT counts
+// only its own connection's writes). A lock that too few replicas
+// acknowledged is given back, and Acquire fails with ErrUnavailable; a
+// failover to an acknowledging replica then keeps the lock. It does not make
+// the failover itself safe: a spurious failover, or one that promotes a
+// replica that had not acknowledged, can still grant the lock twice, and the
+// fence is what keeps the data right then.
+//
+// Locker.Check inspects the deployment for settings that weaken the lock's
+// guarantees (see Finding).
+//
 // # Redis clients
 //
 // A Locker accepts any go-redis v9 UniversalClient: standalone, Sentinel

@@ -1,0 +1,419 @@
+package fencelock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Severity says how much a Finding matters for the lock's guarantees.
+type Severity int
+
+const (
+	// SeverityInfo is worth knowing; nothing needs to change.
+	SeverityInfo Severity = iota
+	// SeverityWarning weakens a guarantee when a fault happens (a restart,
+	// a failover, memory running out).
+	SeverityWarning
+	// SeverityCritical breaks a guarantee in normal operation, or makes the
+	// lock unusable.
+	SeverityCritical
+)
+
+func (s Severity) String() string {
+	switch s {
+	case SeverityInfo:
+		return "info"
+	case SeverityWarning:
+		return "warning"
+	case SeverityCritical:
+		return "critical"
+	}
+	return "severity(" + strconv.Itoa(int(s)) + ")"
+}
+
+// A Finding is one thing Check found about the deployment, and what it
+// means for the lock.
+type Finding struct {
+	Severity Severity
+	// Check names what was checked: "reachable", "role", "maxmemory-policy",
+	// "persistence", "replicas", "permissions", "pubsub", "round-trip",
+	// "independence" (Redlock), "config".
+	Check string
+	// Node is the server the finding is about (its address, or a Redlock
+	// node's name); "" for the whole deployment.
+	Node  string
+	Seen  string // what was seen
+	Means string // what it means for the lock
+	Fix   string // what to change; "" when nothing needs to
+}
+
+// String returns the finding on one line.
+func (f Finding) String() string {
+	var b strings.Builder
+	b.WriteString(f.Severity.String())
+	b.WriteString(" ")
+	b.WriteString(f.Check)
+	if f.Node != "" {
+		b.WriteString(" [" + f.Node + "]")
+	}
+	b.WriteString(": " + f.Seen)
+	if f.Means != "" {
+		b.WriteString("; " + f.Means)
+	}
+	if f.Fix != "" {
+		b.WriteString("; fix: " + f.Fix)
+	}
+	return b.String()
+}
+
+// Check inspects the Redis deployment (every node of a Redlock, every master
+// of a Cluster, every shard of a Ring) and reports what it means for the
+// lock's guarantees, most severe first: a maxmemory-policy that can evict
+// lock keys, persistence off (a restart grants held locks again), fewer
+// connected replicas than Options.Replicas, a server without sharded
+// pub/sub, an ACL user who cannot run the lock's scripts or publish and
+// subscribe on its channels, the round-trip time against the TTL's drift
+// allowance, Redlock nodes that are not independent. It takes and releases a
+// lock named "fencelock-check:<random>" on each server to test the
+// permissions, which leaves nothing behind once its fence counter expires.
+//
+// A command that is not permitted (managed services block CONFIG) or a
+// server that cannot be reached is reported as a finding, never as an
+// error. Check returns an error only for a Locker not made with New or
+// NewRedlock (ErrInvalid), or when ctx ends (its error, with the findings
+// so far).
+func (l *Locker) Check(ctx context.Context) ([]Finding, error) {
+	if err := l.usable(); err != nil {
+		return nil, err
+	}
+	c := &checker{l: l}
+	switch b := l.b.(type) {
+	case *deployment:
+		c.deployment(ctx, b, "")
+	case *quorum:
+		for _, d := range b.nodes {
+			c.deployment(ctx, d, d.name)
+		}
+		c.independence(b)
+	}
+	sort.SliceStable(c.findings, func(i, j int) bool { return c.findings[i].Severity > c.findings[j].Severity })
+	if err := ctx.Err(); err != nil {
+		return c.findings, err
+	}
+	return c.findings, nil
+}
+
+// checker gathers the findings of one Check.
+type checker struct {
+	l        *Locker
+	findings []Finding
+	servers  []serverInfo // Redlock: what each node said, for the independence check
+}
+
+// serverInfo is what one server said about its identity and replication.
+type serverInfo struct {
+	node        string
+	runID       string
+	replID      string
+	role        string
+	master      string // a replica's master, host:port
+	addr        string
+	replicaAddr []string // a master's replicas, host:port
+}
+
+func (c *checker) add(f Finding) { c.findings = append(c.findings, f) }
+
+// deployment checks each server of d; node names a Redlock node.
+func (c *checker) deployment(ctx context.Context, d *deployment, node string) {
+	servers, err := serversOf(ctx, d.client)
+	if err != nil {
+		c.add(Finding{Severity: SeverityCritical, Check: "reachable", Node: node,
+			Seen:  "could not list the servers: " + oneLine(err.Error()),
+			Means: "the lock cannot be taken there", Fix: "check the address and the network"})
+		return
+	}
+	for _, s := range servers {
+		name := s.Options().Addr
+		if node != "" {
+			name = node
+		}
+		c.server(ctx, d, s, name)
+	}
+	c.roundTrip(ctx, d, node)
+	c.permissions(ctx, d, node)
+}
+
+// serversOf returns a client for each server that holds locks: the masters
+// of a Cluster, the shards of a Ring, the client itself otherwise.
+func serversOf(ctx context.Context, client redis.UniversalClient) ([]*redis.Client, error) {
+	var (
+		mu  sync.Mutex // the callbacks run concurrently
+		out []*redis.Client
+	)
+	collect := func(_ context.Context, c *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
+		out = append(out, c)
+		return nil
+	}
+	var err error
+	switch cl := client.(type) {
+	case *redis.Client:
+		return []*redis.Client{cl}, nil
+	case *redis.ClusterClient:
+		err = cl.ForEachMaster(ctx, collect)
+	case *redis.Ring:
+		err = cl.ForEachShard(ctx, collect)
+	default:
+		return nil, fmt.Errorf("cannot inspect a %T", client)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Options().Addr < out[j].Options().Addr })
+	return out, err
+}
+
+// info returns an INFO section as a map, or records that it could not.
+func (c *checker) info(ctx context.Context, s *redis.Client, node, section string) map[string]string {
+	text, err := s.Info(ctx, section).Result()
+	if err != nil {
+		c.notPermitted(node, "INFO "+section, err)
+		return nil
+	}
+	m := make(map[string]string)
+	for _, line := range strings.Split(text, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// notPermitted records a command Check could not run.
+func (c *checker) notPermitted(node, cmd string, err error) {
+	sev, means := SeverityInfo, "Check could not look at this"
+	if classify(err) == classUnavailable {
+		sev, means = SeverityCritical, "the server did not answer: the lock cannot be taken there"
+	}
+	c.add(Finding{Severity: sev, Check: "config", Node: node,
+		Seen: fmt.Sprintf("%s not answered: %s", cmd, oneLine(err.Error())), Means: means})
+}
+
+// server checks one server's role, memory policy, persistence and
+// replicas.
+func (c *checker) server(ctx context.Context, d *deployment, s *redis.Client, node string) {
+	if err := s.Ping(ctx).Err(); err != nil && classify(err) != classMisconfigured {
+		c.add(Finding{Severity: SeverityCritical, Check: "reachable", Node: node,
+			Seen: "PING failed: " + oneLine(err.Error()), Means: "the lock cannot be taken there",
+			Fix: "check the address, the network and the server"})
+		return
+	}
+	srv := c.info(ctx, s, node, "server")
+	repl := c.info(ctx, s, node, "replication")
+	mem := c.info(ctx, s, node, "memory")
+	pers := c.info(ctx, s, node, "persistence")
+
+	info := serverInfo{node: node, addr: s.Options().Addr, runID: srv["run_id"], replID: repl["master_replid"], role: repl["role"]}
+	if repl["role"] == "slave" {
+		info.master = hostPort(repl["master_host"], repl["master_port"])
+		c.add(Finding{Severity: SeverityCritical, Check: "role", Node: node,
+			Seen:  "the server is a replica of " + info.master,
+			Means: "it refuses writes (READONLY): every acquisition fails",
+			Fix:   "point the client at the master, or use Sentinel or Cluster clients"})
+	}
+	for k, v := range repl {
+		if strings.HasPrefix(k, "slave") && strings.Contains(v, "ip=") {
+			f := fields(v)
+			info.replicaAddr = append(info.replicaAddr, hostPort(f["ip"], f["port"]))
+		}
+	}
+	c.servers = append(c.servers, info)
+
+	if v := srv["redis_version"]; v != "" {
+		if major, _, _ := strings.Cut(v, "."); major < "7" && len(major) == 1 {
+			c.add(Finding{Severity: SeverityInfo, Check: "pubsub", Node: node,
+				Seen:  "Redis " + v + " has no sharded pub/sub",
+				Means: "waiters use classic SUBSCRIBE and PUBLISH, which a Cluster sends to every node",
+				Fix:   "Redis 7 or later"})
+		}
+	}
+
+	if mem != nil {
+		policy, maxmemory := mem["maxmemory_policy"], mem["maxmemory"]
+		switch {
+		case maxmemory == "0" || maxmemory == "":
+		case strings.HasPrefix(policy, "volatile-"):
+			c.add(Finding{Severity: SeverityCritical, Check: "maxmemory-policy", Node: node,
+				Seen:  fmt.Sprintf("maxmemory-policy %s with maxmemory %s", policy, maxmemory),
+				Means: "when memory runs out, keys with a TTL are evicted first, and every lock key has one: held locks are granted again",
+				Fix:   "maxmemory-policy noeviction (a full Redis then refuses new locks with OOM, an outage, instead of double grants)"})
+		case strings.HasPrefix(policy, "allkeys-"):
+			c.add(Finding{Severity: SeverityWarning, Check: "maxmemory-policy", Node: node,
+				Seen:  fmt.Sprintf("maxmemory-policy %s with maxmemory %s", policy, maxmemory),
+				Means: "when memory runs out, lock keys may be evicted: held locks are granted again",
+				Fix:   "maxmemory-policy noeviction, or a Redis of its own for the locks"})
+		}
+	}
+
+	if pers != nil {
+		aof := pers["aof_enabled"] == "1"
+		fsync := ""
+		if aof {
+			if v, err := s.ConfigGet(ctx, "appendfsync").Result(); err == nil {
+				fsync = v["appendfsync"]
+			}
+		}
+		switch {
+		case !aof:
+			c.add(Finding{Severity: SeverityWarning, Check: "persistence", Node: node,
+				Seen:  "appendonly no",
+				Means: "a server restarted at once comes back without the locks it held and grants them again (GUARANTEES.md S5)",
+				Fix:   "appendonly yes with appendfsync always, or keep a crashed server down for longer than the longest TTL"})
+		case fsync != "" && fsync != "always":
+			c.add(Finding{Severity: SeverityInfo, Check: "persistence", Node: node,
+				Seen:  "appendfsync " + fsync,
+				Means: "a crash loses the last writes (up to a second with everysec): locks taken just before it are granted again",
+				Fix:   "appendfsync always, if that cost is acceptable"})
+		}
+	}
+
+	if want := c.l.opts.Replicas; want > 0 && repl != nil && repl["role"] == "master" {
+		online := 0
+		for k, v := range repl {
+			if strings.HasPrefix(k, "slave") && strings.Contains(v, "state=online") {
+				online++
+			}
+		}
+		if online < want {
+			c.add(Finding{Severity: SeverityCritical, Check: "replicas", Node: node,
+				Seen:  fmt.Sprintf("%d replicas online, Options.Replicas is %d", online, want),
+				Means: "no acquisition can be acknowledged by enough replicas: every one fails",
+				Fix:   "add replicas, or lower Options.Replicas"})
+		}
+	}
+}
+
+func hostPort(host, port string) string {
+	if host == "" {
+		return ""
+	}
+	return host + ":" + port
+}
+
+// fields parses "a=1,b=2".
+func fields(s string) map[string]string {
+	m := make(map[string]string)
+	for _, f := range strings.Split(s, ",") {
+		if k, v, ok := strings.Cut(f, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// roundTrip measures PING's round trip to d and compares it with the
+// drift allowance of the default TTL.
+func (c *checker) roundTrip(ctx context.Context, d *deployment, node string) {
+	var worst time.Duration
+	for range 5 {
+		start := time.Now()
+		if err := d.client.Ping(ctx).Err(); err != nil {
+			return // reported by the server checks
+		}
+		worst = max(worst, time.Since(start))
+	}
+	ttl := c.l.opts.TTL
+	allowance := drift(ttl)
+	f := Finding{Severity: SeverityInfo, Check: "round-trip", Node: node,
+		Seen: fmt.Sprintf("round trip up to %v (5 PINGs), drift allowance %v at TTL %v", worst.Round(time.Microsecond), allowance, ttl)}
+	if worst > allowance {
+		f.Severity = SeverityWarning
+		f.Means = "the allowance also covers the network's delays: a lease's deadline may come after the server let the lock expire"
+		f.Fix = "a longer TTL (the allowance is TTL/100 + 2ms), or a Redis closer to the clients"
+	}
+	c.add(f)
+}
+
+// permissions takes and releases a lock, and publishes and subscribes on
+// its channel, as the library does.
+func (c *checker) permissions(ctx context.Context, d *deployment, node string) {
+	name := "fencelock-check:" + c.l.newLease("x", time.Second).token
+	lease := c.l.newLease(name, time.Second)
+	a := d.acquire(ctx, lease)
+	var replicas *replicaError
+	switch {
+	case a.err != nil && errors.As(a.err, &replicas):
+		c.l.abandon(lease) // reported by the replicas check
+	case a.err != nil:
+		sev := SeverityCritical
+		if classify(a.err) == classUnavailable {
+			sev = SeverityWarning // reported as unreachable elsewhere if it is
+		}
+		c.add(Finding{Severity: sev, Check: "permissions", Node: node,
+			Seen:  "taking a test lock failed: " + advice(name, a.err),
+			Means: "locks cannot be taken", Fix: "see the error"})
+		return
+	case a.ok:
+		code, perr, err := d.release(ctx, lease, modeRelease)
+		switch {
+		case err != nil:
+			c.add(Finding{Severity: SeverityCritical, Check: "permissions", Node: node,
+				Seen:  "releasing a test lock failed: " + advice(name, err),
+				Means: "locks are not released: they expire after their TTL", Fix: "see the error"})
+		case code == 1 && perr != nil:
+			c.add(Finding{Severity: SeverityWarning, Check: "permissions", Node: node,
+				Seen:  "a release could not publish its wake-up: " + oneLine(perr.Error()),
+				Means: "waiters are not woken by releases: they poll (backoff, the holder's TTL)",
+				Fix:   "let the ACL user publish on the lock channels: &" + c.l.opts.KeyPrefix + "*"})
+		}
+	}
+	// Subscribing, as waiters do.
+	channel := d.channel(lease.keys[0])
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	ps := d.client.SSubscribe(sctx, channel)
+	defer ps.Close()
+	_, err := ps.ReceiveTimeout(sctx, 2*time.Second)
+	if err != nil && isUnknownCommand(err) {
+		_ = ps.Close()
+		ps = d.client.Subscribe(sctx, channel)
+		_, err = ps.ReceiveTimeout(sctx, 2*time.Second)
+	}
+	if err != nil && classify(err) == classMisconfigured {
+		c.add(Finding{Severity: SeverityWarning, Check: "permissions", Node: node,
+			Seen:  "subscribing to a lock channel failed: " + oneLine(err.Error()),
+			Means: "waiters are not woken by releases: they poll (backoff, the holder's TTL)",
+			Fix:   "let the ACL user subscribe to the lock channels: &" + c.l.opts.KeyPrefix + "*"})
+	}
+}
+
+// independence reports Redlock nodes that are one server, or replicas of
+// one another: a failure of one then takes more than one node with it.
+func (c *checker) independence(q *quorum) {
+	for i, a := range c.servers {
+		for _, b := range c.servers[i+1:] {
+			var seen string
+			switch {
+			case a.runID != "" && a.runID == b.runID:
+				seen = "the same server (run_id " + a.runID + ")"
+			case a.master != "" && a.master == b.addr, b.master != "" && b.master == a.addr:
+				seen = "a master and its replica"
+			case a.replID != "" && a.replID == b.replID:
+				seen = "one replication stream (master_replid " + a.replID + ")"
+			}
+			if seen == "" {
+				continue
+			}
+			c.add(Finding{Severity: SeverityCritical, Check: "independence", Node: a.node + ", " + b.node,
+				Seen:  seen,
+				Means: fmt.Sprintf("one failure takes both: the quorum of %d of %d is weaker than it looks", q.n, len(q.nodes)),
+				Fix:   "give each Redlock node its own server, with no replication between them"})
+		}
+	}
+}
