@@ -1,6 +1,7 @@
 -- acquire: take the lock if it is free and issue a fencing token with it.
 --
--- KEYS[1]  lock key         e.g. lock:{name}; its value is "<token> <fence>"
+-- KEYS[1]  lock key         e.g. lock:{name}; its value is
+--                           "<token> <fence> <owner>"
 -- KEYS[2]  token marker     lock:{name}:t:<token> (same hash tag); exists
 --                           once the token was released or its Acquire gave
 --                           up (see release.lua)
@@ -8,13 +9,15 @@
 -- ARGV[1]  token            random, unique per Acquire call
 -- ARGV[2]  ttl              milliseconds
 -- ARGV[3]  fence retention  milliseconds the counter is kept
+-- ARGV[4]  owner            who takes the lock, stored with it
 --
 -- Returns
 --   {1, fence}  the lock is ours: newly taken, or already held with this
 --               token (a retry after a lost reply), with the fence issued to
 --               this token; fences are decimal strings, as Lua numbers are
 --               doubles and would round them beyond 2^53
---   {0, pttl}   another token holds it (pttl as PTTL reports it)
+--   {0, pttl, owner}  another token holds it (pttl as PTTL reports it;
+--               owner as the holder stored it, "" if it did not)
 --   {2}         this token is retired: its Acquire gave up, or its lease
 --               was released; a late copy of the attempt must not take the
 --               lock
@@ -35,7 +38,7 @@ if held then
 		local fence = string.match(held, '^(%d+)', n + 2)
 		return {1, fence}
 	end
-	return {0, redis.call('PTTL', KEYS[1])}
+	return {0, redis.call('PTTL', KEYS[1]), string.match(held, '^%S+ %S+ (.*)$') or ''}
 end
 
 local t = redis.call('TIME')
@@ -53,5 +56,5 @@ else
 	fence = now
 	redis.call('SET', KEYS[3], now, 'PX', ARGV[3])
 end
-redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. fence, 'PX', ARGV[2])
+redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. fence .. ' ' .. ARGV[4], 'PX', ARGV[2])
 return {1, fence}

@@ -29,6 +29,9 @@ type backend interface {
 	// does not exist, -1 when another token holds it, and in perr the
 	// error of a wake-up that could not be published.
 	release(ctx context.Context, lease *Lease, mode string) (code int64, perr, err error)
+	// inspect reads the lock at key and its fence counter, and with
+	// waiters how many subscribe to its channel, changing nothing.
+	inspect(ctx context.Context, key, fenceKey string, waiters bool) (holding, error)
 	// register adds a waiter for the releases of the lock at key.
 	register(key string) *waiter
 	// wakeSpread is how long waiters woken together spread their next
@@ -44,6 +47,7 @@ type attempt struct {
 	ok    bool
 	fence int64
 	pttl  time.Duration // the holder's, when busy; -1: no expiry
+	owner string        // the holder's, when busy
 	err   error
 	// retire: the try may have taken the lock somewhere without getting
 	// it (a quorum not reached, too few replicas); the backend is giving
@@ -96,7 +100,7 @@ func (d *deployment) channel(key string) string {
 
 func (d *deployment) acquire(ctx context.Context, lease *Lease) attempt {
 	reply, err := d.run(ctx, acquireScript, false, lease.keys[:], lease.tokenArg,
-		ttlMillis(lease.ttl), d.l.retentionMillis)
+		ttlMillis(lease.ttl), d.l.retentionMillis, lease.ownerArg)
 	var short *replicaError
 	if errors.As(err, &short) {
 		// Taken, but not on enough replicas to survive a failover: give it
@@ -107,14 +111,14 @@ func (d *deployment) acquire(ctx context.Context, lease *Lease) attempt {
 	if err != nil {
 		return attempt{err: err}
 	}
-	ok, val, err := decodeAcquire(reply)
+	ok, val, owner, err := decodeAcquire(reply)
 	switch {
 	case err != nil:
 		return attempt{err: err}
 	case ok:
 		return attempt{ok: true, fence: val}
 	}
-	return attempt{pttl: time.Duration(val) * time.Millisecond}
+	return attempt{pttl: time.Duration(val) * time.Millisecond, owner: owner}
 }
 
 func (d *deployment) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {

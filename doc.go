@@ -68,9 +68,9 @@
 // A retry of an acquisition (go-redis resending after a lost reply, or the
 // next attempt of a waiting Acquire) finds the lock already held by its token
 // and returns the fence issued to that token, which the lock's value keeps:
-// "<token> <fence>". When the counter is at the largest int64, the
-// acquisition fails with ErrMisconfigured and takes no lock: a fence is
-// never issued twice.
+// "<token> <fence> <owner>" (Options.Owner or WithOwner). When the counter
+// is at the largest int64, the acquisition fails with ErrMisconfigured and
+// takes no lock: a fence is never issued twice.
 //
 // # Keys
 //

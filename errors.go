@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -52,6 +53,33 @@ var (
 	// error.
 	ErrLost = errors.New("fencelock: lease lost")
 )
+
+// A BusyError is the error of an Acquire that found the lock held by
+// another: it matches ErrNotObtained, and says who holds the lock and for
+// how long, as Redis told when it answered.
+type BusyError struct {
+	Name  string        // the lock's name
+	Owner string        // the holder's Options.Owner or WithOwner; "" if it stored none
+	TTL   time.Duration // left when Redis answered; -1: the lock has no expiry
+}
+
+func (e *BusyError) Error() string {
+	holder := e.Owner
+	if holder == "" {
+		holder = "another holder"
+	}
+	left := "for " + e.TTL.Round(100*time.Millisecond).String() + " more"
+	switch {
+	case e.TTL < 0:
+		left = "with no expiry"
+	case e.TTL < 100*time.Millisecond:
+		left = "for " + e.TTL.String() + " more"
+	}
+	return fmt.Sprintf("%s: %q held by %s %s", ErrNotObtained.Error(), e.Name, holder, left)
+}
+
+// Is reports whether target is ErrNotObtained.
+func (e *BusyError) Is(target error) bool { return target == ErrNotObtained }
 
 // errReleased is the cause of a KeepAlive context cancelled by Release.
 var errReleased = fmt.Errorf("%w: lease released", ErrNotHeld)

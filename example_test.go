@@ -61,7 +61,7 @@ func ExampleLocker_Acquire() {
 	defer stop()
 	ctx := context.Background()
 
-	locker, err := fencelock.New(client, &fencelock.Options{TTL: 10 * time.Second})
+	locker, err := fencelock.New(client, &fencelock.Options{TTL: 10 * time.Second, Owner: "settlement-pod-1"})
 	if err != nil {
 		panic(err)
 	}
@@ -78,12 +78,12 @@ func ExampleLocker_Acquire() {
 
 	fmt.Println("holding", lease.Key(), "fence > 0:", lease.Fence() > 0)
 
-	// A second instance finds the lock busy.
+	// A second instance finds the lock busy, and who holds it.
 	_, err = locker.Acquire(ctx, "nightly-settlement")
 	fmt.Println(err)
 	// Output:
 	// holding lock:{nightly-settlement} fence > 0: true
-	// fencelock: not obtained
+	// fencelock: not obtained: "nightly-settlement" held by settlement-pod-1 for 10s more
 }
 
 func ExampleWithWait() {

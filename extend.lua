@@ -1,7 +1,7 @@
 -- extend: reset the lock's expiry only if this token holds it. It never
 -- recreates a lock that has expired.
 --
--- KEYS[1]  lock key, whose value is "<token> <fence>"
+-- KEYS[1]  lock key, whose value is "<token> <fence> <owner>"
 -- ARGV[1]  token
 -- ARGV[2]  ttl, milliseconds
 --

@@ -18,6 +18,8 @@ type Lease struct {
 	keys     [3]string // lock, token marker, fence counter: the scripts' KEYS
 	token    string
 	tokenArg any // token, boxed once for the scripts' ARGV
+	owner    string
+	ownerArg any // owner, boxed once
 	fence    int64
 	acquired time.Time // when the acquire request was sent
 	degraded bool      // fail-open stand-in: no lock is held

@@ -3,6 +3,8 @@ package fencelock
 import (
 	"context"
 	"errors"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -141,4 +143,89 @@ func TestNotHeldSaysWhy(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotHeld)
 	assert.Contains(t, err.Error(), "released already")
 	assert.False(t, errors.Is(err, ErrLost))
+}
+
+func TestInspectAndLeaseTTL(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, &Options{Owner: "pod-2 (pid 7)"})
+	name := uniqueName(t)
+
+	info, err := l.Inspect(ctx, name)
+	require.NoError(t, err)
+	assert.Equal(t, LockInfo{Name: name}, info, "nothing held, no fence kept")
+
+	lease, err := l.Acquire(ctx, name, WithTTL(10*time.Second))
+	require.NoError(t, err)
+	before := e.hook.calls.Load()
+	info, err = l.Inspect(ctx, name)
+	require.NoError(t, err)
+	assert.True(t, info.Held)
+	assert.Equal(t, "pod-2 (pid 7)", info.Owner)
+	assert.Equal(t, lease.Fence(), info.Fence)
+	assert.Equal(t, lease.Fence(), info.LastFence)
+	assert.InDelta(t, 10*time.Second, info.TTL, float64(time.Second))
+	ttl, err := lease.TTL(ctx)
+	require.NoError(t, err)
+	assert.InDelta(t, 10*time.Second, ttl, float64(time.Second))
+	pttl := e.admin.PTTL(ctx, lease.Key()).Val()
+	assert.LessOrEqual(t, pttl, ttl, "no side effect: the TTL was not reset")
+	assert.Equal(t, before+3, e.hook.calls.Load(), "reads only: the inspect script and PUBSUB; the inspect script")
+
+	// A waiter shows up as one waiting Locker, however many calls wait.
+	other := e.locker(t, &Options{Owner: "pod-3"})
+	got1, got2 := waitInBackground(other, name), waitInBackground(other, name)
+	require.Eventually(t, func() bool {
+		info, err := l.Inspect(ctx, name)
+		return err == nil && info.Waiters == 1
+	}, 5*time.Second, time.Millisecond)
+
+	// Held by another, with another owner and a greater fence.
+	require.NoError(t, lease.Release(ctx))
+	requireObtained(t, got1, 5*time.Second, "first waiter")
+	requireObtained(t, got2, 5*time.Second, "second waiter")
+	next, err := other.Acquire(ctx, name)
+	require.NoError(t, err)
+	info, err = l.Inspect(ctx, name)
+	require.NoError(t, err)
+	assert.Equal(t, "pod-3", info.Owner)
+	assert.Equal(t, next.Fence(), info.Fence)
+	assert.Greater(t, info.Fence, lease.Fence())
+	_, err = lease.TTL(ctx)
+	require.ErrorIs(t, err, ErrNotHeld)
+	assert.Contains(t, err.Error(), "held by another holder")
+	require.NoError(t, next.Release(ctx))
+	_, err = next.TTL(ctx)
+	require.ErrorIs(t, err, ErrNotHeld)
+	assert.Contains(t, err.Error(), "expired or was deleted")
+
+	_, err = (*Lease)(nil).TTL(ctx)
+	assert.ErrorIs(t, err, ErrNotHeld)
+	_, err = l.Inspect(ctx, "a{b}")
+	assert.ErrorIs(t, err, ErrInvalid)
+}
+
+func TestOwnerOptions(t *testing.T) {
+	e := newEnv(t, nil)
+	for _, tc := range []struct {
+		name  string
+		owner string
+		msg   string
+	}{
+		{"too long", strings.Repeat("x", 201), "longer than 200 bytes"},
+		{"newline", "pod\n2", "not printable"},
+		{"invalid UTF-8", "pod\xff", "UTF-8"},
+	} {
+		_, err := New(e.client, &Options{Owner: tc.owner})
+		require.ErrorIs(t, err, ErrInvalid, tc.name)
+		assert.Contains(t, err.Error(), tc.msg)
+		l := e.locker(t, nil)
+		_, err = l.Acquire(ctx, "x", WithOwner(tc.owner))
+		require.ErrorIs(t, err, ErrInvalid, tc.name)
+	}
+	l := e.locker(t, nil)
+	_, err := l.Acquire(ctx, "x", WithOwner(""))
+	require.ErrorIs(t, err, ErrInvalid, "an empty WithOwner")
+	assert.Zero(t, e.hook.calls.Load(), "no Redis call")
+	host, _ := os.Hostname()
+	assert.Equal(t, host+" (pid "+strconv.Itoa(os.Getpid())+")", l.opts.Owner, "the default")
 }

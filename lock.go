@@ -29,6 +29,7 @@ type Locker struct {
 
 	releaseTimeoutMillis any // opts.ReleaseTimeout in ms, boxed once for the scripts' ARGV
 	retentionMillis      any // opts.FenceRetention in ms, boxed once
+	ownerArg             any // opts.Owner, boxed once
 
 	publishWarned atomic.Bool // a failed wake-up was logged
 
@@ -63,6 +64,7 @@ func newLocker(o Options) *Locker {
 		clock:                o.Clock,
 		releaseTimeoutMillis: ttlMillis(o.ReleaseTimeout),
 		retentionMillis:      ttlMillis(o.FenceRetention),
+		ownerArg:             o.Owner,
 	}
 }
 
@@ -180,6 +182,11 @@ func (l *Locker) callOptions(opts []Option) (callOptions, error) {
 	if co.wait < 0 {
 		return co, invalidf("WithWait %v is negative", co.wait)
 	}
+	if co.ownerSet {
+		if err := checkOwner("WithOwner", co.owner); err != nil {
+			return co, err
+		}
+	}
 	return co, nil
 }
 
@@ -231,7 +238,11 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 	if err != nil {
 		return nil, err
 	}
-	return l.acquire(ctx, l.newLease(name, co.ttl), co.wait)
+	lease := l.newLease(name, co.ttl)
+	if co.owner != "" {
+		lease.owner, lease.ownerArg = co.owner, co.owner
+	}
+	return l.acquire(ctx, lease, co.wait)
 }
 
 // newLease returns a lease for name with a fresh random token, not yet
@@ -253,7 +264,8 @@ func (l *Locker) newLease(name string, ttl time.Duration) *Lease {
 	}
 	b.Write(token[:])
 	s := b.String()
-	lease := &Lease{locker: l, name: name, ttl: ttl, op: make(chan struct{}, 1)}
+	lease := &Lease{locker: l, name: name, ttl: ttl, op: make(chan struct{}, 1),
+		owner: l.opts.Owner, ownerArg: l.ownerArg}
 	lease.keys[0] = s[:prefix]               // P{name}
 	lease.keys[1] = s[prefix+len(":fence"):] // P{name}:t:<token>
 	lease.keys[2] = s[:prefix+len(":fence")] // P{name}:fence
@@ -275,9 +287,6 @@ func hexUUID(dst *[36]byte, u *uuid.UUID) {
 		j += 2
 	}
 }
-
-// busy is the verdict of an attempt that found the lock held by another.
-var busy = ErrNotObtained
 
 // acquire runs Acquire's attempts for lease.
 func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration) (*Lease, error) {
@@ -367,20 +376,23 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration) 
 				continue
 			}
 		default:
-			verdict = busy
+			verdict = &BusyError{Name: lease.name, Owner: a.owner, TTL: a.pttl}
 		}
 		if a.retire {
 			// The try may hold the lock somewhere without having got it;
 			// the backend gives that back in the background. Try again
 			// with a new token, which that clean-up cannot touch.
-			lease = l.newLease(lease.name, lease.ttl)
+			next := l.newLease(lease.name, lease.ttl)
+			next.owner, next.ownerArg = lease.owner, lease.ownerArg
+			lease = next
 			unsure = false
 		}
 		now := l.clock.Now()
 		if wait == 0 || !now.Before(waitEnd) {
 			return giveUp()
 		}
-		if w == nil && verdict == busy {
+		busy := errors.Is(verdict, ErrNotObtained)
+		if w == nil && busy {
 			// Wake-ups from now on: the subscription is made in the
 			// background, and its confirmation wakes w for another try, so
 			// that a release before it is not missed.
@@ -391,7 +403,7 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration) 
 			wake = w.wake
 		}
 		sleep := min(bo.next(), waitEnd.Sub(now))
-		if verdict == busy && a.pttl >= 0 && a.pttl < sleep {
+		if busy && a.pttl >= 0 && a.pttl < sleep {
 			sleep = max(a.pttl, time.Millisecond) // the holder's lock expires first
 		}
 		t := l.clock.NewTimer(sleep)

@@ -33,7 +33,8 @@ func TestAcquireRelease(t *testing.T) {
 
 	got, err := e.admin.Get(ctx, lease.Key()).Result()
 	require.NoError(t, err)
-	assert.Equal(t, lease.Token()+" "+strconv.FormatInt(lease.Fence(), 10), got, "the lock key holds the token and the fence")
+	assert.Equal(t, lease.Token()+" "+strconv.FormatInt(lease.Fence(), 10)+" "+l.opts.Owner, got,
+		"the lock key holds the token, the fence and the owner")
 	pttl, err := e.admin.PTTL(ctx, lease.Key()).Result()
 	require.NoError(t, err)
 	assert.InDelta(t, 10*time.Second, pttl, float64(time.Second))
@@ -54,10 +55,15 @@ func TestAcquireBusy(t *testing.T) {
 
 	held, err := l.Acquire(ctx, name)
 	require.NoError(t, err)
-	_, err = l.Acquire(ctx, name)
+	_, err = l.Acquire(ctx, name, WithOwner("another pod"))
 	require.ErrorIs(t, err, ErrNotObtained)
 	assert.NotErrorIs(t, err, ErrUnavailable)
-	assert.Equal(t, ErrNotObtained, err, "no wait: plain ErrNotObtained")
+	var busy *BusyError
+	require.ErrorAs(t, err, &busy, "the details, as a typed error")
+	assert.Equal(t, name, busy.Name)
+	assert.Equal(t, l.opts.Owner, busy.Owner, "the holder's owner, not the caller's")
+	assert.InDelta(t, 30*time.Second, busy.TTL, float64(time.Second))
+	assert.Equal(t, `fencelock: not obtained: "`+name+`" held by `+l.opts.Owner+" for 30s more", err.Error())
 
 	// A different name is independent.
 	other, err := l.Acquire(ctx, name+"-other")
@@ -238,7 +244,7 @@ func TestRetryAfterLostReplyIsIdempotent(t *testing.T) {
 	// reply was lost) finds the lock its own and returns the same fence.
 	run := func(token string) []any {
 		t.Helper()
-		reply, err := acquireScript.Run(ctx, e.admin, []string{key, key + ":t:" + token, fenceKey}, token, 5000, 60000).Slice()
+		reply, err := acquireScript.Run(ctx, e.admin, []string{key, key + ":t:" + token, fenceKey}, token, 5000, 60000, "pod").Slice()
 		require.NoError(t, err)
 		return reply
 	}
@@ -257,7 +263,7 @@ func TestRetryAfterLostReplyIsIdempotent(t *testing.T) {
 	)
 	e.hook.set(nil, func(_ context.Context, cmd redis.Cmder) error {
 		if scriptName(cmd) == "acquire" && dropped.Add(1) == 1 {
-			if _, fence, err := decodeAcquire(cmd.(*redis.Cmd).Val()); err == nil {
+			if _, fence, _, err := decodeAcquire(cmd.(*redis.Cmd).Val()); err == nil {
 				lostFence.Store(fence)
 			}
 			return errReplyLost
@@ -328,7 +334,7 @@ func (h *resendHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			if err := next(ctx, cmd); err != nil {
 				return err
 			}
-			_, h.firstFence, _ = decodeAcquire(cmd.(*redis.Cmd).Val())
+			_, h.firstFence, _, _ = decodeAcquire(cmd.(*redis.Cmd).Val())
 		}
 		return next(ctx, cmd)
 	}
@@ -501,7 +507,9 @@ func TestWaitDoesNotBusyLoop(t *testing.T) {
 	_, err = l.Acquire(ctx, name, WithWait(time.Second))
 	elapsed := time.Since(start)
 	require.ErrorIs(t, err, ErrNotObtained)
-	assert.Equal(t, ErrNotObtained, err, "the wait ran out, ctx did not end")
+	var busy *BusyError
+	assert.ErrorAs(t, err, &busy, "the wait ran out, ctx did not end")
+	assert.NotErrorIs(t, err, context.DeadlineExceeded)
 	attempts := e.hook.calls.Load() - before
 	// 4+8+16+32+64+128+256+256+256 ms already exceed 1s at the jitter's
 	// minimum (half): at most about 12 attempts.
@@ -642,6 +650,7 @@ func TestDefaults(t *testing.T) {
 		MaxRetryBackoff: 256 * time.Millisecond,
 		ReleaseTimeout:  5 * time.Second,
 		FenceRetention:  time.Hour,
+		Owner:           defaultOwner(),
 	}, got)
 	got, err = (&Options{MinRetryBackoff: time.Second}).withDefaults()
 	require.NoError(t, err)
@@ -681,17 +690,19 @@ func TestDecodeAcquire(t *testing.T) {
 	}{
 		{[]any{int64(1), "42"}, true, 42, false},
 		{[]any{int64(1), "9223372036854775807"}, true, 9223372036854775807, false},
-		{[]any{int64(0), int64(1500)}, false, 1500, false},
-		{[]any{int64(0), int64(-1)}, false, -1, false},
+		{[]any{int64(0), int64(1500), "pod-2 (pid 7)"}, false, 1500, false},
+		{[]any{int64(0), int64(-1), ""}, false, -1, false},
+		{[]any{int64(0), int64(1500)}, false, 0, true},
 		{[]any{int64(1), "0"}, false, 0, true},
 		{[]any{int64(1), "x"}, false, 0, true},
 		{[]any{int64(1), int64(42)}, false, 0, true},
-		{[]any{int64(0), "1500"}, false, 0, true},
+		{[]any{int64(0), "1500", ""}, false, 0, true},
+		{[]any{int64(2)}, false, 0, true},
 		{[]any{int64(2), "1"}, false, 0, true},
 		{[]any{int64(1)}, false, 0, true},
 		{"OK", false, 0, true},
 	} {
-		ok, val, err := decodeAcquire(tc.reply)
+		ok, val, _, err := decodeAcquire(tc.reply)
 		if tc.wantErr {
 			assert.Error(t, err, "%v", tc.reply)
 			continue

@@ -150,6 +150,7 @@ type nodeGrant struct {
 	node    int
 	ok      bool
 	pttl    time.Duration // the holder's, when busy
+	owner   string        // the holder's, when busy
 	counter int64         // the node's fence counter
 	time    int64         // the node's TIME, microseconds
 	err     error
@@ -157,7 +158,7 @@ type nodeGrant struct {
 
 func (d *deployment) grant(ctx context.Context, lease *Lease, ttl time.Duration, fence int64) nodeGrant {
 	reply, err := d.run(ctx, grantScript, false, lease.keys[:], lease.tokenArg,
-		ttlMillis(ttl), strconv.FormatInt(fence, 10))
+		ttlMillis(ttl), strconv.FormatInt(fence, 10), lease.ownerArg)
 	if err != nil { // with Options.Replicas, too few replicas count as no grant
 		return nodeGrant{err: err}
 	}
@@ -175,9 +176,11 @@ func (d *deployment) grant(ctx context.Context, lease *Lease, ttl time.Duration,
 		if err1 == nil && err2 == nil {
 			return nodeGrant{ok: true, counter: counter, time: now}
 		}
-	case flag == 0 && len(arr) == 2:
-		if pttl, isInt := arr[1].(int64); isInt {
-			return nodeGrant{pttl: time.Duration(pttl) * time.Millisecond}
+	case flag == 0 && len(arr) == 3:
+		pttl, isInt := arr[1].(int64)
+		owner, isStr := arr[2].(string)
+		if isInt && isStr {
+			return nodeGrant{pttl: time.Duration(pttl) * time.Millisecond, owner: owner}
 		}
 	case flag == 2 && len(arr) == 1:
 		return nodeGrant{err: errRetired}
@@ -364,7 +367,7 @@ func (q *quorum) refused(lease *Lease, ok, busy, failed []nodeGrant, answered []
 		if pttl == math.MaxInt64 {
 			pttl = -1
 		}
-		return attempt{pttl: pttl, retire: retire}
+		return attempt{pttl: pttl, owner: busy[0].owner, retire: retire}
 	}
 	class := classUnavailable
 	if misconfigured > 0 && len(busy)+misconfigured > spare {

@@ -2,7 +2,7 @@
 -- (phase 2 of NewRedlock's acquisition), while the lease holds the lock
 -- there.
 --
--- KEYS[1]  lock key, whose value is "<token> <fence>"
+-- KEYS[1]  lock key, whose value is "<token> <fence> <owner>"
 -- KEYS[2]  fence counter
 -- ARGV[1]  token
 -- ARGV[2]  fence            decimal
@@ -21,5 +21,5 @@ if not c or #c < #ARGV[2] or (#c == #ARGV[2] and c < ARGV[2]) then
 else
 	redis.call('PEXPIRE', KEYS[2], ARGV[3])
 end
-redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[2], 'KEEPTTL')
+redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[2] .. (string.match(held, '^%S+ %S+( .*)$') or ''), 'KEEPTTL')
 return 1

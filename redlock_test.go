@@ -299,7 +299,7 @@ func TestRedlockRenewalRepairsANodeRestartedEmpty(t *testing.T) {
 	require.NoError(t, workCtx.Err())
 	got, err := e.admins[1].Get(ctx, lease.Key()).Result()
 	require.NoError(t, err)
-	assert.Equal(t, lease.Token()+" "+strconv.FormatInt(lease.Fence(), 10), got, "with the lease's fence")
+	assert.Equal(t, lease.Token()+" "+strconv.FormatInt(lease.Fence(), 10)+" "+l.opts.Owner, got, "with the lease's fence and owner")
 	require.NoError(t, lease.Release(ctx))
 	assert.Eventually(t, func() bool { return e.holders(t, lease.Key(), lease.Token()) == 0 },
 		time.Second, time.Millisecond, "released on every node")
@@ -435,4 +435,32 @@ func TestRedlockMinorityHungKeepsDeadlines(t *testing.T) {
 	})
 	require.NoError(t, err)
 	assert.Less(t, time.Since(start), 2500*time.Millisecond, "released without waiting for the hung node")
+}
+
+func TestRedlockInspect(t *testing.T) {
+	e := newRedlockEnv(t, 3, nil)
+	l := e.locker(t, &Options{Owner: "pod-1"})
+	name := uniqueName(t)
+	lease, err := l.Acquire(ctx, name, WithTTL(10*time.Second))
+	require.NoError(t, err)
+	info, err := l.Inspect(ctx, name)
+	require.NoError(t, err)
+	assert.True(t, info.Held)
+	assert.Equal(t, "pod-1", info.Owner)
+	assert.Equal(t, lease.Fence(), info.Fence)
+	assert.Equal(t, lease.Fence(), info.LastFence)
+	assert.InDelta(t, 10*time.Second, info.TTL, float64(time.Second))
+	ttl, err := lease.TTL(ctx)
+	require.NoError(t, err)
+	assert.InDelta(t, 10*time.Second, ttl, float64(time.Second))
+
+	// Held on a minority only: not held.
+	require.NoError(t, e.admins[0].Del(ctx, lease.Key()).Err())
+	require.NoError(t, e.admins[1].Del(ctx, lease.Key()).Err())
+	info, err = l.Inspect(ctx, name)
+	require.NoError(t, err)
+	assert.False(t, info.Held, "one node of three is not a quorum")
+	_, err = lease.TTL(ctx)
+	assert.ErrorIs(t, err, ErrNotHeld)
+	_ = lease.Release(ctx)
 }

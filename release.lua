@@ -1,7 +1,7 @@
 -- release: delete the lock only if this token holds it, wake its waiters,
 -- and retire the token.
 --
--- KEYS[1]  lock key, whose value is "<token> <fence>"
+-- KEYS[1]  lock key, whose value is "<token> <fence> <owner>"
 -- KEYS[2]  token marker, lock:{name}:t:<token>
 -- ARGV[1]  token
 -- ARGV[2]  wake-up channel: the lock key, plus the database number on a

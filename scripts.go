@@ -25,6 +25,10 @@ var (
 	extendLua    string
 	extendScript = redis.NewScript(extendLua)
 
+	//go:embed inspect.lua
+	inspectLua    string
+	inspectScript = redis.NewScript(inspectLua)
+
 	//go:embed redlock_grant.lua
 	grantLua    string
 	grantScript = redis.NewScript(grantLua)

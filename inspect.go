@@ -1,0 +1,214 @@
+package fencelock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// LockInfo is what Locker.Inspect found about a lock.
+type LockInfo struct {
+	Name  string
+	Held  bool
+	Owner string        // the holder's Options.Owner or WithOwner; "" when not held or not stored
+	TTL   time.Duration // left on the server; 0 when not held, -1 when the lock has no expiry
+	Fence int64         // the fence of the current holding; 0 when not held
+	// LastFence is the last fence issued for the name, kept for
+	// FenceRetention after its last acquisition; 0 when none is kept.
+	LastFence int64
+	// Waiters is how many Lockers wait for the lock's release (subscribed
+	// to its channel). Several waiting Acquire calls of one Locker count
+	// once; waits that poll (after Close, or without pub/sub permissions)
+	// are not counted.
+	Waiters int
+}
+
+// Inspect reads the lock called name without changing it: who holds it,
+// for how long, with which fence, the last fence issued, and how many
+// Lockers wait for it. On a Redlock it reports the holding a quorum of
+// nodes agree on, and the longest TTL for which a quorum keeps it.
+//
+// It returns ErrInvalid for a bad name, ErrUnavailable or ErrMisconfigured
+// when Redis could not answer, or an error matching ctx.Err() when ctx
+// ended first.
+func (l *Locker) Inspect(ctx context.Context, name string) (LockInfo, error) {
+	if err := l.usable(); err != nil {
+		return LockInfo{}, err
+	}
+	if err := checkName(name); err != nil {
+		return LockInfo{}, err
+	}
+	key, fenceKey := l.keys(name)
+	res, done := call(l, ctx.Done(), nil, func() holdingResult {
+		h, err := l.b.inspect(ctx, key, fenceKey, true)
+		return holdingResult{h, err}
+	}, nil)
+	switch {
+	case !done || (res.err != nil && (classify(res.err) == classNoVerdict || ctxErr(ctx) != nil)):
+		return LockInfo{}, ctxEnded(ctx, fmt.Sprintf("inspect %q", name))
+	case res.err != nil:
+		return LockInfo{}, callError(name, res.err)
+	}
+	h := res.h
+	info := LockInfo{Name: name, LastFence: h.counter, Waiters: h.waiters}
+	if h.value != "" {
+		_, info.Fence, info.Owner = parseValue(h.value)
+		info.Held, info.TTL = true, h.pttl
+	}
+	return info, nil
+}
+
+// TTL returns how long the server keeps the lock if this lease still holds
+// it, without changing anything. It returns an error matching ErrNotHeld
+// (saying why) when the lock is not this lease's, and on a nil or degraded
+// lease; ErrUnavailable or ErrMisconfigured when Redis could not answer; an
+// error matching ctx.Err() when ctx ended first. -1 means the lock has no
+// expiry. On a Redlock it is the longest time for which a quorum of nodes
+// keeps the lock.
+func (l *Lease) TTL(ctx context.Context) (time.Duration, error) {
+	if l == nil || l.locker == nil || l.degraded {
+		return 0, ErrNotHeld
+	}
+	res, done := call(l.locker, ctx.Done(), nil, func() holdingResult {
+		h, err := l.locker.b.inspect(ctx, l.keys[0], l.keys[2], false)
+		return holdingResult{h, err}
+	}, nil)
+	switch {
+	case !done || (res.err != nil && (classify(res.err) == classNoVerdict || ctxErr(ctx) != nil)):
+		return 0, ctxEnded(ctx, "ttl")
+	case res.err != nil:
+		return 0, callError(l.name, res.err)
+	}
+	token, _, _ := parseValue(res.h.value)
+	switch {
+	case res.h.value == "":
+		return 0, errGone
+	case token != l.token:
+		return 0, errTakenBy
+	}
+	return res.h.pttl, nil
+}
+
+// holding is what one read of a lock found.
+type holding struct {
+	value   string        // the lock's value; "" when not held
+	pttl    time.Duration // when held; -1: no expiry
+	counter int64         // the fence counter; 0 when none
+	waiters int
+}
+
+type holdingResult struct {
+	h   holding
+	err error
+}
+
+// inspect reads the lock at key and its fence counter in one step, then,
+// with waiters, counts the subscribers of its channel.
+func (d *deployment) inspect(ctx context.Context, key, fenceKey string, waiters bool) (holding, error) {
+	reply, err := inspectScript.Run(ctx, d.client, []string{key, fenceKey}).Slice()
+	if err != nil {
+		return holding{}, err
+	}
+	var h holding
+	value, ok1 := reply[0].(string)
+	pttl, ok2 := reply[1].(int64)
+	counter, ok3 := reply[2].(string)
+	if len(reply) != 3 || !ok1 || !ok2 || !ok3 {
+		return holding{}, fmt.Errorf("%w from the inspect script: %v", errReply, reply)
+	}
+	h.value, h.pttl = value, time.Duration(pttl)*time.Millisecond
+	if pttl < 0 {
+		h.pttl = -1
+	}
+	h.counter, _ = strconv.ParseInt(counter, 10, 64)
+	if waiters {
+		h.waiters, err = d.subscribers(ctx, d.channel(key))
+	}
+	return h, err
+}
+
+// subscribers counts the connections subscribed to channel on the node that
+// serves it: sharded, or classic on a server without sharded pub/sub.
+func (d *deployment) subscribers(ctx context.Context, channel string) (int, error) {
+	node, err := d.node(ctx, channel)
+	if err != nil {
+		return 0, err
+	}
+	n, err := node.PubSubShardNumSub(ctx, channel).Result()
+	if err != nil && isUnknownCommand(err) {
+		n, err = node.PubSubNumSub(ctx, channel).Result()
+	}
+	if err != nil {
+		return 0, err
+	}
+	return int(n[channel]), nil
+}
+
+// inspect reads the lock on every node and reports the holding a quorum
+// agrees on.
+func (q *quorum) inspect(ctx context.Context, key, fenceKey string, waiters bool) (holding, error) {
+	type read struct {
+		h   holding
+		err error
+	}
+	reads := each(ctx, q, q.l.opts.ReleaseTimeout, false, func(ctx context.Context, _ int, d *deployment) read {
+		h, err := d.inspect(ctx, key, fenceKey, waiters)
+		return read{h, err}
+	})
+	defer reads.stop()
+	var (
+		out     holding
+		errs    []error
+		byToken = map[string][]holding{}
+	)
+	for range q.nodes {
+		r, more := reads.next()
+		if !more {
+			break
+		}
+		if r.err != nil {
+			errs = append(errs, r.err)
+			continue
+		}
+		out.counter = max(out.counter, r.h.counter)
+		out.waiters = max(out.waiters, r.h.waiters)
+		if token, _, _ := parseValue(r.h.value); r.h.value != "" {
+			byToken[token] = append(byToken[token], r.h)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return holding{}, err
+	}
+	if len(errs) > len(q.nodes)-q.n {
+		return holding{}, &quorumError{class: classify(errors.Join(errs...)), errs: errs,
+			msg: fmt.Sprintf("%d of %d nodes answered, %d needed", len(q.nodes)-len(errs), len(q.nodes), q.n)}
+	}
+	for _, hs := range byToken {
+		if len(hs) < q.n {
+			continue
+		}
+		// Held while a quorum keeps it: the q-th longest TTL.
+		pttls := make([]time.Duration, 0, len(hs))
+		best := hs[0]
+		for _, h := range hs {
+			p := h.pttl
+			if p < 0 {
+				p = time.Duration(1<<63 - 1)
+			}
+			pttls = append(pttls, p)
+			if _, f, _ := parseValue(h.value); f > 0 {
+				best = h // a node with the fence written (phase 2)
+			}
+		}
+		slices.Sort(pttls)
+		out.value = best.value
+		out.pttl = pttls[len(pttls)-q.n]
+		if out.pttl == time.Duration(1<<63-1) {
+			out.pttl = -1
+		}
+	}
+	return out, nil
+}
