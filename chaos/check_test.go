@@ -91,6 +91,12 @@ type figures struct {
 	MaxGap       time.Duration // longest time with no holder
 	MaxHandover  time.Duration // longest time from a holder's work returning to the next grant
 	AfterRelease int64         // renewals sent for a lease after its Release (must be 0)
+
+	Unavailable, NotObtained int // RunWithLock calls that got no lease: ErrUnavailable, ErrNotObtained (a lost lease's error may wrap an ErrUnavailable: not counted)
+
+	// Redlock only.
+	Repairs, Repaired   int   // repairs sent to nodes that had lost a held lock, and those that put it back
+	RepairsAfterRelease int64 // repairs sent for a lease after its Release (each worker's count; the largest)
 }
 
 // analyze assembles the events into sections and computes the figures.
@@ -127,8 +133,11 @@ func analyze(events []event, counter, highest int64, ttl time.Duration, name str
 			get(*ev).Cancel = ev
 		case "done":
 			get(*ev).Done = ev
+			f.Repairs += ev.Repairs
+			f.Repaired += ev.Repaired
 		case "next", "bye":
 			f.AfterRelease = max(f.AfterRelease, ev.AfterRelease)
+			f.RepairsAfterRelease = max(f.RepairsAfterRelease, ev.RepairsAfterRelease)
 		}
 	}
 
@@ -139,6 +148,12 @@ func analyze(events []event, counter, highest int64, ttl time.Duration, name str
 			last = max(last, s.Done.T)
 			if s.Done.Lost {
 				f.LostRun++
+			}
+			if s.Acq == nil && s.Done.Unavailable {
+				f.Unavailable++
+			}
+			if s.Acq == nil && s.Done.NotObtained {
+				f.NotObtained++
 			}
 		}
 		if s.Acq != nil {

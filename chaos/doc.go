@@ -7,7 +7,14 @@
 // ports, re-execute the test binary as lock-holding worker processes that
 // reach Redis through fault-injecting TCP proxies, pause, kill, partition and
 // fail over those processes, and check what the lock and its fencing tokens
-// guaranteed. GUARANTEES.md at the repository root reports one run.
+// guaranteed: on one Redis deployment (New: scenarios S0-S6) and on five
+// independent ones (NewRedlock: scenarios R0-R4, where each worker reaches
+// each node through a proxy of its own). GUARANTEES.md at the repository
+// root reports one run.
+//
+// FENCELOCK_CHAOS_LOG=1 gives the workers a debug-level fencelock logger on
+// their stderr, which a failed scenario (or FENCELOCK_CHAOS_DUMP=1) writes
+// to the artifact directory with their events.
 //
 // The suite is a module of its own so that its dependencies (porcupine among
 // them) never reach fencelock's users.

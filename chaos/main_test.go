@@ -61,6 +61,11 @@ func TestChaos(t *testing.T) {
 	t.Run("S6_slow_clock_inside", func(t *testing.T) { testS6(t, true) })
 	t.Run("S6_slow_clock_beyond", func(t *testing.T) { testS6(t, false) })
 	t.Run("S6_slow_clock_renewals", testS6Renewals)
+	t.Run("R0_redlock_no_fault", testR0)
+	t.Run("R1_redlock_minority_killed", testR1)
+	t.Run("R2_redlock_minority_paused", testR2)
+	t.Run("R3_redlock_holder_paused", testR3)
+	t.Run("R4_redlock_restart_double_grant", testR4)
 
 	table.mu.Lock()
 	defer table.mu.Unlock()

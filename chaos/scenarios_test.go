@@ -205,12 +205,22 @@ func testS0(t *testing.T) {
 // its writes (a GC pause at the worst moment), then resumed.
 func testS1(t *testing.T) {
 	const ttl = 300 * time.Millisecond
-	r := newRig(t, nil, func(_ int, addr string) workerConfig {
-		c := defaults(addr, ttl)
-		c.Hold = 20 * time.Millisecond
-		c.Linger = ttl / 5 // the work goes on briefly after its writes
-		return c
-	})
+	r := newRig(t, nil, func(_ int, addr string) workerConfig { return pausedHolderConfig(defaults(addr, ttl)) })
+	holderPaused(t, r.c, ttl, "S1", "S1 SIGSTOP 3×TTL")
+}
+
+// pausedHolderConfig is c with S1's sections: short, with work going on
+// briefly after the writes.
+func pausedHolderConfig(c workerConfig) workerConfig {
+	c.Hold = 20 * time.Millisecond
+	c.Linger = c.TTL / 5
+	return c
+}
+
+// holderPaused runs S1 (and R3) on c's workers: the holder of the 10th,
+// 30th and 50th commit is SIGSTOPped for 3×ttl before it writes.
+func holderPaused(t *testing.T, c *coord, ttl time.Duration, artifact, row string) {
+	t.Helper()
 	type pause struct {
 		ev       event
 		from, to time.Duration
@@ -222,7 +232,7 @@ func testS1(t *testing.T) {
 	)
 	pauseAt := map[int]bool{10: true, 30: true, 50: true}
 	paused := make(chan struct{}, len(pauseAt))
-	r.c.setOnCommit(func(ev event) {
+	c.setOnCommit(func(ev event) {
 		mu.Lock()
 		commits++
 		n := commits
@@ -230,12 +240,12 @@ func testS1(t *testing.T) {
 		if !pauseAt[n] {
 			return
 		}
-		from := time.Since(r.c.t0)
-		if err := r.c.pauseFor(ev.W, 3*ttl); err != nil {
+		from := time.Since(c.t0)
+		if err := c.pauseFor(ev.W, 3*ttl); err != nil {
 			t.Errorf("pause: %v", err)
 		}
 		mu.Lock()
-		pauses = append(pauses, pause{ev, from, time.Since(r.c.t0)})
+		pauses = append(pauses, pause{ev, from, time.Since(c.t0)})
 		mu.Unlock()
 		paused <- struct{}{}
 	})
@@ -247,9 +257,9 @@ func testS1(t *testing.T) {
 			t.Fatalf("the pauses did not all happen within 60s")
 		}
 	}
-	r.c.setOnCommit(nil)
-	r.c.awaitAcquired(0, 60, 20*time.Second)
-	f, secs := finish(t, r.c, "S1")
+	c.setOnCommit(nil)
+	c.awaitAcquired(0, 60, 20*time.Second)
+	f, secs := finish(t, c, artifact)
 
 	var notes []string
 	for _, p := range pauses {
@@ -278,7 +288,7 @@ func testS1(t *testing.T) {
 	}
 	notes = append(notes, fmt.Sprintf("unfenced: %d overlapping sections, %d of %d updates lost; fenced: %d stale writes rejected, 0 accepted",
 		f.Overlaps, f.LostUpdates, f.Writes, f.StaleRejected))
-	report(t, "S1 SIGSTOP 3×TTL", f, notes...)
+	report(t, row, f, notes...)
 	assertSafe(t, f)
 }
 

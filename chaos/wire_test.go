@@ -49,10 +49,13 @@ type request struct {
 	NotObtained bool   `json:"notobtained,omitempty"` // done: the error matches ErrNotObtained
 	Unavailable bool   `json:"unavailable,omitempty"` // done: the error matches ErrUnavailable
 	WorkEnd     int64  `json:"workend,omitempty"`     // done: wall µs when the work returned
-	RenewOK     int    `json:"renewok,omitempty"`     // done: renewals of the lease that succeeded
-	RenewFail   int    `json:"renewfail,omitempty"`   // done: renewals that failed or found it not held
+	RenewOK     int    `json:"renewok,omitempty"`     // done: renewals of the lease that succeeded (Redlock: calls on nodes)
+	RenewFail   int    `json:"renewfail,omitempty"`   // done: renewals that failed or found it not held (Redlock: calls on nodes)
+	Repairs     int    `json:"repairs,omitempty"`     // done, Redlock: repairs sent to nodes that had lost the lock
+	Repaired    int    `json:"repaired,omitempty"`    // done, Redlock: repairs that put the lock back
 
-	AfterRelease int64 `json:"afterrelease,omitempty"` // next, bye: renewals sent for a lease after its Release
+	AfterRelease        int64 `json:"afterrelease,omitempty"`        // next, bye: renewals sent for a lease after its Release
+	RepairsAfterRelease int64 `json:"repairsafterrelease,omitempty"` // next, bye, Redlock: repairs sent for a lease after its Release
 }
 
 type reply struct {
@@ -69,6 +72,7 @@ type workerConfig struct {
 	Addr          string   // Redis, or this worker's proxy to it
 	SentinelAddrs []string // instead of Addr: a go-redis failover client
 	MasterName    string
+	RedlockAddrs  []string // instead of Addr: NewRedlock over these independent nodes (this worker's proxies to them)
 
 	Lock           string
 	TTL            time.Duration

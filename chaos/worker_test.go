@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"strconv"
@@ -57,27 +58,33 @@ func workerMain() int {
 		fmt.Fprintln(os.Stderr, "chaos worker:", err)
 		return 2
 	}
-	defer w.client.Close()
+	defer func() {
+		for _, c := range w.clients {
+			_ = c.Close()
+		}
+	}()
 	ctx := context.Background()
 	for seq := 1; ; seq++ {
-		r := w.call(request{Op: "next", W: id, Seq: seq, AfterRelease: w.hook.afterRelease.Load()})
+		r := w.call(request{Op: "next", W: id, Seq: seq, AfterRelease: w.hook.afterRelease.Load(),
+			RepairsAfterRelease: w.hook.repairsAfterRelease.Load()})
 		if r.Stop {
 			break
 		}
 		w.attempt(ctx, seq)
 	}
-	w.call(request{Op: "bye", W: id, AfterRelease: w.hook.afterRelease.Load()})
+	w.call(request{Op: "bye", W: id, AfterRelease: w.hook.afterRelease.Load(),
+		RepairsAfterRelease: w.hook.repairsAfterRelease.Load()})
 	return 0
 }
 
 type worker struct {
-	id     int
-	cfg    workerConfig
-	link   *link
-	hook   *renewHook
-	client redis.UniversalClient
-	locker *fencelock.Locker
-	clock  realClock
+	id      int
+	cfg     workerConfig
+	link    *link
+	hook    *renewHook
+	clients []redis.UniversalClient // one, or one per Redlock node
+	locker  *fencelock.Locker
+	clock   realClock
 }
 
 // call sends req to the test process. A worker whose test process has gone
@@ -93,17 +100,9 @@ func (w *worker) call(req request) reply {
 
 func (w *worker) setup() error {
 	c := w.cfg
-	if len(c.SentinelAddrs) > 0 {
-		w.client = redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName: c.MasterName, SentinelAddrs: c.SentinelAddrs,
-			Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true,
-			DialTimeout: c.IOTimeout, ReadTimeout: c.IOTimeout, WriteTimeout: c.IOTimeout,
-			MaxRetries: 1, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 10 * time.Millisecond,
-			DialerRetries: 1, PoolSize: 8,
-		})
-	} else {
-		w.client = redis.NewClient(&redis.Options{
-			Addr:     c.Addr,
+	client := func(addr string) redis.UniversalClient {
+		return redis.NewClient(&redis.Options{
+			Addr:     addr,
 			Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true,
 			DialTimeout: c.IOTimeout, ReadTimeout: c.IOTimeout, WriteTimeout: c.IOTimeout,
 			MaxRetries: 1, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 10 * time.Millisecond,
@@ -111,13 +110,35 @@ func (w *worker) setup() error {
 			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 		})
 	}
-	w.client.AddHook(w.hook)
+	switch {
+	case len(c.SentinelAddrs) > 0:
+		w.clients = []redis.UniversalClient{redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName: c.MasterName, SentinelAddrs: c.SentinelAddrs,
+			Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true,
+			DialTimeout: c.IOTimeout, ReadTimeout: c.IOTimeout, WriteTimeout: c.IOTimeout,
+			MaxRetries: 1, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 10 * time.Millisecond,
+			DialerRetries: 1, PoolSize: 8,
+		})}
+	case len(c.RedlockAddrs) > 0:
+		for _, a := range c.RedlockAddrs {
+			w.clients = append(w.clients, client(a))
+		}
+		w.hook.redlock = true
+	default:
+		w.clients = []redis.UniversalClient{client(c.Addr)}
+	}
+	for _, cl := range w.clients {
+		cl.AddHook(w.hook)
+	}
 	opts := &fencelock.Options{
 		TTL:             c.TTL,
 		MinRetryBackoff: c.MinBackoff,
 		MaxRetryBackoff: c.MaxBackoff,
 		ReleaseTimeout:  c.ReleaseTimeout,
 		MaxHold:         c.MaxHold,
+	}
+	if os.Getenv("FENCELOCK_CHAOS_LOG") == "1" {
+		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	if c.ClockRate > 0 && c.ClockRate != 1 {
 		sc := scaledClock{base: time.Now().Add(-c.ClockSince), rate: c.ClockRate}
@@ -126,7 +147,11 @@ func (w *worker) setup() error {
 		w.clock = systemClock{}
 	}
 	var err error
-	w.locker, err = fencelock.New(w.client, opts)
+	if len(c.RedlockAddrs) > 0 {
+		w.locker, err = fencelock.NewRedlock(w.clients, opts)
+	} else {
+		w.locker, err = fencelock.New(w.clients[0], opts)
+	}
 	return err
 }
 
@@ -147,7 +172,8 @@ func (w *worker) attempt(ctx context.Context, seq int) {
 	if token != "" {
 		// RunWithLock has returned, so its Release is over: from here on
 		// the hook counts any renewal of this lease as one after Release.
-		req.RenewOK, req.RenewFail = w.hook.released(token)
+		r := w.hook.released(token)
+		req.RenewOK, req.RenewFail, req.Repairs, req.Repaired = r.ok, r.fail, r.repairs, r.repaired
 	}
 	if err != nil {
 		req.Err = err.Error()
@@ -251,34 +277,44 @@ func (c scaledClock) realAt(t time.Time) time.Time {
 
 // renewHook watches the worker's Redis commands for the extend script: it
 // counts each lease's renewals, and any renewal sent for a lease after
-// RunWithLock (and so its Release) returned.
+// RunWithLock (and so its Release) returned. A Redlock worker's renewal is a
+// call on each node, and the hook counts those calls. On a Redlock worker it
+// also counts the repairs: the grant script sent with the lease's fence,
+// which a renewal that reached a quorum sends to a node that lost the lock
+// (restarted empty), and those sent after Release.
 //
 // It recognises the extend script by its arguments (EVALSHA/EVAL with one
 // key and two arguments, the second an integer TTL), which no other script
-// of the library has.
+// of the library has; and the grant script by its three keys and three
+// arguments, the last the fence, "0" for an acquisition and the lease's
+// fence for a repair (on a Redlock worker only: New's acquire script has as
+// many keys and arguments).
 type renewHook struct {
-	afterRelease atomic.Int64
+	redlock             bool // a Redlock worker; set before the first command
+	afterRelease        atomic.Int64
+	repairsAfterRelease atomic.Int64
 
 	mu     sync.Mutex
 	leases map[string]*renewals // guarded by mu; by token
 }
 
 type renewals struct {
-	ok, fail int
-	released bool
+	ok, fail          int
+	repairs, repaired int // repairs sent, and those that put the lock back
+	released          bool
 }
 
 var _ redis.Hook = (*renewHook)(nil)
 
 func newRenewHook() *renewHook { return &renewHook{leases: make(map[string]*renewals)} }
 
-// released marks token's lease released and returns its renewal counts.
-func (h *renewHook) released(token string) (ok, fail int) {
+// released marks token's lease released and returns its counts.
+func (h *renewHook) released(token string) renewals {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	r := h.lease(token)
 	r.released = true
-	return r.ok, r.fail
+	return *r
 }
 
 func (h *renewHook) lease(token string) *renewals {
@@ -298,6 +334,11 @@ func (h *renewHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 
 func (h *renewHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.redlock {
+			if token, ok := repairToken(cmd); ok {
+				return h.repair(ctx, next, cmd, token)
+			}
+		}
 		token, ok := extendToken(cmd)
 		if !ok {
 			return next(ctx, cmd)
@@ -321,6 +362,51 @@ func (h *renewHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		h.mu.Unlock()
 		return err
 	}
+}
+
+// repair runs a repair of token's lease and counts it.
+func (h *renewHook) repair(ctx context.Context, next redis.ProcessHook, cmd redis.Cmder, token string) error {
+	h.mu.Lock()
+	after := h.lease(token).released
+	h.mu.Unlock()
+	err := next(ctx, cmd)
+	if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		return err // the EVALSHA half of one Script.Run: the EVAL follows
+	}
+	if after {
+		h.repairsAfterRelease.Add(1)
+	}
+	reply, _ := cmd.(*redis.Cmd).Slice()
+	h.mu.Lock()
+	r := h.lease(token)
+	r.repairs++
+	if err == nil && len(reply) > 0 && reply[0] == int64(1) {
+		r.repaired++
+	}
+	h.mu.Unlock()
+	return err
+}
+
+// repairToken returns the token of a Redlock repair: a grant script call
+// whose fence argument is not "0".
+func repairToken(cmd redis.Cmder) (string, bool) {
+	if _, isCmd := cmd.(*redis.Cmd); !isCmd {
+		return "", false
+	}
+	args := cmd.Args()
+	if len(args) != 9 || (cmd.Name() != "evalsha" && cmd.Name() != "eval") {
+		return "", false
+	}
+	if fmt.Sprint(args[2]) != "3" || fmt.Sprint(args[8]) == "0" {
+		return "", false
+	}
+	switch token := args[6].(type) {
+	case string:
+		return token, true
+	case []byte:
+		return string(token), true
+	}
+	return "", false
 }
 
 // extendToken returns the token of an extend script call.
