@@ -166,12 +166,17 @@
 // minus the time the grants took minus the drift allowance. The lease is
 // the same as New's: Deadline is the request's start + TTL − drift, the
 // watchdog renews on every node and needs a quorum, Release goes to every
-// node, a release on any node wakes the waiters. Calls to the nodes run in
+// node and reports the lease held (nil) only if it still held the lock on a
+// quorum (on fewer, another may have held a quorum meanwhile: ErrNotHeld,
+// and RunWithLock reports a loss), a release on any node wakes the waiters. Calls to the nodes run in
 // parallel, each bounded, so that a hung node holds nothing up; a minority
-// down or hung is not an outage (FailOpen opens only without a quorum). A
-// node that lost the lock (restarted empty) gets it back at the next
-// renewal, where it is free, so that a lease does not shrink to a bare
-// quorum. An attempt that got no quorum gives back what it took at once
+// down or hung is not an outage: ErrUnavailable, and FailOpen, only when
+// fewer than a quorum of nodes answer; an attempt waits for a hung minority
+// only a little longer than the quorum took to answer. A renewal puts the
+// lock back on nodes that lost it (restarted empty) or never got it, where
+// they are free, while the lease still holds a quorum: a lease does not
+// shrink to a bare quorum, and a failed minority does not cost it the lock
+// while a quorum of other nodes is free. An attempt that got no quorum gives back what it took at once
 // and the next attempt uses a new token, so that this clean-up never
 // touches what a later attempt was granted; releases and clean-ups retire
 // the token on every node, so that a grant still on its way to a slow node

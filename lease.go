@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -23,6 +24,10 @@ type Lease struct {
 	fence    int64
 	acquired time.Time // when the acquire request was sent
 	degraded bool      // fail-open stand-in: no lock is held
+
+	// held has a bit set for each node of a Redlock quorum that has
+	// confirmed holding the lock for this token (granted or extended it).
+	held atomic.Uint64
 
 	// op is held by the one Redis call on the lease at a time (Extend, a
 	// renewal, Release), so that they reach Redis in the order they were

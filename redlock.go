@@ -34,6 +34,9 @@ func NewRedlock(clients []redis.UniversalClient, opts *Options) (*Locker, error)
 	if len(clients) == 0 {
 		return nil, invalidf("no redis clients")
 	}
+	if len(clients) > 64 {
+		return nil, invalidf("%d redis clients: at most 64", len(clients))
+	}
 	for i, c := range clients {
 		if isNil(c) {
 			return nil, invalidf("redis client %d is nil", i)
@@ -127,7 +130,11 @@ type results[T any] struct {
 
 // next returns the next result, or false once the timeout has passed or the
 // caller's context has ended.
-func (r *results[T]) next() (T, bool) {
+func (r *results[T]) next() (T, bool) { return r.nextOr(nil) }
+
+// nextOr is next, also ending when or fires. A result already there comes
+// first.
+func (r *results[T]) nextOr(or <-chan time.Time) (T, bool) {
 	select {
 	case v := <-r.ch:
 		return v, true
@@ -138,6 +145,7 @@ func (r *results[T]) next() (T, bool) {
 		return v, true
 	case <-r.timer.C:
 	case <-r.ctx.Done():
+	case <-or:
 	}
 	var zero T
 	return zero, false
@@ -208,6 +216,9 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 	grants := each(ctx, q, validity, false, func(ctx context.Context, i int, d *deployment) nodeGrant {
 		g := d.grant(ctx, lease, lease.ttl, 0)
 		g.node = i
+		if g.ok {
+			lease.held.Or(1 << i)
+		}
 		return g
 	})
 	defer grants.stop()
@@ -224,8 +235,19 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 			busy = append(busy, g)
 		}
 	}
+	// Collect until a quorum granted, a quorum is out of reach, or every
+	// node answered. Once a quorum of nodes has answered, the others get a
+	// little longer (twice what that took, at least 5ms), not the whole
+	// validity: a hung minority must not hold an attempt, and the grants
+	// it got, for a TTL.
+	var straggle <-chan time.Time
 	for len(ok) < q.n && len(busy)+len(failed) <= len(q.nodes)-q.n && len(ok)+len(busy)+len(failed) < len(q.nodes) {
-		g, more := grants.next()
+		if straggle == nil && len(ok)+len(busy)+len(failed) >= q.n {
+			t := time.NewTimer(max(5*time.Millisecond, 2*q.l.clock.Now().Sub(start)))
+			defer t.Stop()
+			straggle = t.C
+		}
+		g, more := grants.nextOr(straggle)
 		if !more {
 			break
 		}
@@ -352,25 +374,17 @@ func (q *quorum) refused(lease *Lease, ok, busy, failed []nodeGrant, answered []
 	}
 	spare := len(q.nodes) - q.n // how many nodes a quorum can do without
 	if len(busy) > spare {
-		pttls := make([]time.Duration, 0, len(busy))
-		for _, g := range busy {
-			if g.pttl < 0 {
-				g.pttl = math.MaxInt64 // no expiry
-			}
-			pttls = append(pttls, g.pttl)
-		}
-		slices.Sort(pttls)
-		// The lock is free on a quorum once this many of the busy nodes
-		// have let it expire.
-		k := q.n - (len(q.nodes) - len(busy))
-		pttl := pttls[max(k, 1)-1]
-		if pttl == math.MaxInt64 {
-			pttl = -1
-		}
-		return attempt{pttl: pttl, owner: busy[0].owner, retire: retire}
+		return q.busyVerdict(busy, retire)
+	}
+	// Unavailable only when fewer than a quorum of nodes could answer: a
+	// minority down is not an outage. Otherwise the lock is held, on the
+	// nodes that answered busy and perhaps on those that did not.
+	reachable := len(ok) + len(busy) + misconfigured
+	if reachable >= q.n && len(busy) > 0 && misconfigured == 0 {
+		return q.busyVerdict(busy, retire)
 	}
 	class := classUnavailable
-	if misconfigured > 0 && len(busy)+misconfigured > spare {
+	if misconfigured > 0 && reachable >= q.n {
 		class = classMisconfigured
 	}
 	msg := fmt.Sprintf("%d of %d nodes granted the lock, %d needed", len(ok), len(q.nodes), q.n)
@@ -384,6 +398,26 @@ func (q *quorum) refused(lease *Lease, ok, busy, failed []nodeGrant, answered []
 		msg += ": " + strings.Join(parts, "; ")
 	}
 	return attempt{retire: retire, err: &quorumError{class: class, msg: msg, errs: errs}}
+}
+
+// busyVerdict is a busy attempt's outcome: the holder's owner, and the time
+// until the lock is free on a quorum (when this many of the busy nodes have
+// let it expire).
+func (q *quorum) busyVerdict(busy []nodeGrant, retire bool) attempt {
+	pttls := make([]time.Duration, 0, len(busy))
+	for _, g := range busy {
+		if g.pttl < 0 {
+			g.pttl = math.MaxInt64 // no expiry
+		}
+		pttls = append(pttls, g.pttl)
+	}
+	slices.Sort(pttls)
+	k := q.n - (len(q.nodes) - len(busy))
+	pttl := pttls[min(max(k, 1), len(pttls))-1]
+	if pttl == math.MaxInt64 {
+		pttl = -1
+	}
+	return attempt{pttl: pttl, owner: busy[0].owner, retire: retire}
 }
 
 // retire gives back, in the background, what an attempt without a quorum
@@ -440,18 +474,35 @@ func (q *quorum) wakeSpread() time.Duration {
 func (q *quorum) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
 	type ext struct {
 		node int
-		code int64
+		code int64 // 1: extended or taken back, 0: absent, -1: another's
 		err  error
 	}
-	// A node that answers after the quorum did is still extended: the
-	// caller's context ends when the quorum answered, not its call.
+	// A node that lost the lock (restarted empty, or never got it: a lease
+	// may start on a bare quorum) is given it back where it is free, and
+	// counts: while the lease still holds a quorum, before its deadline, no
+	// one else can hold one, so taking free nodes keeps the lock exclusive
+	// and keeps a failed minority from costing the lease. After the
+	// deadline, only nodes that still hold it count.
+	repair := q.l.clock.Now().Before(lease.Deadline())
+	fence := lease.fence
+	// Every node is extended (or repaired), also after the quorum has
+	// answered: the caller's context ends then, not the nodes' calls.
 	exts := each(ctx, q, ttl-drift(ttl), true, func(ctx context.Context, i int, d *deployment) ext {
 		code, err := d.extend(ctx, lease, ttl, renewal)
+		if err == nil && code == 0 && repair {
+			if g := d.grant(ctx, lease, ttl, fence); g.ok {
+				code = 1
+			} else if g.err == nil {
+				code = -1 // taken meanwhile
+			}
+		}
+		if code == 1 {
+			lease.held.Or(1 << i)
+		}
 		return ext{node: i, code: code, err: err}
 	})
 	defer exts.stop()
 	var ours, other, gone int
-	var absent []int
 	var errs []error
 	var parts []string
 	for range q.nodes {
@@ -467,7 +518,6 @@ func (q *quorum) extend(ctx context.Context, lease *Lease, ttl time.Duration, re
 			ours++
 		case e.code == 0:
 			gone++
-			absent = append(absent, e.node)
 		default:
 			other++
 		}
@@ -477,18 +527,6 @@ func (q *quorum) extend(ctx context.Context, lease *Lease, ttl time.Duration, re
 	}
 	switch {
 	case ours >= q.n:
-		// Held on a quorum: put the lock back on the nodes that lost it
-		// (restarted empty), so that the lease does not shrink to a bare
-		// quorum. A repair that comes after Release finds the token
-		// retired.
-		for _, i := range absent {
-			d := q.nodes[i]
-			q.l.bg.goBackground(func(<-chan struct{}) {
-				rctx, cancel := context.WithTimeout(context.Background(), q.l.opts.ReleaseTimeout)
-				defer cancel()
-				_ = d.grant(rctx, lease, ttl, lease.fence)
-			})
-		}
 		return 1, nil
 	case other+gone > len(q.nodes)-q.n:
 		if other > 0 {
@@ -520,19 +558,25 @@ func (q *quorum) release(ctx context.Context, lease *Lease, mode string) (int64,
 		return rel{node: i, code: code, perr: perr, err: err}
 	})
 	defer rels.stop()
-	var deleted, other, gone int
+	var deleted, other, gone, maybe int
 	var perr error
 	var errs []error
 	var parts []string
+	held := lease.held.Load()
+	answered := make([]bool, len(q.nodes))
 	for range q.nodes {
 		r, more := rels.next()
 		if !more {
 			break
 		}
+		answered[r.node] = true
 		switch {
 		case r.err != nil:
 			errs = append(errs, r.err)
 			parts = append(parts, q.nodes[r.node].name+": "+oneLine(r.err.Error()))
+			if held&(1<<r.node) != 0 {
+				maybe++ // it held the lock, and may still
+			}
 		case r.code == 1:
 			deleted++
 			if perr == nil {
@@ -543,24 +587,32 @@ func (q *quorum) release(ctx context.Context, lease *Lease, mode string) (int64,
 		default:
 			other++
 		}
-		if deleted > 0 && deleted+other+gone+len(errs) >= q.n {
-			// The lease held it, and a quorum has answered: the lock can
-			// be taken again. The other nodes' releases go on in the
-			// background.
+		if deleted >= q.n || other+gone > len(q.nodes)-q.n {
+			// Decided: the lease held it on a quorum, or cannot have. The
+			// other nodes' releases go on in the background.
 			break
 		}
 	}
-	switch {
-	case deleted > 0:
-		return 1, perr, nil // the lease still held the lock somewhere
-	case other+gone == len(q.nodes) && other > 0:
-		return -1, nil, nil
-	case gone == len(q.nodes):
-		return 0, nil, nil
-	case ctx.Err() != nil && len(errs) == 0:
-		return 0, nil, ctx.Err()
+	for i, a := range answered {
+		if !a && held&(1<<i) != 0 {
+			maybe++ // no answer in time from a node that held it
+		}
 	}
-	msg := fmt.Sprintf("%d of %d nodes answered the release, none held the lock", other+gone, len(q.nodes))
+	// The lease held the lock if it still held it on a quorum: on fewer,
+	// another may have held a quorum meanwhile (a double grant, after a
+	// node restarted empty), which is a loss, not a release. A node that
+	// did not answer counts only if it ever confirmed holding the lock.
+	switch {
+	case deleted >= q.n:
+		return 1, perr, nil
+	case deleted+maybe >= q.n && ctx.Err() != nil:
+		return 0, nil, ctx.Err()
+	case deleted+maybe < q.n && other > 0:
+		return -1, nil, nil
+	case deleted+maybe < q.n:
+		return 0, nil, nil
+	}
+	msg := fmt.Sprintf("%d of %d nodes released the lock, %d needed to know it was held", deleted, len(q.nodes), q.n)
 	if len(parts) > 0 {
 		msg += ": " + strings.Join(parts, "; ")
 	}

@@ -2,6 +2,7 @@ package fencelock
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"sync"
@@ -463,4 +464,125 @@ func TestRedlockInspect(t *testing.T) {
 	_, err = lease.TTL(ctx)
 	assert.ErrorIs(t, err, ErrNotHeld)
 	_ = lease.Release(ctx)
+}
+
+// A lease held on a bare quorum {0, 1, 4} (common under contention), then
+// node 4 dies: 4 of 5 nodes are up and the holder still believes it holds
+// the lock. Another Locker with FailOpen is refused by nodes 0 and 1 (busy),
+// granted 2 and 3, and cannot reach 4: a quorum of nodes answered, so this
+// is busy, not an outage, and FailOpen must not run the work.
+func TestRedlockFailOpenNotWithAQuorumUp(t *testing.T) {
+	e := newRedlockEnv(t, 5, &redis.Options{MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	name := uniqueName(t)
+	l := e.locker(t, &Options{FailOpen: true})
+	key, _ := l.keys(name)
+	for _, i := range []int{0, 1, 4} { // the holder's bare quorum
+		require.NoError(t, e.admins[i].Set(ctx, key, "holder-token 42", 30*time.Second).Err())
+	}
+	e.srvs[4].Kill()
+
+	ran, degraded := false, false
+	err := l.RunWithLock(ctx, name, func(_ context.Context, lease *Lease) error {
+		ran, degraded = true, lease.Degraded()
+		return nil
+	})
+	require.False(t, ran, "FailOpen ran the work (degraded %v) with 4 of 5 nodes up and the lock held by another", degraded)
+	require.ErrorIs(t, err, ErrNotObtained)
+}
+
+// A node restarted empty is put back at a renewal also when its reply comes
+// after the quorum's: here it is 5ms farther away than the others (another
+// zone).
+func TestRedlockRenewalRepairsAFarNode(t *testing.T) {
+	var srvs []*redistest.Server
+	var clients []redis.UniversalClient
+	var admins []*redis.Client
+	var far *redistest.Proxy
+	for i := range 5 {
+		s := redistest.Start(t)
+		srvs = append(srvs, s)
+		admins = append(admins, s.Client(nil))
+		addr := s.Client(nil).Options().Addr
+		if i == 4 {
+			far = redistest.StartProxy(t, addr)
+			far.SetLatency(5 * time.Millisecond)
+			addr = far.Addr
+		}
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		t.Cleanup(func() { _ = c.Close() })
+		clients = append(clients, c)
+	}
+	l, err := NewRedlock(clients, &Options{TTL: 600 * time.Millisecond}) // renewed every 200ms
+	require.NoError(t, err)
+	defer l.Close()
+	lease, err := l.Acquire(ctx, uniqueName(t))
+	require.NoError(t, err)
+	defer lease.Release(ctx)
+	work := lease.KeepAlive(ctx)
+	holds := func(i int) bool {
+		v, err := admins[i].Get(ctx, lease.Key()).Result()
+		return err == nil && len(v) > len(lease.Token()) && v[:len(lease.Token())] == lease.Token()
+	}
+	require.Eventually(t, func() bool { return holds(4) }, time.Second, time.Millisecond, "the far node holds the lock")
+	srvs[4].Restart()
+	time.Sleep(2 * time.Second) // 10 renewals
+	require.NoError(t, work.Err())
+	require.True(t, holds(4), "the far node restarted empty got the lock back at a renewal")
+}
+
+// A lease granted on 4 of 5 nodes (the 5th still held by a previous holder
+// whose release had not reached it yet) keeps the lock when 2 of its 4
+// nodes hang: the 5th node has become free, and a renewal takes it while
+// the lease still holds a quorum, so 3 nodes hold it.
+func TestRedlockRenewalTakesAFreeNode(t *testing.T) {
+	e := newRedlockEnv(t, 5, &redis.Options{MaxRetries: -1, DialTimeout: 100 * time.Millisecond, ContextTimeoutEnabled: true})
+	l := e.locker(t, &Options{TTL: 600 * time.Millisecond}) // renewed every 200ms
+	name := uniqueName(t)
+	key, _ := l.keys(name)
+	// The previous holder's lock is still on node 4, for 100ms more.
+	require.NoError(t, e.admins[4].Set(ctx, key, "previous-holder 1", 100*time.Millisecond).Err())
+	lease, err := l.Acquire(ctx, name)
+	require.NoError(t, err)
+	defer lease.Release(ctx)
+	work := lease.KeepAlive(ctx)
+	e.srvs[0].Pause() // two of the lease's four nodes hang
+	e.srvs[1].Pause()
+	defer e.srvs[0].Resume()
+	defer e.srvs[1].Resume()
+	time.Sleep(1500 * time.Millisecond)
+	// Nodes 2, 3 (the lease's) and 4 (free since 100ms after the acquire)
+	// answer: a quorum of reachable nodes where nobody else holds the lock.
+	require.NoError(t, work.Err(), "lease lost with a minority hung: %v", context.Cause(work))
+}
+
+// Kleppmann's double grant on 3 nodes: A holds {0, 1} (node 2 unreachable
+// for A), node 1 is restarted empty, B acquires {1, 2}. A's work returns
+// before its deadline: its Release finds the lock on node 0 only, fewer than
+// a quorum, and RunWithLock reports the loss.
+func TestRedlockReleaseReportsADoubleGrant(t *testing.T) {
+	e := newRedlockEnv(t, 3, &redis.Options{MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	unreachable := errors.New("node 2 unreachable from A")
+	e.hooks[2].set(func(context.Context, redis.Cmder) error { return unreachable }, nil)
+	a := e.locker(t, &Options{TTL: 3 * time.Second})
+
+	var clients []redis.UniversalClient
+	for _, s := range e.srvs {
+		clients = append(clients, s.Client(&redis.Options{MaxRetries: -1}))
+	}
+	b, err := NewRedlock(clients, nil)
+	require.NoError(t, err)
+	defer b.Close()
+
+	name := uniqueName(t)
+	var bFence int64
+	err = a.RunWithLock(ctx, name, func(ctx context.Context, lease *Lease) error {
+		e.srvs[1].Restart() // A's lock lost on node 1: A now holds {0} only
+		bl, err := b.Acquire(ctx, name)
+		require.NoError(t, err, "B gets {1, 2}: a quorum")
+		bFence = bl.Fence()
+		return nil // A's work returns well before its deadline (TTL 3s)
+	})
+	require.NotZero(t, bFence)
+	// B held a quorum while A's work ran: mutual exclusion was broken.
+	require.ErrorIs(t, err, ErrLost, "A's RunWithLock reports the loss")
 }

@@ -44,7 +44,9 @@ if code == 1 then
 elseif ARGV[3] ~= 'r' then
 	redis.call('SET', KEYS[2], 'a', 'PX', ARGV[4])
 end
-if code ~= 1 then
+if code ~= 1 or ARGV[3] == 'a' then
+	-- An abandoned attempt's lock wakes nobody: waiters that it kept out
+	-- try again after their backoff, spread out, instead of all at once.
 	return code
 end
 local ok, err = pcall(redis.call, 'SPUBLISH', ARGV[2], 'released')
