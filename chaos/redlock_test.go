@@ -92,8 +92,12 @@ func (r *redlockRig) heldBy(nodes []int, fence int64) []int {
 		if err != nil || !ok {
 			continue
 		}
-		vals[n] = s
-		if tok, f, _ := strings.Cut(s, " "); f == strconv.FormatInt(fence, 10) {
+		// "<token> <fence> <owner>"; the fence is 0 on a node that
+		// granted the lock after the fence was written to a quorum.
+		tok, rest, _ := strings.Cut(s, " ")
+		f, _, _ := strings.Cut(rest, " ")
+		vals[n] = tok + " " + f
+		if f == strconv.FormatInt(fence, 10) {
 			token = tok
 		}
 	}
