@@ -56,6 +56,7 @@ func TestChaos(t *testing.T) {
 	t.Run("S1_holder_paused", testS1)
 	t.Run("S2_partition_and_latency", testS2)
 	t.Run("S3_failover_unreplicated", testS3)
+	t.Run("S3r_failover_with_replicas_1", testS3Replicas)
 	t.Run("S4_sentinel", testS4)
 	t.Run("S5_restart", testS5)
 	t.Run("S6_slow_clock_inside", func(t *testing.T) { testS6(t, true) })

@@ -401,6 +401,112 @@ func testS2(t *testing.T) {
 	}
 }
 
+// S3r: S3's failover with Options.Replicas 1. A lock is granted only once
+// the replica has acknowledged it (WAIT), so a failover to that replica
+// keeps it. Each round: the replica in sync, a holder picked, the master
+// killed at once, the replica promoted and the clients moved to it; 0 double
+// grants (asserted). Then the replica's link is cut for 1s: acquisitions
+// are refused (ErrUnavailable, "0 of 1 replicas acknowledged") instead of
+// granted unreplicated, which is what made S3 lose the lock.
+func testS3Replicas(t *testing.T) {
+	const ttl = 300 * time.Millisecond
+	master := startRedis(t, "redis0")
+	var proxies []*proxy
+	for range nWorkers {
+		proxies = append(proxies, startProxy(t, master.addr))
+	}
+	link := startProxy(t, master.addr)
+	_, linkPort, _ := strings.Cut(link.addr, ":")
+	replica := startRedis(t, "redis1", "--replicaof", "127.0.0.1", linkPort)
+	if err := waitFor(10*time.Second, func() error { return inSync(master, replica) }); err != nil {
+		t.Fatalf("replica not in sync: %v", err)
+	}
+	time.Sleep(1100 * time.Millisecond) // the replica's first acknowledgement: WAIT ignores it before
+	c := startCoord(t, nWorkers, func(w int) workerConfig {
+		cfg := defaults(proxies[w].addr, ttl)
+		cfg.Hold = 20 * time.Millisecond
+		cfg.Replicas, cfg.ReplicaTimeout = 1, 50*time.Millisecond
+		return cfg
+	})
+	if !c.awaitAcquired(0, 5, 10*time.Second) {
+		t.Fatalf("no acquisitions on the first master")
+	}
+	var notes []string
+	var rounds [][2]event
+	for round := 1; round <= 3; round++ {
+		// The replica's link cut: nothing is granted.
+		link.set(blackHole)
+		mark := c.mark()
+		time.Sleep(time.Second)
+		granted := c.countFrom(mark, func(ev event) bool { return ev.Op == "acquired" })
+		refused := c.countFrom(mark, func(ev event) bool { return ev.Op == "done" && ev.Unavailable })
+		link.set(pass)
+		notes = append(notes, fmt.Sprintf("round %d: with the replica's link cut for 1s, %d acquisitions granted, %d attempts refused",
+			round, granted, refused))
+		if granted > 1 { // one may have been acknowledged just before the cut
+			t.Errorf("round %d: %d acquisitions granted while the replica could not acknowledge them", round, granted)
+		}
+		if err := waitFor(10*time.Second, func() error { return inSync(master, replica) }); err != nil {
+			t.Fatalf("round %d: replica not in sync: %v", round, err)
+		}
+
+		// A failover while a lock is held: the promoted replica has it.
+		after := wallMicros(time.Now())
+		victim, ok := c.pickSection(func(ev event) bool { return ev.Fence > after }, 2*ttl, nil, 10*time.Second)
+		if !ok {
+			t.Fatalf("round %d: no lock taken after the link was healed", round)
+		}
+		master.kill()
+		if _, err := replica.do("REPLICAOF", "NO", "ONE"); err != nil {
+			t.Fatalf("round %d: promote: %v", round, err)
+		}
+		held, _ := replica.do("EXISTS", "lock:{chaos}")
+		for _, p := range proxies {
+			p.retarget(replica.addr)
+		}
+		// The promoted master needs a replica of its own before anything
+		// can be acknowledged again (renewals included).
+		link.close()
+		master = replica
+		link = startProxy(t, master.addr)
+		_, linkPort, _ = strings.Cut(link.addr, ":")
+		replica = startRedis(t, fmt.Sprintf("redis%d", round+1), "--replicaof", "127.0.0.1", linkPort)
+		if err := waitFor(10*time.Second, func() error { return inSync(master, replica) }); err != nil {
+			t.Fatalf("round %d: new replica not in sync: %v", round, err)
+		}
+		next, _, granted2 := c.await(0, 10*time.Second, func(ev event) bool { return ev.Op == "acquired" && ev.Fence > victim.Fence })
+		if _, ok := c.awaitDone(victim, 10*time.Second); !ok {
+			t.Fatalf("round %d: the victim's attempt did not end", round)
+		}
+		note := fmt.Sprintf("round %d: worker %d took the lock on the master (fence %d), acknowledged by the replica; keys named lock:{chaos} on the promoted replica: %v",
+			round, victim.W, victim.Fence, held)
+		if granted2 {
+			note += fmt.Sprintf("; the next grant, once the promoted master had a replica again: worker %d, fence %d (+%s)", next.W, next.Fence,
+				ms(time.Duration(next.Fence-victim.Fence)*time.Microsecond))
+			rounds = append(rounds, [2]event{victim, next})
+		}
+		notes = append(notes, note)
+	}
+	link.close()
+	f, secs := finish(t, c, "S3r")
+	doubled := 0
+	for _, rd := range rounds {
+		if v := sectionOf(secs, rd[0]); v != nil && v.beliefEnd() > rd[1].Fence {
+			doubled++
+		}
+	}
+	notes = append(notes, fmt.Sprintf("%d of %d failovers granted the lock while its holder still believed it held it", doubled, len(rounds)),
+		"a holder whose renewals found no replica to acknowledge them lost its lease at its deadline (lost ctx/run): Replicas trades availability for it")
+	report(t, "S3r failover, Replicas 1", f, notes...)
+	if len(rounds) == 0 {
+		t.Errorf("no grant after any failover")
+	}
+	assertSafe(t, f)
+	if doubled != 0 || f.DoubleGrants != 0 {
+		t.Errorf("%d double grants at failovers (%d in all), want 0 with Replicas 1", doubled, f.DoubleGrants)
+	}
+}
+
 // S3: a deterministic failover that loses the lock: the replica's link is
 // cut, a lock is taken on the master, the master is killed, the replica is
 // promoted and the clients are moved to it.

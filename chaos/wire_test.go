@@ -84,6 +84,8 @@ type workerConfig struct {
 	MinBackoff     time.Duration
 	MaxBackoff     time.Duration
 	ReleaseTimeout time.Duration
+	Replicas       int           // fencelock.Options.Replicas (WAIT)
+	ReplicaTimeout time.Duration // fencelock.Options.ReplicaTimeout
 	IOTimeout      time.Duration // go-redis dial, read and write timeouts
 	ClockRate      float64       // the lock's clock runs at this rate; 0 means the system clock
 	ClockSince     time.Duration // the clock has been running at ClockRate for this long when the worker starts

@@ -136,6 +136,8 @@ func (w *worker) setup() error {
 		MaxRetryBackoff: c.MaxBackoff,
 		ReleaseTimeout:  c.ReleaseTimeout,
 		MaxHold:         c.MaxHold,
+		Replicas:        c.Replicas,
+		ReplicaTimeout:  c.ReplicaTimeout,
 	}
 	if os.Getenv("FENCELOCK_CHAOS_LOG") == "1" {
 		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
