@@ -43,18 +43,17 @@ end
 
 local t = redis.call('TIME')
 local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-local prev = redis.call('GET', KEYS[3])
-local fence
+local fence = now
+local prev = redis.call('SET', KEYS[3], now, 'PX', ARGV[3], 'GET')
 if prev and (#prev > #now or (#prev == #now and prev >= now)) then
 	-- The counter is ahead of the clock (several fences within one
-	-- microsecond, or a server clock that stepped back): count on from it,
-	-- with INCR's exact 64-bit arithmetic.
+	-- microsecond, or a server clock that stepped back): put it back and
+	-- count on from it, with INCR's exact 64-bit arithmetic, which fails
+	-- at the maximum (or on a value that is not a number) before the lock
+	-- is set.
+	redis.call('SET', KEYS[3], prev, 'PX', ARGV[3])
 	redis.call('INCR', KEYS[3])
 	fence = redis.call('GET', KEYS[3])
-	redis.call('PEXPIRE', KEYS[3], ARGV[3])
-else
-	fence = now
-	redis.call('SET', KEYS[3], now, 'PX', ARGV[3])
 end
 redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. fence .. ' ' .. ARGV[4], 'PX', ARGV[2])
 return {1, fence}

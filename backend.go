@@ -37,6 +37,9 @@ type backend interface {
 	// wakeSpread is how long waiters woken together spread their next
 	// attempts over; 0 where the first attempt wins atomically.
 	wakeSpread() time.Duration
+	// honoursDeadlines reports whether go-redis stops every call at its
+	// context's deadline (ContextTimeoutEnabled on every client).
+	honoursDeadlines() bool
 	// close closes the waiters' subscriptions and waits for their
 	// goroutines.
 	close()
@@ -65,13 +68,31 @@ type deployment struct {
 	waits  *notifier
 	dbTag  string // appended to wake-up channels: "" on database 0, "@<db>" on others
 	name   string // in errors, for a node of a quorum
+
+	deadlines bool // the client honours context deadlines (see honoursDeadlines)
 }
 
 var _ backend = (*deployment)(nil)
 
 func newDeployment(l *Locker, client redis.UniversalClient) *deployment {
 	client.AddHook(dialWatch{l})
-	return &deployment{l: l, client: client, waits: newNotifier(client, l.opts.Logger), dbTag: dbTag(client)}
+	return &deployment{l: l, client: client, waits: newNotifier(client, l.opts.Logger), dbTag: dbTag(client),
+		deadlines: honoursDeadlines(client)}
+}
+
+// honoursDeadlines reports whether go-redis stops a call of client at its
+// context's deadline (ContextTimeoutEnabled): a call bounded by a deadline
+// alone can then run on its caller's goroutine.
+func honoursDeadlines(c redis.UniversalClient) bool {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
 }
 
 // dbTag tells wake-up channels of different databases apart: pub/sub
@@ -99,10 +120,9 @@ func (d *deployment) channel(key string) string {
 }
 
 func (d *deployment) acquire(ctx context.Context, lease *Lease) attempt {
-	reply, err := d.run(ctx, acquireScript, false, lease.keys[:], lease.tokenArg,
-		ttlMillis(lease.ttl), d.l.retentionMillis, lease.ownerArg)
-	var short *replicaError
-	if errors.As(err, &short) {
+	reply, err := d.run(ctx, acquireScript, false, lease.keyArgs[:], lease.tokenArg,
+		d.l.ttlArg(lease.ttl), d.l.retentionMillis, lease.ownerArg)
+	if err != nil && d.l.opts.Replicas > 0 && isReplicaShort(err) {
 		// Taken, but not on enough replicas to survive a failover: give it
 		// back, and try again, if at all, with a new token.
 		d.l.abandon(lease)
@@ -122,7 +142,7 @@ func (d *deployment) acquire(ctx context.Context, lease *Lease) attempt {
 }
 
 func (d *deployment) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
-	reply, err := d.run(ctx, extendScript, renewal, lease.keys[:1], lease.tokenArg, ttlMillis(ttl))
+	reply, err := d.run(ctx, extendScript, renewal, lease.keyArgs[:1], lease.tokenArg, d.l.ttlArg(ttl))
 	if err != nil {
 		return 0, err
 	}
@@ -133,34 +153,29 @@ func (d *deployment) extend(ctx context.Context, lease *Lease, ttl time.Duration
 	return code, nil
 }
 
-// run runs script with Script.Run (EVALSHA, then EVAL if the server does
-// not have it), or with EVAL alone when eval is set. With Options.Replicas,
-// it sends WAIT (or WAITAOF) after the script in one pipeline on the
-// connection to the node that serves keys[0]: WAIT counts the writes of its
-// own connection, so on any other connection it would not count this one.
-// It then returns a *replicaError, wrapping ErrUnavailable, when fewer
-// replicas acknowledged; the script's reply is returned with it.
-func (d *deployment) run(ctx context.Context, script *redis.Script, eval bool, keys []string, args ...any) (any, error) {
+// run runs script on the lock's keys, given boxed (a Lease keeps its keys
+// boxed, so that the scripts of one lease do not box them again): EVALSHA,
+// then EVAL if the server does not have the script, or EVAL alone when
+// eval is set. With Options.Replicas, it sends WAIT (or WAITAOF) after the
+// script in one pipeline on the connection to the node that serves the
+// first key: WAIT counts the writes of its own connection, so on any other
+// connection it would not count this one. It then returns a *replicaError,
+// wrapping ErrUnavailable, when fewer replicas acknowledged; the script's
+// reply is returned with it.
+func (d *deployment) run(ctx context.Context, script *redis.Script, eval bool, keys []any, argv ...any) (any, error) {
 	o := &d.l.opts
 	if o.Replicas == 0 {
-		if eval {
-			return script.Eval(ctx, d.client, keys, args...).Result()
-		}
-		return script.Run(ctx, d.client, keys, args...).Result()
+		return evalScript(ctx, d.client, script, eval, keys, argv).Result()
 	}
-	node, err := d.node(ctx, keys[0])
+	key, _ := keys[0].(string)
+	node, err := d.node(ctx, key)
 	if err != nil {
 		return nil, err
 	}
 	timeout := ttlMillis(o.ReplicaTimeout)
 	exec := func(eval bool) (*redis.Cmd, *redis.Cmd, error) {
 		pipe := node.Pipeline()
-		var cmd *redis.Cmd
-		if eval {
-			cmd = script.Eval(ctx, pipe, keys, args...)
-		} else {
-			cmd = script.EvalSha(ctx, pipe, keys, args...)
-		}
+		cmd := pipe.Do(ctx, scriptArgs(script, eval, keys, argv)...)
 		var wait *redis.Cmd
 		if o.ReplicaFsync {
 			wait = pipe.Do(ctx, "WAITAOF", 1, o.Replicas, timeout)
@@ -233,14 +248,23 @@ func (e *replicaError) Error() string {
 
 func (e *replicaError) Unwrap() error { return ErrUnavailable }
 
+func isReplicaShort(err error) bool {
+	var short *replicaError
+	return errors.As(err, &short)
+}
+
 func (d *deployment) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
 	markerTTL := d.l.releaseTimeoutMillis
 	if mode != modeRelease {
 		// A late attempt is refused for as long as its lock would live.
 		markerTTL = ttlMillis(max(lease.ttl, d.l.opts.ReleaseTimeout))
 	}
-	reply, err := releaseScript.Run(ctx, d.client, lease.keys[:2], lease.tokenArg,
-		d.channel(lease.keys[0]), mode, markerTTL).Result()
+	channel := lease.keyArgs[0] // the wake-up channel is the lock key on database 0
+	if d.dbTag != "" {
+		channel = d.channel(lease.keys[0])
+	}
+	reply, err := evalScript(ctx, d.client, releaseScript, false, lease.keyArgs[:2],
+		[]any{lease.tokenArg, channel, mode, markerTTL}).Result()
 	if err != nil {
 		return 0, nil, err
 	}
@@ -252,5 +276,7 @@ func (d *deployment) register(key string) *waiter {
 }
 
 func (d *deployment) wakeSpread() time.Duration { return 0 }
+
+func (d *deployment) honoursDeadlines() bool { return d.deadlines }
 
 func (d *deployment) close() { d.waits.close() }

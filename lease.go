@@ -17,6 +17,7 @@ type Lease struct {
 	locker   *Locker
 	name     string
 	keys     [3]string // lock, token marker, fence counter: the scripts' KEYS
+	keyArgs  [3]any    // keys, boxed once
 	token    string
 	tokenArg any // token, boxed once for the scripts' ARGV
 	owner    string
@@ -32,7 +33,7 @@ type Lease struct {
 	// op is held by the one Redis call on the lease at a time (Extend, a
 	// renewal, Release), so that they reach Redis in the order they were
 	// made and each reads the state the previous one left.
-	op chan struct{}
+	op opLock
 
 	mu        sync.Mutex
 	ttl       time.Duration             // guarded by mu; as acquired or last extended
@@ -169,12 +170,10 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 // restart or a failover), where EVALSHA would cost a second one (NOSCRIPT,
 // then EVAL) and could miss the deadline on a slow link.
 func (l *Lease) extend(ctx context.Context, ttl time.Duration, byWatchdog bool, ec *extendState) error {
-	select {
-	case l.op <- struct{}{}:
-		defer func() { <-l.op }()
-	case <-ctx.Done():
-		return ctx.Err()
+	if err := l.op.lock(ctx); err != nil {
+		return err
 	}
+	defer l.op.unlock()
 	l.mu.Lock()
 	if err := l.notHeldLocked(); err != nil {
 		l.mu.Unlock()
@@ -319,6 +318,11 @@ func (l *Lease) Release(ctx context.Context) error {
 		ctx = context.WithoutCancel(ctx)
 	}
 	rctx, cancel := l.locker.detached(ctx)
+	if ctx.Done() == nil && l.locker.b.honoursDeadlines() {
+		// Only ReleaseTimeout bounds the call, and go-redis honours it.
+		defer cancel()
+		return l.release(rctx)
+	}
 	err, done := call(l.locker, ctx.Done(), rctx.Done(), func() error { return l.release(rctx) }, func(err error) {
 		cancel()
 		switch {
@@ -359,12 +363,10 @@ func (l *Lease) releaseTimedOut() error {
 // release runs the release script once, after the call in flight on the
 // lease, and records the outcome.
 func (l *Lease) release(ctx context.Context) error {
-	select {
-	case l.op <- struct{}{}:
-		defer func() { <-l.op }()
-	case <-ctx.Done():
+	if err := l.op.lock(ctx); err != nil {
 		return l.releaseTimedOut()
 	}
+	defer l.op.unlock()
 	if err := l.doneErr(); err != nil {
 		return err // a concurrent Release came first
 	}
@@ -414,4 +416,43 @@ func (l *Lease) doneErr() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.done
+}
+
+// opLock is a lock whose waiting ends with a context. Its channel is made
+// only when a call has to wait, so an uncontended lease allocates none.
+type opLock struct {
+	mu   sync.Mutex
+	held bool          // guarded by mu
+	free chan struct{} // guarded by mu; closed at unlock when a call waits, nil otherwise
+}
+
+func (o *opLock) lock(ctx context.Context) error {
+	for {
+		o.mu.Lock()
+		if !o.held {
+			o.held = true
+			o.mu.Unlock()
+			return nil
+		}
+		if o.free == nil {
+			o.free = make(chan struct{})
+		}
+		free := o.free
+		o.mu.Unlock()
+		select {
+		case <-free:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (o *opLock) unlock() {
+	o.mu.Lock()
+	o.held = false
+	if o.free != nil {
+		close(o.free)
+		o.free = nil
+	}
+	o.mu.Unlock()
 }

@@ -30,6 +30,7 @@ type Locker struct {
 	releaseTimeoutMillis any // opts.ReleaseTimeout in ms, boxed once for the scripts' ARGV
 	retentionMillis      any // opts.FenceRetention in ms, boxed once
 	ownerArg             any // opts.Owner, boxed once
+	defaultTTLArg        any // opts.TTL in ms, boxed once
 
 	publishWarned atomic.Bool // a failed wake-up was logged
 
@@ -65,6 +66,7 @@ func newLocker(o Options) *Locker {
 		releaseTimeoutMillis: ttlMillis(o.ReleaseTimeout),
 		retentionMillis:      ttlMillis(o.FenceRetention),
 		ownerArg:             o.Owner,
+		defaultTTLArg:        ttlMillis(o.TTL),
 	}
 }
 
@@ -122,6 +124,15 @@ func (l *Locker) Close() error {
 	l.b.close()
 	l.bg.close()
 	return nil
+}
+
+// ttlArg returns ttl in milliseconds for a script's ARGV, boxed once for
+// the default TTL.
+func (l *Locker) ttlArg(ttl time.Duration) any {
+	if ttl == l.opts.TTL {
+		return l.defaultTTLArg
+	}
+	return ttlMillis(ttl)
 }
 
 // usable returns an ErrInvalid error for a nil or zero Locker.
@@ -264,13 +275,15 @@ func (l *Locker) newLease(name string, ttl time.Duration) *Lease {
 	}
 	b.Write(token[:])
 	s := b.String()
-	lease := &Lease{locker: l, name: name, ttl: ttl, op: make(chan struct{}, 1),
-		owner: l.opts.Owner, ownerArg: l.ownerArg}
+	lease := &Lease{locker: l, name: name, ttl: ttl, owner: l.opts.Owner, ownerArg: l.ownerArg}
 	lease.keys[0] = s[:prefix]               // P{name}
 	lease.keys[1] = s[prefix+len(":fence"):] // P{name}:t:<token>
 	lease.keys[2] = s[:prefix+len(":fence")] // P{name}:fence
 	lease.token = s[len(s)-len(token):]
 	lease.tokenArg = lease.token
+	for i, k := range lease.keys {
+		lease.keyArgs[i] = k
+	}
 	return lease
 }
 
@@ -329,7 +342,13 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration) 
 		}
 		start := l.clock.Now()
 		dials := l.dialFailures.Load()
-		a, done := call(l, ctx.Done(), nil, func() attempt { return l.b.acquire(ctx, lease) }, nil)
+		var a attempt
+		done := true
+		if ctx.Done() == nil { // nothing to return early for
+			a = l.b.acquire(ctx, lease)
+		} else {
+			a, done = call(l, ctx.Done(), nil, func() attempt { return l.b.acquire(ctx, lease) }, nil)
+		}
 		if !done || (a.err != nil && (classify(a.err) == classNoVerdict || (ctxErr(ctx) != nil && isTimeout(a.err)))) {
 			// ctx ended with the attempt in flight or cut short, before
 			// Redis gave a verdict: it may have reached Redis. Unless

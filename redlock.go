@@ -165,7 +165,7 @@ type nodeGrant struct {
 }
 
 func (d *deployment) grant(ctx context.Context, lease *Lease, ttl time.Duration, fence int64) nodeGrant {
-	reply, err := d.run(ctx, grantScript, false, lease.keys[:], lease.tokenArg,
+	reply, err := d.run(ctx, grantScript, false, lease.keyArgs[:], lease.tokenArg,
 		ttlMillis(ttl), strconv.FormatInt(fence, 10), lease.ownerArg)
 	if err != nil { // with Options.Replicas, too few replicas count as no grant
 		return nodeGrant{err: err}
@@ -308,7 +308,7 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 		if !granted[i] {
 			return set{node: i}
 		}
-		reply, err := d.run(ctx, setFenceScript, false, []string{lease.keys[0], lease.keys[2]}, lease.tokenArg,
+		reply, err := d.run(ctx, setFenceScript, false, []any{lease.keyArgs[0], lease.keyArgs[2]}, lease.tokenArg,
 			fenceArg, q.l.retentionMillis)
 		return set{node: i, ok: err == nil && reply == int64(1), err: err}
 	})
@@ -636,6 +636,15 @@ func (q *quorum) register(key string) *waiter {
 		}
 	}
 	return first
+}
+
+func (q *quorum) honoursDeadlines() bool {
+	for _, d := range q.nodes {
+		if !d.deadlines {
+			return false
+		}
+	}
+	return true
 }
 
 func (q *quorum) close() {

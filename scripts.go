@@ -1,6 +1,7 @@
 package fencelock
 
 import (
+	"context"
 	_ "embed"
 	"errors"
 	"fmt"
@@ -59,4 +60,41 @@ func decodeRelease(reply any) (code int64, perr, err error) {
 		}
 	}
 	return 0, nil, fmt.Errorf("%w from the release script: %v", errReply, reply)
+}
+
+// scriptHashes and scriptSources are each script's SHA1 and source, boxed
+// once for the commands' arguments.
+var scriptHashes, scriptSources = func() (h, src map[*redis.Script]any) {
+	h, src = make(map[*redis.Script]any), make(map[*redis.Script]any)
+	for s, lua := range map[*redis.Script]string{
+		acquireScript: acquireLua, releaseScript: releaseLua, extendScript: extendLua,
+		inspectScript: inspectLua, grantScript: grantLua, setFenceScript: setFenceLua,
+	} {
+		h[s], src[s] = s.Hash(), lua
+	}
+	return h, src
+}()
+
+// scriptArgs returns the arguments of EVALSHA (or EVAL) running script:
+// what Script.Run sends, without boxing the keys and the hash again.
+func scriptArgs(script *redis.Script, eval bool, keys, argv []any) []any {
+	args := make([]any, 0, 3+len(keys)+len(argv))
+	if eval {
+		args = append(args, "eval", scriptSources[script])
+	} else {
+		args = append(args, "evalsha", scriptHashes[script])
+	}
+	args = append(args, len(keys))
+	args = append(args, keys...)
+	return append(args, argv...)
+}
+
+// evalScript runs script on c: EVALSHA, then EVAL when the server does not
+// have it cached (NOSCRIPT), or EVAL alone when eval is set.
+func evalScript(ctx context.Context, c redis.UniversalClient, script *redis.Script, eval bool, keys, argv []any) *redis.Cmd {
+	cmd := c.Do(ctx, scriptArgs(script, eval, keys, argv)...)
+	if !eval && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		cmd = c.Do(ctx, scriptArgs(script, true, keys, argv)...)
+	}
+	return cmd
 }
