@@ -25,6 +25,9 @@ type Lease struct {
 	fence    int64
 	acquired time.Time // when the acquire request was sent
 	degraded bool      // fail-open stand-in: no lock is held
+	// obsCtx is the context of the operation that took the lease (Acquire,
+	// or RunWithLock), kept for Options.Observer's Notify only.
+	obsCtx context.Context
 
 	// held has a bit set for each node of a Redlock quorum that has
 	// confirmed holding the lock for this token (granted or extended it).
@@ -305,6 +308,21 @@ func (l *Lease) Release(ctx context.Context) error {
 	if l == nil || l.locker == nil {
 		return ErrNotHeld
 	}
+	obs := l.locker.opts.Observer
+	if obs == nil {
+		return l.releaseOp(ctx)
+	}
+	ctx = obs.Start(ctx, OpRelease, l.name)
+	start := l.locker.clock.Now()
+	err := l.releaseOp(ctx)
+	now := l.locker.clock.Now()
+	obs.End(ctx, Event{Op: OpRelease, Name: l.name, Lease: l, Outcome: OutcomeOf(err), Err: err,
+		Fence: l.fence, Duration: now.Sub(start), Held: now.Sub(l.acquired)})
+	return err
+}
+
+// releaseOp is Release, without the Observer.
+func (l *Lease) releaseOp(ctx context.Context) error {
 	l.endWork()
 	if l.degraded {
 		return ErrNotHeld

@@ -253,7 +253,30 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 	if co.owner != "" {
 		lease.owner, lease.ownerArg = co.owner, co.owner
 	}
-	return l.acquire(ctx, lease, co.wait)
+	obs := l.opts.Observer
+	if obs == nil {
+		return l.acquire(ctx, lease, co.wait, nil)
+	}
+	ctx = obs.Start(ctx, OpAcquire, name)
+	var st acquireStats
+	start := l.clock.Now()
+	got, err := l.acquire(ctx, lease, co.wait, &st)
+	e := Event{Op: OpAcquire, Name: name, Lease: got, Outcome: OutcomeOf(err), Err: err,
+		Duration: l.clock.Now().Sub(start), Waited: st.waited, Handoff: st.handoff}
+	if got != nil {
+		e.Fence = got.fence
+		if got.obsCtx == nil {
+			got.obsCtx = ctx
+		}
+	}
+	obs.End(ctx, e)
+	return got, err
+}
+
+// acquireStats is what an Observer learns of an Acquire.
+type acquireStats struct {
+	waited  time.Duration // asleep between attempts
+	handoff time.Duration // from the wake-up before the winning attempt to the grant
 }
 
 // newLease returns a lease for name with a fresh random token, not yet
@@ -302,7 +325,7 @@ func hexUUID(dst *[36]byte, u *uuid.UUID) {
 }
 
 // acquire runs Acquire's attempts for lease.
-func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration) (*Lease, error) {
+func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, st *acquireStats) (*Lease, error) {
 	log := l.opts.Logger
 	callStart := l.clock.Now()
 	waitEnd := callStart.Add(wait)
@@ -311,6 +334,7 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration) 
 		verdict error   // the last attempt's: busy, or a callError
 		unsure  bool    // an attempt's outcome is unknown: it may have taken the lock
 		w       *waiter // wake-ups on release, once the lock was found busy
+		wokeAt  time.Time
 	)
 	defer func() {
 		if w != nil {
@@ -379,6 +403,9 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration) 
 					// the expiry to this TTL after a longer Extend.
 					lease.floorTTL = lease.ttl
 				}
+				if st != nil && !wokeAt.IsZero() {
+					st.handoff = l.clock.Now().Sub(wokeAt)
+				}
 				if log.Enabled(ctx, slog.LevelDebug) {
 					log.LogAttrs(ctx, slog.LevelDebug, "fencelock: acquired",
 						slog.String("lock", lease.name), slog.Int64("fence", a.fence),
@@ -426,6 +453,8 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration) 
 			sleep = max(a.pttl, time.Millisecond) // the holder's lock expires first
 		}
 		t := l.clock.NewTimer(sleep)
+		slept := l.clock.Now()
+		wokeAt = time.Time{}
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -433,6 +462,7 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration) 
 		case <-t.C:
 		case <-wake:
 			t.Stop()
+			wokeAt = l.clock.Now()
 			if spread := l.b.wakeSpread(); spread > 0 {
 				t := l.clock.NewTimer(mathrand.N(spread + 1))
 				select {
@@ -448,6 +478,9 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration) 
 			case <-wake:
 			default:
 			}
+		}
+		if st != nil {
+			st.waited += l.clock.Now().Sub(slept)
 		}
 	}
 }

@@ -118,6 +118,12 @@ type Options struct {
 	// timings. Default: discard.
 	Logger *slog.Logger
 
+	// Observer, if set, is told of every Acquire, Release and RunWithLock,
+	// renewal and loss, for metrics and traces (the module
+	// github.com/fencelock/fencelock/otel implements it with OpenTelemetry).
+	// Default nil.
+	Observer Observer
+
 	// OnLost, if set, is called once for each lease lost while the watchdog
 	// ran (taken over, deleted, or its deadline passed unrenewed), after the
 	// work context was cancelled, with the cause (which matches ErrLost).

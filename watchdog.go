@@ -47,7 +47,32 @@ func (l *Locker) RunWithLock(ctx context.Context, name string,
 	if work == nil {
 		return invalidf("nil work function")
 	}
+	obs := l.opts.Observer
+	if obs == nil {
+		return l.run(ctx, name, work, opts)
+	}
+	ctx = obs.Start(ctx, OpRun, name)
+	start := l.clock.Now()
+	var lease *Lease
+	err := l.run(ctx, name, func(ctx context.Context, got *Lease) error {
+		lease = got
+		return work(ctx, got)
+	}, opts)
+	e := Event{Op: OpRun, Name: name, Lease: lease, Outcome: OutcomeOf(err), Err: err, Duration: l.clock.Now().Sub(start)}
+	if lease != nil {
+		e.Fence = lease.fence
+	}
+	obs.End(ctx, e)
+	return err
+}
+
+// run is RunWithLock, without the Observer's Start and End.
+func (l *Locker) run(ctx context.Context, name string,
+	work func(ctx context.Context, lease *Lease) error, opts []Option) error {
 	lease, err := l.Acquire(ctx, name, opts...)
+	if lease != nil && l.opts.Observer != nil {
+		lease.obsCtx = ctx // the run's: renewals and a loss are its events
+	}
 	if err != nil {
 		if !l.opts.FailOpen || !errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
 			return err
@@ -216,6 +241,10 @@ func (l *Lease) lose(cause error) {
 	l.cancelContexts(cause)
 
 	now := l.locker.clock.Now()
+	if obs := l.locker.opts.Observer; obs != nil {
+		obs.Notify(l.observed(), Event{Op: OpLost, Name: l.name, Lease: l, Outcome: OutcomeLost, Err: cause,
+			Fence: l.fence, Held: now.Sub(l.acquired)})
+	}
 	l.locker.opts.Logger.LogAttrs(context.Background(), slog.LevelError, "fencelock: lease lost",
 		slog.String("lock", l.name), slog.Int64("fence", l.fence),
 		slog.Duration("held", now.Sub(l.acquired)), slog.Duration("until_deadline", deadline.Sub(now)),
@@ -330,6 +359,10 @@ func (l *Lease) watch(wd *watchdog) {
 		case err := <-results:
 			inFlight = false
 			cancelRenew()
+			if obs := o.Observer; obs != nil && !(errors.Is(err, ErrNotHeld) && l.isReleasing()) {
+				obs.Notify(l.observed(), Event{Op: OpRenew, Name: l.name, Lease: l, Outcome: OutcomeOf(err),
+					Err: err, Fence: l.fence})
+			}
 			switch {
 			case err == nil:
 				lastErr, failing = nil, false
@@ -361,6 +394,14 @@ func (l *Lease) watch(wd *watchdog) {
 			}
 		}
 	}
+}
+
+// observed returns the context an Observer's Notify gets for this lease.
+func (l *Lease) observed() context.Context {
+	if l.obsCtx != nil {
+		return l.obsCtx
+	}
+	return context.Background()
 }
 
 func (l *Lease) isReleasing() bool {

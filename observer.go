@@ -1,0 +1,113 @@
+package fencelock
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// An Observer is told what a Locker does, for metrics and traces: the
+// module github.com/fencelock/fencelock/otel implements it with
+// OpenTelemetry, and the core imports nothing of it. Set it in
+// Options.Observer.
+//
+// Its methods are called synchronously, on the goroutine that does the
+// work, and must return quickly and not call the Locker. Start returns the
+// context the operation goes on with: a tracer starts a span there, and
+// the span is then the parent of the Redis calls' spans and, for
+// RunWithLock, of the work's.
+type Observer interface {
+	// Start is called when Acquire, Release or RunWithLock starts.
+	Start(ctx context.Context, op Op, name string) context.Context
+	// End is called when it ends, with the context Start returned.
+	End(ctx context.Context, e Event)
+	// Notify is called for what happens to a lease while it is held: each
+	// renewal (OpRenew) and a loss (OpLost), with the context of the
+	// operation that took the lease (RunWithLock's, else Acquire's).
+	Notify(ctx context.Context, e Event)
+}
+
+// Op is what an Event is about.
+type Op int
+
+const (
+	OpAcquire Op = iota + 1 // Acquire, also within RunWithLock
+	OpRelease               // Release, also within RunWithLock
+	OpRun                   // RunWithLock, from its acquisition to its release
+	OpRenew                 // a renewal by the watchdog
+	OpLost                  // a lease lost while its watchdog ran
+)
+
+func (o Op) String() string {
+	switch o {
+	case OpAcquire:
+		return "acquire"
+	case OpRelease:
+		return "release"
+	case OpRun:
+		return "run"
+	case OpRenew:
+		return "renew"
+	case OpLost:
+		return "lost"
+	}
+	return "op"
+}
+
+// Outcome is how an operation ended, as a class a metric can count by.
+type Outcome string
+
+// Outcomes, from an Event's Err.
+const (
+	OutcomeOK            Outcome = "ok"            // obtained, released, renewed
+	OutcomeBusy          Outcome = "busy"          // ErrNotObtained
+	OutcomeNotHeld       Outcome = "not_held"      // ErrNotHeld
+	OutcomeLost          Outcome = "lost"          // ErrLost
+	OutcomeUnavailable   Outcome = "unavailable"   // ErrUnavailable
+	OutcomeMisconfigured Outcome = "misconfigured" // ErrMisconfigured
+	OutcomeInvalid       Outcome = "invalid"       // ErrInvalid
+	OutcomeCancelled     Outcome = "cancelled"     // the context ended first
+	OutcomeFailed        Outcome = "failed"        // RunWithLock: the work's own error
+)
+
+// An Event is one observed operation or happening.
+type Event struct {
+	Op       Op
+	Name     string  // the lock's name
+	Lease    *Lease  // the lease, when there is one (nil for a failed Acquire)
+	Outcome  Outcome // see OutcomeOf
+	Err      error
+	Fence    int64         // the lease's fence, when there is a lease
+	Duration time.Duration // how long the operation took (OpAcquire, OpRelease, OpRun)
+	// Waited is, for OpAcquire, the time spent waiting between attempts
+	// for a busy lock.
+	Waited time.Duration
+	// Handoff is, for an OpAcquire woken by a release, the time from the
+	// wake-up's arrival to the grant; 0 when not known.
+	Handoff time.Duration
+	// Held is, for OpRelease and OpLost, how long the lease was held.
+	Held time.Duration
+}
+
+// OutcomeOf returns the outcome class of an operation that returned err.
+func OutcomeOf(err error) Outcome {
+	switch {
+	case err == nil:
+		return OutcomeOK
+	case errors.Is(err, ErrLost):
+		return OutcomeLost
+	case errors.Is(err, ErrNotObtained):
+		return OutcomeBusy
+	case errors.Is(err, ErrNotHeld):
+		return OutcomeNotHeld
+	case errors.Is(err, ErrUnavailable):
+		return OutcomeUnavailable
+	case errors.Is(err, ErrMisconfigured):
+		return OutcomeMisconfigured
+	case errors.Is(err, ErrInvalid):
+		return OutcomeInvalid
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return OutcomeCancelled
+	}
+	return OutcomeFailed
+}
