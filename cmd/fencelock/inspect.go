@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"text/tabwriter"
+)
+
+var inspectCommand = &command{
+	name:     "inspect",
+	synopsis: "[flags] NAME",
+	list:     "NAME",
+	short:    "one lock: owner, TTL left, fence, last fence, waiters",
+	help: `Reads the lock NAME without changing it (Locker.Inspect): whether it is
+held, by which owner (Options.Owner or WithOwner), for how long more, with
+which fence; the last fence issued for the name (kept for FenceRetention
+after its last acquisition); and how many Lockers wait for it. A running
+fencelock watch counts as one waiter.
+
+It exits 1 when the lock is not held, after printing what it found.
+
+Flags:
+
+	--json             one JSON object: {"name", "key", "held", "owner",
+	                   "ttl_ms", "fence", "last_fence", "waiters"}.
+`,
+}
+
+func init() { inspectCommand.run = runInspect }
+
+func runInspect(ctx context.Context, e *env, args []string) error {
+	var cf connFlags
+	fs := newFlagSet("inspect", &cf)
+	asJSON := fs.Bool("json", false, "")
+	pos, err := parse(e, inspectCommand, fs, args)
+	if err != nil {
+		return err
+	}
+	name, err := oneName(inspectCommand, pos)
+	if err != nil {
+		return err
+	}
+	s, err := cf.open(e, "inspect", nil)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	ctx, cancel := cf.withTimeout(ctx)
+	defer cancel()
+	info, err := s.locker.Inspect(ctx, name)
+	if err != nil {
+		return redisError("inspect", &cf, err)
+	}
+	if *asJSON {
+		if err := writeJSON(e.stdout, toJSON(s.key(name), info)); err != nil {
+			return err
+		}
+	} else {
+		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintf(tw, "name\t%s\n", name)
+		fmt.Fprintf(tw, "key\t%s\n", s.key(name))
+		if info.Held {
+			fmt.Fprintf(tw, "held\tyes\n")
+			fmt.Fprintf(tw, "owner\t%s\n", fmtOwner(info.Owner))
+			fmt.Fprintf(tw, "ttl\t%s\n", fmtTTL(info.TTL))
+			fmt.Fprintf(tw, "fence\t%d\n", info.Fence)
+		} else {
+			fmt.Fprintf(tw, "held\tno\n")
+		}
+		if info.LastFence != 0 {
+			fmt.Fprintf(tw, "last fence\t%d\n", info.LastFence)
+		} else {
+			fmt.Fprintf(tw, "last fence\tnone kept\n")
+		}
+		fmt.Fprintf(tw, "waiters\t%d\n", info.Waiters)
+		_ = tw.Flush()
+	}
+	if !info.Held {
+		return &cmdError{code: exitFailed}
+	}
+	return nil
+}

@@ -1,0 +1,225 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"sync"
+	"text/tabwriter"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fencelock/fencelock"
+)
+
+var lsCommand = &command{
+	name:     "ls",
+	synopsis: "[flags] [PATTERN]",
+	list:     "[PATTERN]",
+	short:    "the locks held, with owner, TTL left and fence",
+	help: `Lists the locks held whose name matches PATTERN, a Redis glob (* ? [abc]
+\x), default *: ls 'settlement:*'. It finds them with SCAN (never KEYS),
+on every master of a Cluster, and reads each with Locker.Inspect: owner,
+TTL left, fence, waiters. Fence counters and token markers are not locks
+and are not listed.
+
+On a terminal it prints a table; otherwise one lock a line, tab-separated,
+without a header: name, owner, TTL in milliseconds (-1: no expiry), fence,
+waiters. It exits 0 when no lock is held, too.
+
+Flags:
+
+	--json             one JSON document: {"prefix", "pattern", "locks": [...]},
+	                   each lock as in inspect --json.
+`,
+}
+
+func init() { lsCommand.run = runLs }
+
+func runLs(ctx context.Context, e *env, args []string) error {
+	var cf connFlags
+	fs := newFlagSet("ls", &cf)
+	asJSON := fs.Bool("json", false, "")
+	pos, err := parse(e, lsCommand, fs, args)
+	if err != nil {
+		return err
+	}
+	pattern := "*"
+	switch len(pos) {
+	case 0:
+	case 1:
+		pattern = pos[0]
+		if err := checkName("ls", "PATTERN", pattern); err != nil {
+			return err
+		}
+	default:
+		return usagef("ls: one PATTERN only, got %d arguments: %q", len(pos), pos)
+	}
+	s, err := cf.open(e, "ls", nil)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	ctx, cancel := cf.withTimeout(ctx)
+	defer cancel()
+
+	names, err := s.scan(ctx, pattern)
+	if err != nil {
+		return redisError("ls", &cf, err)
+	}
+	infos, errs := inspectAll(ctx, s.locker, names)
+	if ctx.Err() != nil {
+		return redisError("ls", &cf, ctx.Err())
+	}
+	var held []fencelock.LockInfo
+	for _, info := range infos {
+		if info.Held { // not expired or released since the scan
+			held = append(held, info)
+		}
+	}
+	switch {
+	case *asJSON:
+		out := struct {
+			Prefix  string     `json:"prefix"`
+			Pattern string     `json:"pattern"`
+			Locks   []lockJSON `json:"locks"`
+		}{Prefix: s.prefix, Pattern: pattern, Locks: make([]lockJSON, 0, len(held))}
+		for _, info := range held {
+			out.Locks = append(out.Locks, toJSON(s.key(info.Name), info))
+		}
+		if err := writeJSON(e.stdout, out); err != nil {
+			return err
+		}
+	case e.tty:
+		printTable(e.stdout, held, s.key(pattern))
+	default:
+		for _, info := range held {
+			fmt.Fprintf(e.stdout, "%s\t%s\t%d\t%d\t%d\n", info.Name, info.Owner, ttlMillis(info.TTL), info.Fence, info.Waiters)
+		}
+	}
+	for _, err := range errs {
+		e.warn("ls: %s", trimPrefix(err))
+	}
+	if len(errs) > 0 {
+		return failf("ls: %s not read", plural(len(errs), "lock"))
+	}
+	return nil
+}
+
+// printTable prints the locks as a table for people.
+func printTable(w io.Writer, locks []fencelock.LockInfo, match string) {
+	if len(locks) == 0 {
+		fmt.Fprintf(w, "no lock held matching %s\n", match)
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tOWNER\tTTL\tFENCE\tWAITERS")
+	for _, info := range locks {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\n", info.Name, fmtOwner(info.Owner), fmtTTL(info.TTL), info.Fence, info.Waiters)
+	}
+	_ = tw.Flush()
+}
+
+// scan returns the names of the lock keys that match pattern, sorted, from
+// SCAN on every master.
+func (s *session) scan(ctx context.Context, pattern string) ([]string, error) {
+	match := globEscape(s.prefix) + "{" + pattern + "}"
+	var (
+		mu    sync.Mutex // ForEachMaster calls concurrently
+		names = map[string]struct{}{}
+	)
+	scanNode := func(ctx context.Context, c *redis.Client, node string) error {
+		var cursor uint64
+		for {
+			keys, next, err := c.Scan(ctx, cursor, match, 1000).Result()
+			if err != nil {
+				return fmt.Errorf("SCAN%s: %w", node, err)
+			}
+			mu.Lock()
+			for _, k := range keys {
+				if name, ok := s.nameOf(k); ok {
+					names[name] = struct{}{} // SCAN may return a key twice
+				}
+			}
+			mu.Unlock()
+			if next == 0 {
+				return nil
+			}
+			cursor = next
+		}
+	}
+	var err error
+	switch c := s.client.(type) {
+	case *redis.ClusterClient:
+		err = c.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			return scanNode(ctx, c, " on "+c.Options().Addr)
+		})
+	case *redis.Client:
+		err = scanNode(ctx, c, "")
+	default:
+		err = fmt.Errorf("cannot scan a %T", s.client)
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(names))
+	for n := range names {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// nameOf returns the lock name of a lock key, KeyPrefix+"{"+name+"}";
+// false for a fence counter (":fence"), a token marker (":t:<token>"), a
+// fair line (":q", ":qi") or a key that is not the library's.
+func (s *session) nameOf(key string) (string, bool) {
+	rest, ok := strings.CutPrefix(key, s.prefix+"{")
+	if !ok {
+		return "", false
+	}
+	name, ok := strings.CutSuffix(rest, "}")
+	if !ok || name == "" || strings.ContainsAny(name, "{}") {
+		return "", false
+	}
+	return name, true
+}
+
+// globEscape escapes the characters that SCAN's MATCH treats as a glob.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// inspectAll inspects the named locks, a few at a time, and returns their
+// infos in order (a zero one where it failed) and the errors.
+func inspectAll(ctx context.Context, l *fencelock.Locker, names []string) ([]fencelock.LockInfo, []error) {
+	const parallel = 8
+	infos := make([]fencelock.LockInfo, len(names))
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, parallel)
+	for i, name := range names {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			infos[i], errs[i] = l.Inspect(ctx, name)
+		})
+	}
+	wg.Wait()
+	var failed []error
+	for _, err := range errs {
+		if err != nil {
+			failed = append(failed, err)
+		}
+	}
+	return infos, failed
+}

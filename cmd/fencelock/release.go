@@ -1,0 +1,174 @@
+package main
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var releaseCommand = &command{
+	name:     "release",
+	synopsis: "--force [--yes] [flags] NAME",
+	list:     "--force NAME",
+	short:    "delete a lock whoever holds it",
+	help: `Deletes the lock NAME whoever holds it: for a holder that is stuck and
+will not give it back. A holder releases its own lock with Lease.Release;
+this is the operator's override, so it needs --force, and it deletes only
+with --yes. Without --yes it prints what it would delete and exits 1.
+
+The delete is atomic: the lock is deleted only if it still holds what was
+read, and the deleted holder's owner and fence are printed. The fence
+counter stays, so the next holder's fence is greater than the deleted one;
+the holder's token is retired, so it cannot take the lock again; its
+waiters are woken, as by a release. The holder finds out at its next
+renewal or Extend (ErrNotHeld; RunWithLock cancels its work with ErrLost):
+until then it may still be working, which is why writes must check the
+fence.
+
+It exits 1 when the lock is not held.
+
+Flags:
+
+	--force            required: delete the lock whoever holds it.
+	--yes              really delete it.
+`,
+}
+
+func init() { releaseCommand.run = runRelease }
+
+var (
+	//go:embed force_release.lua
+	forceReleaseLua    string
+	forceReleaseScript = redis.NewScript(forceReleaseLua)
+)
+
+// markerMillis is the least time a force-deleted holder's token stays
+// retired: the library's default ReleaseTimeout.
+const markerMillis = 5000
+
+// forceTries bounds how often release tries again when the lock changed
+// hands between the read and the delete.
+const forceTries = 5
+
+func runRelease(ctx context.Context, e *env, args []string) error {
+	var cf connFlags
+	fs := newFlagSet("release", &cf)
+	force := fs.Bool("force", false, "")
+	yes := fs.Bool("yes", false, "")
+	pos, err := parse(e, releaseCommand, fs, args)
+	if err != nil {
+		return err
+	}
+	name, err := oneName(releaseCommand, pos)
+	if err != nil {
+		return err
+	}
+	if !*force {
+		return usagef("release: deletes a lock whoever holds it, so it needs --force (a holder releases its own lock with Lease.Release)")
+	}
+	s, err := cf.open(e, "release", nil)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	ctx, cancel := cf.withTimeout(ctx)
+	defer cancel()
+
+	key := s.key(name)
+	for try := range forceTries {
+		value, pttl, err := s.read(ctx, key)
+		if err != nil {
+			return redisError("release", &cf, err)
+		}
+		if value == "" {
+			if try > 0 {
+				return failf("release: lock %q was released meanwhile: nothing to delete", name)
+			}
+			return failf("release: lock %q is not held: nothing to delete", name)
+		}
+		token, fence, owner := parseValue(value)
+		left := fmtTTL(pttl) + " left"
+		if pttl < 0 {
+			left = "no expiry"
+		}
+		what := fmt.Sprintf("lock %q held by %s, fence %d, %s", name, holder(owner), fence, left)
+		if !*yes {
+			fmt.Fprintf(e.stdout, "would delete %s\n", what)
+			return failf("release: not deleted: add --yes to delete it")
+		}
+		reply, err := forceReleaseScript.Run(ctx, s.client,
+			[]string{key, key + ":t:" + token}, value, s.channel(key), markerMillis).Slice()
+		if err != nil {
+			return redisError("release", &cf, err)
+		}
+		deleted, perr, err := decodeForce(reply)
+		if err != nil {
+			return failf("release: %v", err)
+		}
+		if !deleted {
+			continue // it changed hands between the read and the delete
+		}
+		fmt.Fprintf(e.stdout, "deleted %s\n", what)
+		if perr != "" {
+			e.warn("release: deleted, but the wake-up could not be published (%s): waiters try again after their backoff", oneLine(perr))
+		}
+		return nil
+	}
+	return failf("release: lock %q changed hands %d times while being deleted; try again", name, forceTries)
+}
+
+// read returns the lock's value ("" when it is not held) and its TTL, in
+// one transaction.
+func (s *session) read(ctx context.Context, key string) (string, time.Duration, error) {
+	var get *redis.StringCmd
+	var pttl *redis.DurationCmd
+	_, err := s.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		get = p.Get(ctx, key)
+		pttl = p.PTTL(ctx, key)
+		return nil
+	})
+	if errors.Is(err, redis.Nil) {
+		return "", 0, nil
+	}
+	if err != nil {
+		return "", 0, err
+	}
+	ttl := pttl.Val()
+	if ttl < 0 {
+		ttl = -1
+	}
+	return get.Val(), ttl, nil
+}
+
+// decodeForce decodes force_release.lua's reply.
+func decodeForce(reply []any) (deleted bool, publishErr string, err error) {
+	if len(reply) >= 1 {
+		code, _ := reply[0].(int64)
+		switch {
+		case code == 1 && len(reply) == 1:
+			return true, "", nil
+		case code == 1 && len(reply) == 2:
+			msg, _ := reply[1].(string)
+			return true, msg, nil
+		case code == 0 && len(reply) == 2:
+			return false, "", nil
+		}
+	}
+	return false, "", fmt.Errorf("unexpected reply from the force-release script: %v", reply)
+}
+
+// parseValue splits a lock's value, "<token> <fence> <owner>" (see the
+// library's Keys documentation); the owner may be missing, or contain
+// spaces.
+func parseValue(v string) (token string, fence int64, owner string) {
+	token, rest, _ := strings.Cut(v, " ")
+	f, owner, _ := strings.Cut(rest, " ")
+	fence, _ = strconv.ParseInt(f, 10, 64)
+	return token, fence, owner
+}

@@ -1,0 +1,312 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencelock/fencelock"
+)
+
+// These tests run in the test process: pure logic, no Redis.
+
+func TestTracker(t *testing.T) {
+	t.Parallel()
+	type read struct {
+		msgs  []bool // release messages before the read: forced or not
+		at    int    // milliseconds since the start
+		held  bool
+		fence int64
+		ttl   int // milliseconds; -1: no expiry
+		last  int64
+		want  []string // the events: "kind fence [from F] [forced] [unseen]"
+	}
+	held := func(at int, fence int64, ttl int, want ...string) read {
+		return read{at: at, held: true, fence: fence, ttl: ttl, last: fence, want: want}
+	}
+	free := func(at int, last int64, want ...string) read {
+		return read{at: at, last: last, want: want}
+	}
+	msg := func(r read, forced ...bool) read {
+		r.msgs = forced
+		return r
+	}
+	for _, tc := range []struct {
+		name  string
+		reads []read
+	}{
+		{"grant and release", []read{
+			free(0, 0, "free 0"),
+			held(50, 10, 1000, "grant 10"),
+			held(100, 10, 950),
+			msg(free(120, 10, "release 10"), false),
+			free(170, 10),
+		}},
+		{"held at the start, then expiry", []read{
+			held(0, 10, 100, "held 10"),
+			held(50, 10, 50),
+			free(100, 10),              // gone at its deadline: wait for a late message
+			free(150, 10),              // still within the grace
+			free(200, 10, "expiry 10"), // no message came
+		}},
+		{"deleted before its TTL without a message", []read{
+			held(0, 10, 1000, "held 10"),
+			free(50, 10),
+			free(150, 10, "release 10"),
+		}},
+		{"a late message makes it a release", []read{
+			held(0, 10, 100, "held 10"),
+			free(100, 10),
+			msg(free(120, 10, "release 10"), false),
+		}},
+		{"a renewal moves the deadline", []read{
+			held(0, 10, 100, "held 10"),
+			held(90, 10, 100),
+			free(150, 10),
+			free(250, 10, "release 10"), // gone at 150, before 190
+		}},
+		{"hand-off at the read of the release", []read{
+			held(0, 10, 1000, "held 10"),
+			msg(held(50, 11, 1000, "release 10", "hand-off 11 from 10"), false),
+		}},
+		{"hand-off within the window, grant after it", []read{
+			held(0, 10, 1000, "held 10"),
+			msg(free(50, 10, "release 10"), false),
+			held(300, 11, 1000, "hand-off 11 from 10"),
+			msg(free(400, 11, "release 11"), false),
+			held(800, 12, 1000, "grant 12"),
+		}},
+		{"an expiry is not handed off", []read{
+			held(0, 10, 50, "held 10"),
+			free(60, 10),
+			held(170, 11, 1000, "expiry 10", "grant 11"),
+		}},
+		{"forced release", []read{
+			held(0, 10, 1000, "held 10"),
+			msg(free(50, 10, "release 10 forced"), true),
+		}},
+		{"a holding granted and released between two reads", []read{
+			free(0, 9, "free 9"),
+			msg(free(50, 10, "grant 10 unseen", "release 10 unseen"), false),
+			free(100, 10),
+		}},
+		{"a holding granted and released between two reads, then a grant", []read{
+			held(0, 9, 1000, "held 9"),
+			msg(free(50, 10, "release 9", "hand-off 10 from 9 unseen", "release 10 unseen"), false, false),
+		}},
+		{"a message no holding explains is dropped", []read{
+			held(0, 10, 100, "held 10"),
+			msg(held(20, 10, 80), false),
+			free(100, 10),
+			free(200, 10, "expiry 10"),
+		}},
+		{"an expiry read in its last millisecond", []read{
+			held(0, 10, 50, "held 10"),
+			held(50, 10, 0), // PTTL 0: the key is still there
+			free(60, 10),
+			free(160, 10, "expiry 10"),
+		}},
+		{"no expiry", []read{
+			held(0, 10, -1, "held 10"),
+			free(5000, 10),
+			free(5100, 10, "release 10"),
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tr := &tracker{handoff: 300 * time.Millisecond, grace: 100 * time.Millisecond}
+			t0 := time.Now()
+			for i, r := range tc.reads {
+				for _, forced := range r.msgs {
+					tr.message(forced)
+				}
+				at := t0.Add(time.Duration(r.at) * time.Millisecond)
+				ttl := time.Duration(r.ttl) * time.Millisecond
+				if r.ttl < 0 {
+					ttl = -1
+				}
+				info := fencelock.LockInfo{Held: r.held, Fence: r.fence, TTL: ttl, LastFence: r.last}
+				if !r.held {
+					info.Fence, info.TTL = 0, 0
+				}
+				var got []string
+				for _, ev := range tr.observe(at, at, info) {
+					got = append(got, describe(ev))
+				}
+				if !slices.Equal(got, r.want) {
+					t.Fatalf("read %d (at %dms): got events %q, want %q", i, r.at, got, r.want)
+				}
+			}
+		})
+	}
+}
+
+func describe(ev event) string {
+	s := fmt.Sprintf("%s %d", ev.Kind, ev.Fence)
+	if ev.Kind == evFree {
+		s = fmt.Sprintf("free %d", ev.LastFence)
+	}
+	if ev.Kind == evHandoff {
+		s += fmt.Sprintf(" from %d", ev.From)
+	}
+	if ev.Forced {
+		s += " forced"
+	}
+	if ev.Unseen {
+		s += " unseen"
+	}
+	return s
+}
+
+func TestParseFlagsAnywhere(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args      []string
+		wantPos   []string
+		wantForce bool
+		wantURL   string
+	}{
+		{[]string{"--url", "redis://h:1", "--force", "NAME"}, []string{"NAME"}, true, "redis://h:1"},
+		{[]string{"--force", "NAME", "--url", "redis://h:1"}, []string{"NAME"}, true, "redis://h:1"},
+		{[]string{"NAME", "--force"}, []string{"NAME"}, true, ""},
+		{[]string{"-force", "-url=redis://h:1", "NAME"}, []string{"NAME"}, true, "redis://h:1"},
+		{[]string{"--force", "--", "-NAME", "--url"}, []string{"-NAME", "--url"}, true, ""},
+		{[]string{"A", "B"}, []string{"A", "B"}, false, ""},
+		{nil, nil, false, ""},
+	} {
+		var cf connFlags
+		fs := newFlagSet("release", &cf)
+		force := fs.Bool("force", false, "")
+		e := &env{stdout: &bytes.Buffer{}, stderr: &bytes.Buffer{}}
+		pos, err := parse(e, releaseCommand, fs, tc.args)
+		if err != nil {
+			t.Errorf("parse(%q): %v", tc.args, err)
+			continue
+		}
+		if !slices.Equal(pos, tc.wantPos) || *force != tc.wantForce || cf.url != tc.wantURL {
+			t.Errorf("parse(%q): got args %q, --force %v, --url %q; want %q, %v, %q",
+				tc.args, pos, *force, cf.url, tc.wantPos, tc.wantForce, tc.wantURL)
+		}
+	}
+}
+
+func TestParseFlagErrors(t *testing.T) {
+	t.Parallel()
+	var cf connFlags
+	fs := newFlagSet("ls", &cf)
+	e := &env{stdout: &bytes.Buffer{}, stderr: &bytes.Buffer{}}
+	_, err := parse(e, lsCommand, fs, []string{"--db", "x"})
+	if ce, ok := err.(*cmdError); !ok || ce.code != exitUsage {
+		t.Fatalf("--db x: got %v, want a usage error", err)
+	}
+	fs = newFlagSet("ls", &cf)
+	_, err = parse(e, lsCommand, fs, []string{"--help"})
+	if ce, ok := err.(*cmdError); !ok || ce.code != exitOK {
+		t.Fatalf("--help: got %v, want exit 0", err)
+	}
+	if !strings.Contains(e.stdout.(*bytes.Buffer).String(), "Usage: fencelock ls") {
+		t.Fatalf("--help printed %q", e.stdout)
+	}
+}
+
+func TestNameOf(t *testing.T) {
+	t.Parallel()
+	s := &session{prefix: "lock:"}
+	for key, want := range map[string]string{
+		"lock:{a}":           "a",
+		"lock:{order:42}":    "order:42",
+		"lock:{a}:fence":     "",
+		"lock:{a}:t:1234":    "",
+		"lock:{a}:q":         "",
+		"lock:{a}:qi":        "",
+		"lock:{}":            "",
+		"lock:{a}}":          "",
+		"other:{a}":          "",
+		"lock:a":             "",
+		"lock:{a{b}":         "",
+		"lock:{settle:*?[]}": "settle:*?[]",
+	} {
+		got, ok := s.nameOf(key)
+		if got != want || ok != (want != "") {
+			t.Errorf("nameOf(%q) = %q, %v; want %q", key, got, ok, want)
+		}
+	}
+	if got, want := globEscape(`a*b?c[d]e\f`), `a\*b\?c\[d\]e\\f`; got != want {
+		t.Errorf("globEscape = %q, want %q", got, want)
+	}
+}
+
+func TestTableOnTerminal(t *testing.T) {
+	t.Parallel()
+	var b bytes.Buffer
+	printTable(&b, []fencelock.LockInfo{
+		{Name: "settlement:2026-11-29", Held: true, Owner: "pod-2 (pid 7)", TTL: 2400 * time.Millisecond, Fence: 1764525481123456, Waiters: 1},
+		{Name: "x", Held: true, Owner: "", TTL: -1, Fence: 7},
+	}, "lock:{*}")
+	want := `NAME                   OWNER          TTL        FENCE             WAITERS
+settlement:2026-11-29  pod-2 (pid 7)  2.4s       1764525481123456  1
+x                      -              no expiry  7                 0
+`
+	if b.String() != want {
+		t.Errorf("table:\n%s\nwant:\n%s", b.String(), want)
+	}
+	b.Reset()
+	printTable(&b, nil, "lock:{job:*}")
+	if got := b.String(); got != "no lock held matching lock:{job:*}\n" {
+		t.Errorf("empty table: %q", got)
+	}
+}
+
+func TestFormatEvent(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 11, 29, 15, 4, 5, 123e6, time.Local)
+	for _, tc := range []struct {
+		ev   event
+		want string
+	}{
+		{event{Kind: evGrant, At: at, Fence: 17, Owner: "pod-2 (pid 7)", TTL: 30 * time.Second},
+			`15:04:05.123 grant fence=17 owner="pod-2 (pid 7)" ttl=30s`},
+		{event{Kind: evHandoff, At: at, Fence: 18, Owner: "b", TTL: time.Second, From: 17},
+			`15:04:05.123 hand-off fence=18 owner="b" ttl=1s from_fence=17`},
+		{event{Kind: evRelease, At: at, Fence: 18, Owner: "b", Forced: true},
+			`15:04:05.123 release fence=18 owner="b" forced`},
+		{event{Kind: evGrant, At: at, Fence: 19, Unseen: true},
+			`15:04:05.123 grant fence=19 unseen`},
+		{event{Kind: evFree, At: at, LastFence: 19},
+			`15:04:05.123 free last_fence=19`},
+		{event{Kind: evExpiry, At: at, Fence: 19, Owner: ""},
+			`15:04:05.123 expiry fence=19 owner=""`},
+	} {
+		if got := formatEvent(tc.ev); got != tc.want {
+			t.Errorf("got  %s\nwant %s", got, tc.want)
+		}
+	}
+}
+
+func TestFmtTTL(t *testing.T) {
+	t.Parallel()
+	for d, want := range map[time.Duration]string{
+		-1:                       "no expiry",
+		0:                        "0s",
+		275 * time.Millisecond:   "275ms",
+		999 * time.Millisecond:   "999ms",
+		27237 * time.Millisecond: "27.2s",
+		30 * time.Second:         "30s",
+		90 * time.Minute:         "1h30m0s",
+	} {
+		if got := fmtTTL(d); got != want {
+			t.Errorf("fmtTTL(%v) = %q, want %q", d, got, want)
+		}
+	}
+}
+
+func TestWrap(t *testing.T) {
+	t.Parallel()
+	got := wrap("aaa bbb ccc ddd", "  ", 7)
+	if want := "aaa bbb\n  ccc ddd"; got != want {
+		t.Errorf("wrap = %q, want %q", got, want)
+	}
+}
