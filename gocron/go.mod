@@ -1,6 +1,6 @@
 module github.com/fencelock/fencelock/gocron
 
-go 1.26.8
+go 1.26.0
 
 replace github.com/fencelock/fencelock => ../
 
