@@ -316,8 +316,12 @@ func (l *Lease) Release(ctx context.Context) error {
 	start := l.locker.clock.Now()
 	err := l.releaseOp(ctx)
 	now := l.locker.clock.Now()
-	obs.End(ctx, Event{Op: OpRelease, Name: l.name, Lease: l, Outcome: OutcomeOf(err), Err: err,
-		Fence: l.fence, Duration: now.Sub(start), Held: now.Sub(l.acquired)})
+	e := Event{Op: OpRelease, Name: l.name, Lease: l, Outcome: OutcomeOf(err), Err: err,
+		Fence: l.fence, Duration: now.Sub(start)}
+	if err == nil && l.lostCause() == nil {
+		e.Held = now.Sub(l.acquired)
+	}
+	obs.End(ctx, e)
 	return err
 }
 

@@ -85,7 +85,9 @@ type Event struct {
 	// Handoff is, for an OpAcquire woken by a release, the time from the
 	// wake-up's arrival to the grant; 0 when not known.
 	Handoff time.Duration
-	// Held is, for OpRelease and OpLost, how long the lease was held.
+	// Held is how long the lease was held: for OpLost, and for an OpRelease
+	// that deleted the lock of a lease not lost before (0 otherwise, so
+	// that a hold is counted once).
 	Held time.Duration
 }
 

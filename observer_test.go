@@ -111,7 +111,10 @@ func TestObserverRunWithLock(t *testing.T) {
 func TestObserverBusyWaitAndLoss(t *testing.T) {
 	e := newEnv(t, nil)
 	rec := &recorder{}
-	l := e.locker(t, &Options{TTL: 300 * time.Millisecond, Observer: rec})
+	// Slow polling: the waiter gets the lock by the release's wake-up, so
+	// that its hand-off is known.
+	l := e.locker(t, &Options{TTL: 300 * time.Millisecond, Observer: rec,
+		MinRetryBackoff: 20 * time.Second, MaxRetryBackoff: 20 * time.Second})
 	name := uniqueName(t)
 	held, err := l.Acquire(ctx, name)
 	require.NoError(t, err)
@@ -157,6 +160,42 @@ func TestObserverBusyWaitAndLoss(t *testing.T) {
 	assert.True(t, errors.Is(lost.Err, ErrLost))
 	assert.Equal(t, waiter.Fence(), lost.Fence)
 	assert.Equal(t, []string{"acquire"}, rec.ctxOps[OpLost], "a lease from Acquire: its events go to Acquire's context")
+}
+
+// A loss RunWithLock finds only as the work returns (the release after the
+// work finds the lock gone: it was deleted between two renewals) is
+// reported like one the watchdog found: Notify(OpLost) and OnLost, once,
+// and the release's Held is 0, as the hold was counted with the loss.
+func TestObserverLossFoundAfterTheWork(t *testing.T) {
+	e := newEnv(t, nil)
+	rec := &recorder{}
+	var onLost []error
+	var mu sync.Mutex
+	l := e.locker(t, &Options{TTL: time.Minute, Observer: rec, OnLost: func(_ *Lease, cause error) {
+		mu.Lock()
+		defer mu.Unlock()
+		onLost = append(onLost, cause)
+	}})
+	err := l.RunWithLock(ctx, uniqueName(t), func(ctx context.Context, lease *Lease) error {
+		time.Sleep(10 * time.Millisecond)
+		return e.admin.Del(ctx, lease.Key()).Err()
+	})
+	require.ErrorIs(t, err, ErrLost)
+	_, ends, notes := rec.snapshot()
+	require.Len(t, notes, 1)
+	assert.Equal(t, OpLost, notes[0].Op)
+	assert.ErrorIs(t, notes[0].Err, ErrLost)
+	assert.GreaterOrEqual(t, notes[0].Held, 10*time.Millisecond)
+	assert.Equal(t, []string{"run"}, rec.ctxOps[OpLost])
+	mu.Lock()
+	assert.Len(t, onLost, 1, "OnLost")
+	mu.Unlock()
+	for _, e := range ends {
+		if e.Op == OpRelease {
+			assert.Equal(t, OutcomeNotHeld, e.Outcome)
+			assert.Zero(t, e.Held, "the hold is counted once, with the loss")
+		}
+	}
 }
 
 func TestOutcomeOf(t *testing.T) {

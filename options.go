@@ -126,9 +126,11 @@ type Options struct {
 
 	// OnLost, if set, is called once for each lease lost while the watchdog
 	// ran (taken over, deleted, or its deadline passed unrenewed), after the
-	// work context was cancelled, with the cause (which matches ErrLost).
-	// It runs on the watchdog's goroutine and must not block for long nor
-	// call the lease's Release.
+	// work context was cancelled, with the cause (which matches ErrLost);
+	// also when RunWithLock finds the loss only as its work returns (the
+	// deadline passed, or the release after the work found the lock gone).
+	// It runs on the watchdog's goroutine, or RunWithLock's, and must not
+	// block for long nor call the lease's Release.
 	// Default nil.
 	OnLost func(lease *Lease, cause error)
 

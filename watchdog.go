@@ -100,7 +100,8 @@ func (l *Locker) run(ctx context.Context, name string,
 	if lost == nil && !releasedByWork && !l.clock.Now().Before(lease.Deadline()) {
 		// The deadline passed as work returned, before the watchdog's
 		// timer was handled: that counts as lost too.
-		lost = fmt.Errorf("%w: deadline passed before the work returned", ErrLost)
+		lease.lose(fmt.Errorf("%w: deadline passed before the work returned", ErrLost))
+		lost = lease.lostCause()
 	}
 	if lost != nil {
 		if !releasedByWork {
@@ -116,8 +117,11 @@ func (l *Locker) run(ctx context.Context, name string,
 	case releasedByWork:
 		return werr
 	case errors.Is(rerr, ErrNotHeld):
-		return joinErr(werr, &opError{msg: ErrLost.Error() + ": not held when released after the work: " + rerr.Error(),
-			errs: []error{ErrLost, rerr}})
+		// Lost while the work ran, between two renewals.
+		lost := &opError{msg: ErrLost.Error() + ": not held when released after the work: " + rerr.Error(),
+			errs: []error{ErrLost, rerr}}
+		lease.reportLost(lost, lease.Deadline())
+		return joinErr(werr, lost)
 	case rerr != nil:
 		l.opts.Logger.LogAttrs(ctx, slog.LevelWarn, "fencelock: release failed, the lock expires after its TTL",
 			slog.String("lock", name), slog.Int64("fence", lease.fence), slog.Any("error", rerr))
@@ -239,7 +243,11 @@ func (l *Lease) lose(cause error) {
 	deadline := l.deadline
 	l.mu.Unlock()
 	l.cancelContexts(cause)
+	l.reportLost(cause, deadline)
+}
 
+// reportLost tells the Observer, the log and OnLost that the lease was lost.
+func (l *Lease) reportLost(cause error, deadline time.Time) {
 	now := l.locker.clock.Now()
 	if obs := l.locker.opts.Observer; obs != nil {
 		obs.Notify(l.observed(), Event{Op: OpLost, Name: l.name, Lease: l, Outcome: OutcomeLost, Err: cause,
