@@ -240,6 +240,13 @@ func advice(name string, err error) string {
 		}
 	}
 	msg = strings.TrimSuffix(strings.TrimSpace(msg), ".")
+	if strings.Contains(msg, "Protocol error: unauthenticated") {
+		// Redis (7.0.x and later) refuses a long command (the scripts' EVALSHA
+		// has more than 10 arguments) from a client that did not log in
+		// with this, before it would say NOAUTH.
+		return "NOAUTH: the server requires a password and refused a command before login (" + msg +
+			"): set Password (and Username) in the go-redis options"
+	}
 	switch errCode(err.Error()) {
 	case "NOAUTH":
 		return msg + ": set Password (and Username) in the go-redis options"

@@ -75,6 +75,7 @@ func TestClassify(t *testing.T) {
 		{"pool timeout", redis.ErrPoolTimeout, classUnavailable},
 
 		{"NOAUTH", testRedisError("NOAUTH Authentication required."), classMisconfigured},
+		{"unauthenticated long command", testRedisError("ERR Protocol error: unauthenticated multibulk length"), classMisconfigured},
 		{"WRONGPASS", testRedisError("WRONGPASS invalid username-password pair or user is disabled."), classMisconfigured},
 		{"NOPERM command", testRedisError("NOPERM this user has no permissions to run the 'evalsha' command"), classMisconfigured},
 		{"NOPERM key", testRedisError("NOPERM this user has no permissions to access one of the keys used as arguments"), classMisconfigured},
