@@ -1,4 +1,5 @@
--- acquire: take the lock if it is free and issue a fencing token with it.
+-- acquire: take the lock if it is free and issue a fencing token with it;
+-- for a fair waiter, join the lock's queue when it is not free.
 --
 -- KEYS[1]  lock key         e.g. lock:{name}; its value is
 --                           "<token> <fence> <owner>"
@@ -6,43 +7,99 @@
 --                           once the token was released or its Acquire gave
 --                           up (see release.lua)
 -- KEYS[3]  fence counter    lock:{name}:fence
+-- KEYS[4]  queue            lock:{name}:q, a sorted set of the fair waiters'
+--                           tokens by the server time they joined
+-- KEYS[5]  queue entries    lock:{name}:qi, a hash of each waiter's token to
+--                           "<expiry> <ttl> <owner>" (expiry: server time in
+--                           ms until which it is kept without a keep-alive)
 -- ARGV[1]  token            random, unique per Acquire call
 -- ARGV[2]  ttl              milliseconds
 -- ARGV[3]  fence retention  milliseconds the counter is kept
 -- ARGV[4]  owner            who takes the lock, stored with it
+-- ARGV[5]  fair             '1': wait in the queue; '0': not
+-- ARGV[6]  entry ttl        milliseconds a queue entry is kept without a
+--                           keep-alive
 --
 -- Returns
---   {1, fence}  the lock is ours: newly taken, or already held with this
---               token (a retry after a lost reply), with the fence issued to
---               this token; fences are decimal strings, as Lua numbers are
---               doubles and would round them beyond 2^53
---   {0, pttl, owner}  another token holds it (pttl as PTTL reports it;
---               owner as the holder stored it, "" if it did not)
---   {2}         this token is retired: its Acquire gave up, or its lease
---               was released; a late copy of the attempt must not take the
---               lock
+--   {1, fence}        the lock is ours: newly taken, or already held with
+--                     this token (a retry after a lost reply, or a grant at
+--                     a release while this waiter was in the queue), with
+--                     the fence issued to this token; fences are decimal
+--                     strings, as Lua numbers are doubles and would round
+--                     them beyond 2^53
+--   {0, pttl, owner}  another token holds it (pttl as PTTL reports it), or,
+--                     with pttl -3, it is free but fair waiters are in line
+--                     first (a fair caller has joined the queue then)
+--   {2}               this token is retired: its Acquire gave up, or its
+--                     lease was released; a late copy of the attempt must
+--                     not take the lock
 --
 -- The fence is the previous fence plus one, floored by the server's TIME in
 -- microseconds, so it keeps increasing when the counter key is lost or has
 -- expired. Nothing is written when the counter cannot be incremented (at
--- its maximum: INCR fails before writing).
+-- its maximum: INCR fails before writing). release.lua issues fences the
+-- same way when it hands the lock to a waiter.
 
 if redis.call('EXISTS', KEYS[2]) == 1 then
 	return {2}
 end
+local token = ARGV[1]
 local held = redis.call('GET', KEYS[1])
-if held then
-	local n = #ARGV[1]
-	if string.sub(held, 1, n + 1) == ARGV[1] .. ' ' then
-		redis.call('PEXPIRE', KEYS[1], ARGV[2])
-		local fence = string.match(held, '^(%d+)', n + 2)
-		return {1, fence}
-	end
-	return {0, redis.call('PTTL', KEYS[1]), string.match(held, '^%S+ %S+ (.*)$') or ''}
+if held and string.sub(held, 1, #token + 1) == token .. ' ' then
+	redis.call('PEXPIRE', KEYS[1], ARGV[2])
+	redis.call('ZREM', KEYS[4], token)
+	redis.call('HDEL', KEYS[5], token)
+	return {1, string.match(held, '^(%d+)', #token + 2)}
 end
 
 local t = redis.call('TIME')
 local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+local nowMs = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- join the queue, or refresh this waiter's entry
+local function join()
+	if not redis.call('ZSCORE', KEYS[4], token) then
+		redis.call('ZADD', KEYS[4], now, token)
+	end
+	redis.call('HSET', KEYS[5], token, (nowMs + tonumber(ARGV[6])) .. ' ' .. ARGV[2] .. ' ' .. ARGV[4])
+	redis.call('PEXPIRE', KEYS[4], ARGV[6])
+	redis.call('PEXPIRE', KEYS[5], ARGV[6])
+end
+
+if held then
+	if ARGV[5] == '1' then
+		join()
+	end
+	return {0, redis.call('PTTL', KEYS[1]), string.match(held, '^%S+ %S+ (.*)$') or ''}
+end
+
+-- Free: the first live waiter in the queue goes first. Entries whose waiter
+-- stopped keeping them alive are dropped.
+local first
+while true do
+	local head = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
+	if not head then
+		break
+	end
+	local entry = redis.call('HGET', KEYS[5], head)
+	if entry and tonumber(string.match(entry, '^(%d+)')) >= nowMs then
+		first = head
+		break
+	end
+	redis.call('ZREM', KEYS[4], head)
+	redis.call('HDEL', KEYS[5], head)
+end
+if first and first ~= token then
+	if ARGV[5] == '1' then
+		join()
+	end
+	return {0, -3, 'the fair queue'}
+end
+if first then
+	redis.call('ZREM', KEYS[4], token)
+	redis.call('HDEL', KEYS[5], token)
+end
+
 local fence = now
 local prev = redis.call('SET', KEYS[3], now, 'PX', ARGV[3], 'GET')
 if prev and (#prev > #now or (#prev == #now and prev >= now)) then
@@ -55,5 +112,5 @@ if prev and (#prev > #now or (#prev == #now and prev >= now)) then
 	redis.call('INCR', KEYS[3])
 	fence = redis.call('GET', KEYS[3])
 end
-redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. fence .. ' ' .. ARGV[4], 'PX', ARGV[2])
+redis.call('SET', KEYS[1], token .. ' ' .. fence .. ' ' .. ARGV[4], 'PX', ARGV[2])
 return {1, fence}

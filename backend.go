@@ -32,8 +32,12 @@ type backend interface {
 	// inspect reads the lock at key and its fence counter, and with
 	// waiters how many subscribe to its channel, changing nothing.
 	inspect(ctx context.Context, key, fenceKey string, waiters bool) (holding, error)
-	// register adds a waiter for the releases of the lock at key.
-	register(key string) *waiter
+	// queue keeps a fair waiter's queue entry alive (queueKeep), or takes
+	// it out (queueLeave).
+	queue(ctx context.Context, lease *Lease, mode string) (queueReply, error)
+	// register adds a waiter for the releases of the lock at key; with a
+	// token, a fair waiter that also gets the grants made to it.
+	register(key, token string) *waiter
 	// wakeSpread is how long waiters woken together spread their next
 	// attempts over; 0 where the first attempt wins atomically.
 	wakeSpread() time.Duration
@@ -120,8 +124,12 @@ func (d *deployment) channel(key string) string {
 }
 
 func (d *deployment) acquire(ctx context.Context, lease *Lease) attempt {
+	fair := "0"
+	if lease.fair {
+		fair = "1"
+	}
 	reply, err := d.run(ctx, acquireScript, false, lease.keyArgs[:], lease.tokenArg,
-		d.l.ttlArg(lease.ttl), d.l.retentionMillis, lease.ownerArg)
+		d.l.ttlArg(lease.ttl), d.l.retentionMillis, lease.ownerArg, fair, queueEntryMillis)
 	if err != nil && d.l.opts.Replicas > 0 && isReplicaShort(err) {
 		// Taken, but not on enough replicas to survive a failover: give it
 		// back, and try again, if at all, with a new token.
@@ -138,11 +146,14 @@ func (d *deployment) acquire(ctx context.Context, lease *Lease) attempt {
 	case ok:
 		return attempt{ok: true, fence: val}
 	}
+	if val == -3 { // free, but fair waiters are in line first
+		return attempt{pttl: -3, owner: "fair waiters in line"}
+	}
 	return attempt{pttl: time.Duration(val) * time.Millisecond, owner: owner}
 }
 
 func (d *deployment) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
-	reply, err := d.run(ctx, extendScript, renewal, lease.keyArgs[:1], lease.tokenArg, d.l.ttlArg(ttl))
+	reply, err := d.run(ctx, extendScript, renewal, lease.keyArgs[keyLock:keyLock+1], lease.tokenArg, d.l.ttlArg(ttl))
 	if err != nil {
 		return 0, err
 	}
@@ -259,20 +270,20 @@ func (d *deployment) release(ctx context.Context, lease *Lease, mode string) (in
 		// A late attempt is refused for as long as its lock would live.
 		markerTTL = ttlMillis(max(lease.ttl, d.l.opts.ReleaseTimeout))
 	}
-	channel := lease.keyArgs[0] // the wake-up channel is the lock key on database 0
+	channel := lease.keyArgs[keyLock] // the wake-up channel is the lock key on database 0
 	if d.dbTag != "" {
-		channel = d.channel(lease.keys[0])
+		channel = d.channel(lease.keys[keyLock])
 	}
-	reply, err := evalScript(ctx, d.client, releaseScript, false, lease.keyArgs[:2],
-		[]any{lease.tokenArg, channel, mode, markerTTL}).Result()
+	reply, err := evalScript(ctx, d.client, releaseScript, false, lease.keyArgs[:],
+		[]any{lease.tokenArg, channel, mode, markerTTL, d.l.retentionMillis}).Result()
 	if err != nil {
 		return 0, nil, err
 	}
 	return decodeRelease(reply)
 }
 
-func (d *deployment) register(key string) *waiter {
-	return d.waits.register(d.channel(key), nil)
+func (d *deployment) register(key, token string) *waiter {
+	return d.waits.register(d.channel(key), nil, token)
 }
 
 func (d *deployment) wakeSpread() time.Duration { return 0 }

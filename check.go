@@ -374,7 +374,7 @@ func (c *checker) permissions(ctx context.Context, d *deployment, node string) {
 		}
 	}
 	// Subscribing, as waiters do.
-	channel := d.channel(lease.keys[0])
+	channel := d.channel(lease.keys[keyLock])
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	ps := d.client.SSubscribe(sctx, channel)

@@ -74,9 +74,8 @@
 //
 // # Keys
 //
-// Per lock name, the library writes three kinds of keys, all sharing the hash
-// tag {name} (so every script runs on one Redis Cluster slot), and all
-// expiring:
+// Per lock name, the library writes these keys, all sharing the hash tag
+// {name} (so every script runs on one Redis Cluster slot), and all expiring:
 //
 //   - the lock, KeyPrefix+"{"+name+"}", with the lock's TTL;
 //   - the fence counter, the same plus ":fence", for FenceRetention;
@@ -84,7 +83,10 @@
 //     kept for Options.ReleaseTimeout, so that a release resent after a lost
 //     reply reports success; and written by the clean-up after an Acquire
 //     that gave up, kept for the lock's TTL, so that a late copy of one of its
-//     attempts cannot take the lock.
+//     attempts cannot take the lock;
+//   - with fair waiters only, the line: the same plus ":q" (a sorted set of
+//     their tokens by arrival) and ":qi" (a hash of each one's entry), kept
+//     for 2 seconds after the last waiter's last keep-alive.
 //
 // Because the lock keys expire, a maxmemory policy of volatile-lru,
 // volatile-lfu, volatile-random or volatile-ttl evicts them first when Redis
@@ -155,9 +157,43 @@
 // time; Locker.Close closes it at once. When a Cluster slot moves, the
 // server ends its subscriptions, and they are made again on the slot's new
 // master. Sharded pub/sub (SSUBSCRIBE, SPUBLISH; Redis 7) is used where the
-// server has it, classic SUBSCRIBE and PUBLISH elsewhere. Waiters are not
-// queued: when a lock is released, all of its waiters wake and one of them
-// wins.
+// server has it, classic SUBSCRIBE and PUBLISH elsewhere. Plain waiters are
+// not queued: when a lock is released, all of its waiters wake and one of
+// them wins, most often the nearest: a waiter on a slow link can starve.
+//
+// # Fair waiting
+//
+// WithFair (with WithWait) makes a waiter wait in line. Its first attempt
+// joins the lock's queue, ordered by the server's clock; while it waits it
+// keeps its entry alive every 500ms, and an entry not kept alive for 2
+// seconds (its waiter crashed, or was paused) is skipped. A release does not
+// just delete the lock: in the same script it sets the lock to the first live
+// waiter's token, with that waiter's TTL and owner, issues its fence, and
+// publishes "granted <token> <fence>". The waiter holds the lock when the
+// message arrives and returns without another round trip. If the message is
+// lost (the subscription dropped, or the holder's ACL cannot publish), the
+// waiter's next keep-alive, within 500ms, finds the lock granted to it.
+//
+// The lock's TTL starts at the grant, which the waiter does not see. Its
+// lease's Deadline counts from the send time of the last request the server
+// answered "still waiting" (the first attempt or a keep-alive), which came
+// before the grant; a waiter that learns of the grant after that Deadline (a
+// paused process) renews the lock before Acquire returns, or, if it has
+// expired meanwhile, waits in line again with a new token.
+//
+// A waiter whose wait ends (WithWait's bound, or its context) leaves the
+// line in the background; if the lock was granted to it at that moment, it
+// releases it, which hands it to the next in line, so no lock is left with
+// nobody until its TTL.
+//
+// Fair and plain callers of one name mix as follows: a plain Acquire, waiting
+// or not, never jumps the line. While fair waiters are in line it finds the
+// lock busy (a BusyError whose Owner is "fair waiters in line" when the lock
+// is free but promised), and a plain waiter takes the lock only when the
+// line is empty and the lock free; it is not woken by grants. A Release of a
+// lease taken either way hands the lock to the line. Without WithWait,
+// WithFair changes nothing. Fair waiting needs a single deployment or
+// Cluster: NewRedlock's Lockers reject WithFair with ErrInvalid.
 //
 // # Redlock
 //

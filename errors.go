@@ -60,7 +60,7 @@ var (
 type BusyError struct {
 	Name  string        // the lock's name
 	Owner string        // the holder's Options.Owner or WithOwner; "" if it stored none
-	TTL   time.Duration // left when Redis answered; -1: the lock has no expiry
+	TTL   time.Duration // left when Redis answered; -1: the lock has no expiry; other negative values: free, but fair waiters are in line first
 }
 
 func (e *BusyError) Error() string {
@@ -68,14 +68,16 @@ func (e *BusyError) Error() string {
 	if holder == "" {
 		holder = "another holder"
 	}
-	left := "for " + e.TTL.Round(100*time.Millisecond).String() + " more"
+	left := " for " + e.TTL.Round(100*time.Millisecond).String() + " more"
 	switch {
+	case e.TTL == -1:
+		left = " with no expiry"
 	case e.TTL < 0:
-		left = "with no expiry"
+		return fmt.Sprintf("%s: %q is free, but %s are served first", ErrNotObtained.Error(), e.Name, holder)
 	case e.TTL < 100*time.Millisecond:
-		left = "for " + e.TTL.String() + " more"
+		left = " for " + e.TTL.String() + " more"
 	}
-	return fmt.Sprintf("%s: %q held by %s %s", ErrNotObtained.Error(), e.Name, holder, left)
+	return fmt.Sprintf("%s: %q held by %s%s", ErrNotObtained.Error(), e.Name, holder, left)
 }
 
 // Is reports whether target is ErrNotObtained.
@@ -253,8 +255,10 @@ func advice(name string, err error) string {
 	case "WRONGPASS":
 		return msg + ": check Username and Password in the go-redis options"
 	case "NOPERM":
-		return msg + ": the ACL user needs +@scripting, +get, +set, +del, +pexpire, +pttl, +incr, +exists, +time " +
-			"and +spublish or +publish, with the keys ~<KeyPrefix>* and the channels &<KeyPrefix>*"
+		return msg + ": the ACL user needs +@scripting, +get, +set, +del, +pexpire, +pttl, +incr, +exists, +time, " +
+			"+zadd, +zrange, +zrem, +zscore, +hset, +hget, +hdel " +
+			"and +spublish, +ssubscribe, +sunsubscribe (Redis 6: +publish, +subscribe, +unsubscribe), " +
+			"with the keys ~<KeyPrefix>* and the channels &<KeyPrefix>*"
 	case "WRONGTYPE":
 		return fmt.Sprintf("%s: a key of lock %q holds another type: delete it or use another KeyPrefix", msg, name)
 	}

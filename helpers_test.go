@@ -3,6 +3,7 @@ package fencelock
 import (
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(fairChildEnv); spec != "" {
+		os.Exit(fairChild(spec))
+	}
 	goleak.VerifyTestMain(m)
 }
 
@@ -85,7 +89,7 @@ func scriptName(cmd redis.Cmder) string {
 	body, _ := args[1].(string)
 	switch cmd.Name() {
 	case "evalsha", "eval":
-		for name, s := range map[string]*redis.Script{"acquire": acquireScript, "release": releaseScript, "extend": extendScript} {
+		for name, s := range map[string]*redis.Script{"acquire": acquireScript, "release": releaseScript, "extend": extendScript, "queue": queueScript} {
 			if body == s.Hash() || body == scriptSource(s) {
 				return name
 			}
@@ -102,6 +106,8 @@ func scriptSource(s *redis.Script) string {
 		return releaseLua
 	case extendScript:
 		return extendLua
+	case queueScript:
+		return queueLua
 	}
 	return ""
 }

@@ -73,7 +73,7 @@ func (l *Lease) TTL(ctx context.Context) (time.Duration, error) {
 		return 0, ErrNotHeld
 	}
 	res, done := call(l.locker, ctx.Done(), nil, func() holdingResult {
-		h, err := l.locker.b.inspect(ctx, l.keys[0], l.keys[2], false)
+		h, err := l.locker.b.inspect(ctx, l.keys[keyLock], l.keys[keyCounter], false)
 		return holdingResult{h, err}
 	}, nil)
 	switch {

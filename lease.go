@@ -16,8 +16,9 @@ import (
 type Lease struct {
 	locker   *Locker
 	name     string
-	keys     [3]string // lock, token marker, fence counter: the scripts' KEYS
-	keyArgs  [3]any    // keys, boxed once
+	keys     [nKeys]string // lock, token marker, fence counter, queue, queue entries: the scripts' KEYS
+	keyArgs  [nKeys]any    // keys, boxed once
+	fair     bool          // WithFair
 	token    string
 	tokenArg any // token, boxed once for the scripts' ARGV
 	owner    string
@@ -62,7 +63,7 @@ func (l *Lease) Key() string {
 	if l == nil {
 		return ""
 	}
-	return l.keys[0]
+	return l.keys[keyLock]
 }
 
 // Token returns the random token (a UUID v4) that identifies this acquisition
@@ -94,9 +95,11 @@ func (l *Lease) Degraded() bool {
 // Deadline returns the local time until which the lock is certainly held,
 // barring a process pause or a failover: the monotonic time taken before the
 // acquire (or last successful extend) request was sent, plus the TTL, minus a
-// drift allowance of TTL/100 + 2ms. After Release, or once Extend or Release
-// found the lock not held, it returns a time that has passed. A nil lease's
-// deadline is the zero time.
+// drift allowance of TTL/100 + 2ms. For a lock a release handed to a fair
+// waiter (WithFair), the request is the waiter's last one the server
+// answered "still waiting", sent before the grant. After Release, or once
+// Extend or Release found the lock not held, it returns a time that has
+// passed. A nil lease's deadline is the zero time.
 func (l *Lease) Deadline() time.Time {
 	if l == nil {
 		return time.Time{}

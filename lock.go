@@ -198,6 +198,11 @@ func (l *Locker) callOptions(opts []Option) (callOptions, error) {
 			return co, err
 		}
 	}
+	if co.fair {
+		if _, ok := l.b.(*quorum); ok {
+			return co, invalidf("WithFair on a NewRedlock Locker: a queue kept on a quorum of nodes would need consensus")
+		}
+	}
 	return co, nil
 }
 
@@ -253,14 +258,18 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 	if co.owner != "" {
 		lease.owner, lease.ownerArg = co.owner, co.owner
 	}
+	run := l.acquire
+	if co.fair && co.wait > 0 {
+		run = l.acquireFair
+	}
 	obs := l.opts.Observer
 	if obs == nil {
-		return l.acquire(ctx, lease, co.wait, nil)
+		return run(ctx, lease, co.wait, nil)
 	}
 	ctx = obs.Start(ctx, OpAcquire, name)
 	var st acquireStats
 	start := l.clock.Now()
-	got, err := l.acquire(ctx, lease, co.wait, &st)
+	got, err := run(ctx, lease, co.wait, &st)
 	e := Event{Op: OpAcquire, Name: name, Lease: got, Outcome: OutcomeOf(err), Err: err,
 		Duration: l.clock.Now().Sub(start), Waited: st.waited, Handoff: st.handoff}
 	if got != nil {
@@ -290,18 +299,25 @@ func (l *Locker) newLease(name string, ttl time.Duration) *Lease {
 	var token [36]byte
 	hexUUID(&token, &u)
 
+	// One string holds them all: P{name}:fence P{name}:qi P{name}:t:<token>,
+	// each key a slice of it (P{name} and P{name}:q are prefixes).
 	prefix := len(l.opts.KeyPrefix) + len(name) + 2
 	var b strings.Builder
-	b.Grow(2*prefix + len(":fence") + len(":t:") + len(token))
-	for _, s := range [...]string{l.opts.KeyPrefix, "{", name, "}", ":fence", l.opts.KeyPrefix, "{", name, "}", ":t:"} {
+	b.Grow(3*prefix + len(":fence") + len(":qi") + len(":t:") + len(token))
+	for _, s := range [...]string{l.opts.KeyPrefix, "{", name, "}", ":fence",
+		l.opts.KeyPrefix, "{", name, "}", ":qi", l.opts.KeyPrefix, "{", name, "}", ":t:"} {
 		b.WriteString(s)
 	}
 	b.Write(token[:])
 	s := b.String()
 	lease := &Lease{locker: l, name: name, ttl: ttl, owner: l.opts.Owner, ownerArg: l.ownerArg}
-	lease.keys[0] = s[:prefix]               // P{name}
-	lease.keys[1] = s[prefix+len(":fence"):] // P{name}:t:<token>
-	lease.keys[2] = s[:prefix+len(":fence")] // P{name}:fence
+	qi := prefix + len(":fence")       // where P{name}:qi starts
+	marker := qi + prefix + len(":qi") // where P{name}:t:<token> starts
+	lease.keys[keyLock] = s[:prefix]
+	lease.keys[keyMarker] = s[marker:]
+	lease.keys[keyCounter] = s[:qi]
+	lease.keys[keyQueue] = s[qi : qi+prefix+len(":q")]
+	lease.keys[keyQueueInfo] = s[qi:marker]
 	lease.token = s[len(s)-len(token):]
 	lease.tokenArg = lease.token
 	for i, k := range lease.keys {
@@ -309,6 +325,16 @@ func (l *Locker) newLease(name string, ttl time.Duration) *Lease {
 	}
 	return lease
 }
+
+// A lease's keys, in the order the scripts take them.
+const (
+	keyLock      = iota // P{name}
+	keyMarker           // P{name}:t:<token>
+	keyCounter          // P{name}:fence
+	keyQueue            // P{name}:q
+	keyQueueInfo        // P{name}:qi
+	nKeys
+)
 
 // hexUUID writes u in its canonical text form.
 func hexUUID(dst *[36]byte, u *uuid.UUID) {
@@ -442,7 +468,7 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 			// Wake-ups from now on: the subscription is made in the
 			// background, and its confirmation wakes w for another try, so
 			// that a release before it is not missed.
-			w = l.b.register(lease.keys[0])
+			w = l.b.register(lease.keys[keyLock], "")
 		}
 		var wake <-chan struct{}
 		if w != nil {

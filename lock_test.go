@@ -244,7 +244,8 @@ func TestRetryAfterLostReplyIsIdempotent(t *testing.T) {
 	// reply was lost) finds the lock its own and returns the same fence.
 	run := func(token string) []any {
 		t.Helper()
-		reply, err := acquireScript.Run(ctx, e.admin, []string{key, key + ":t:" + token, fenceKey}, token, 5000, 60000, "pod").Slice()
+		reply, err := acquireScript.Run(ctx, e.admin, []string{key, key + ":t:" + token, fenceKey, key + ":q", key + ":qi"},
+			token, 5000, 60000, "pod", "0", 2000).Slice()
 		require.NoError(t, err)
 		return reply
 	}

@@ -266,6 +266,7 @@ type callOptions struct {
 	wait     time.Duration
 	owner    string
 	ownerSet bool
+	fair     bool
 }
 
 // WithOwner sets who holds the lock for this call, overriding
@@ -322,6 +323,21 @@ func WithTTL(ttl time.Duration) Option {
 // with ErrInvalid.
 func WithWait(d time.Duration) Option {
 	return func(c callOptions) callOptions { c.wait = d; return c }
+}
+
+// WithFair makes a waiting Acquire (WithWait) wait in line: fair waiters of
+// a lock are served in the order they started waiting, and a release hands
+// the lock straight to the first one, fence and all, in the same step
+// (release.lua): the waiter holds the lock when the release's message
+// arrives, with no further round trip, and confirms it with a keep-alive if
+// the message is lost. A plain Acquire of a lock with fair waiters in line
+// does not jump the queue: it finds the lock busy until the queue is empty.
+// Without WithWait, WithFair changes nothing: a single attempt takes the lock
+// only if it is free and nobody is in line. A NewRedlock Locker rejects
+// WithFair with ErrInvalid: a queue kept on a quorum of nodes would need
+// consensus among them, which Redis does not offer.
+func WithFair() Option {
+	return func(c callOptions) callOptions { c.fair = true; return c }
 }
 
 // drift is the clock drift and network allowance subtracted from a TTL when

@@ -165,7 +165,7 @@ type nodeGrant struct {
 }
 
 func (d *deployment) grant(ctx context.Context, lease *Lease, ttl time.Duration, fence int64) nodeGrant {
-	reply, err := d.run(ctx, grantScript, false, lease.keyArgs[:], lease.tokenArg,
+	reply, err := d.run(ctx, grantScript, false, lease.keyArgs[:keyCounter+1], lease.tokenArg,
 		ttlMillis(ttl), strconv.FormatInt(fence, 10), lease.ownerArg)
 	if err != nil { // with Options.Replicas, too few replicas count as no grant
 		return nodeGrant{err: err}
@@ -308,7 +308,7 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 		if !granted[i] {
 			return set{node: i}
 		}
-		reply, err := d.run(ctx, setFenceScript, false, []any{lease.keyArgs[0], lease.keyArgs[2]}, lease.tokenArg,
+		reply, err := d.run(ctx, setFenceScript, false, []any{lease.keyArgs[keyLock], lease.keyArgs[keyCounter]}, lease.tokenArg,
 			fenceArg, q.l.retentionMillis)
 		return set{node: i, ok: err == nil && reply == int64(1), err: err}
 	})
@@ -619,14 +619,14 @@ func (q *quorum) release(ctx context.Context, lease *Lease, mode string) (int64,
 	return 0, nil, &quorumError{class: classUnavailable, msg: msg, errs: errs}
 }
 
-func (q *quorum) register(key string) *waiter {
+func (q *quorum) register(key, token string) *waiter {
 	var first *waiter
 	for _, d := range q.nodes {
 		var wake chan struct{}
 		if first != nil {
 			wake = first.wake
 		}
-		w := d.waits.register(d.channel(key), wake)
+		w := d.waits.register(d.channel(key), wake, token)
 		switch {
 		case w == nil:
 		case first == nil:

@@ -1,14 +1,19 @@
--- release: delete the lock only if this token holds it, wake its waiters,
--- and retire the token.
+-- release: delete the lock only if this token holds it and retire the
+-- token; hand the lock to the first fair waiter in line, or wake the
+-- waiters.
 --
 -- KEYS[1]  lock key, whose value is "<token> <fence> <owner>"
 -- KEYS[2]  token marker, lock:{name}:t:<token>
+-- KEYS[3]  fence counter, lock:{name}:fence
+-- KEYS[4]  queue, lock:{name}:q (see acquire.lua)
+-- KEYS[5]  queue entries, lock:{name}:qi (see acquire.lua)
 -- ARGV[1]  token
 -- ARGV[2]  wake-up channel: the lock key, plus the database number on a
 --          database other than 0 (channels are not per database)
 -- ARGV[3]  'r' to release a lease, 'a' to abandon an Acquire that gave up,
 --          'q' to release a lease on one node of a Redlock quorum
 -- ARGV[4]  how long the marker is kept, milliseconds
+-- ARGV[5]  fence retention, milliseconds
 --
 -- The marker retires the token. Written as 'r' whenever the lock is
 -- deleted, it makes a release resent after a lost reply report what the
@@ -16,16 +21,24 @@
 -- 'a' and 'q', it makes a late copy of an acquire request (acquire.lua,
 -- redlock_grant.lua) refuse to take the lock.
 --
+-- When the lock was deleted and a fair waiter is in line (its queue entry
+-- kept alive), the lock is granted to the first one in the same step: set
+-- to its token with its TTL and owner, with a fence issued as acquire.lua
+-- issues them, and "granted <token> <fence>" is published; the waiter holds
+-- the lock when the message arrives. Otherwise "released" is published
+-- (except for 'a': an abandoned attempt's lock wakes nobody, so that
+-- contenders that split a Redlock quorum retry after their backoff).
+--
 -- Returns 1 when the lock was ours and is now deleted (by this call or, per
 -- the marker, an earlier one), 0 when it does not exist (expired or
 -- deleted), -1 when another token holds it; another holder's lock is left
--- alone. When the wake-up could not be published (an ACL without the
--- channel, say), the lock is deleted all the same and the reply is
+-- alone. When the message could not be published (an ACL without the
+-- channel, say), the lock is released all the same and the reply is
 -- {code, error}: a script's writes are not rolled back, so a failed publish
--- must never turn a delete into an error.
+-- must never turn a release into an error.
 --
--- The wake-up uses sharded pub/sub (SPUBLISH, Redis 7) and falls back to
--- PUBLISH on a server without it; waiters subscribe the same way.
+-- Messages use sharded pub/sub (SPUBLISH, Redis 7) and fall back to PUBLISH
+-- on a server without it; waiters subscribe the same way.
 
 local code
 local held = redis.call('GET', KEYS[1])
@@ -44,14 +57,45 @@ if code == 1 then
 elseif ARGV[3] ~= 'r' then
 	redis.call('SET', KEYS[2], 'a', 'PX', ARGV[4])
 end
-if code ~= 1 or ARGV[3] == 'a' then
-	-- An abandoned attempt's lock wakes nobody: waiters that it kept out
-	-- try again after their backoff, spread out, instead of all at once.
+if code ~= 1 then
 	return code
 end
-local ok, err = pcall(redis.call, 'SPUBLISH', ARGV[2], 'released')
+
+local message = 'released'
+if redis.call('EXISTS', KEYS[4]) == 1 then
+	local t = redis.call('TIME')
+	local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+	local nowMs = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+	while true do
+		local head = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
+		if not head then
+			break
+		end
+		local entry = redis.call('HGET', KEYS[5], head)
+		redis.call('ZREM', KEYS[4], head)
+		redis.call('HDEL', KEYS[5], head)
+		local expiry, ttl, owner = string.match(entry or '', '^(%d+) (%d+) (.*)$')
+		if expiry and tonumber(expiry) >= nowMs then
+			-- The fence, as acquire.lua issues it.
+			local fence = now
+			local prev = redis.call('SET', KEYS[3], now, 'PX', ARGV[5], 'GET')
+			if prev and (#prev > #now or (#prev == #now and prev >= now)) then
+				redis.call('SET', KEYS[3], prev, 'PX', ARGV[5])
+				redis.call('INCR', KEYS[3])
+				fence = redis.call('GET', KEYS[3])
+			end
+			redis.call('SET', KEYS[1], head .. ' ' .. fence .. ' ' .. owner, 'PX', ttl)
+			message = 'granted ' .. head .. ' ' .. fence
+			break
+		end
+	end
+end
+if message == 'released' and ARGV[3] == 'a' then
+	return code
+end
+local ok, err = pcall(redis.call, 'SPUBLISH', ARGV[2], message)
 if not ok then
-	local ok2, err2 = pcall(redis.call, 'PUBLISH', ARGV[2], 'released')
+	local ok2 = pcall(redis.call, 'PUBLISH', ARGV[2], message)
 	if not ok2 then
 		if type(err) == 'table' then err = err.err end
 		return {1, tostring(err)}

@@ -26,6 +26,10 @@ var (
 	extendLua    string
 	extendScript = redis.NewScript(extendLua)
 
+	//go:embed queue.lua
+	queueLua    string
+	queueScript = redis.NewScript(queueLua)
+
 	//go:embed inspect.lua
 	inspectLua    string
 	inspectScript = redis.NewScript(inspectLua)
@@ -68,7 +72,7 @@ var scriptHashes, scriptSources = func() (h, src map[*redis.Script]any) {
 	h, src = make(map[*redis.Script]any), make(map[*redis.Script]any)
 	for s, lua := range map[*redis.Script]string{
 		acquireScript: acquireLua, releaseScript: releaseLua, extendScript: extendLua,
-		inspectScript: inspectLua, grantScript: grantLua, setFenceScript: setFenceLua,
+		inspectScript: inspectLua, grantScript: grantLua, setFenceScript: setFenceLua, queueScript: queueLua,
 	} {
 		h[s], src[s] = s.Hash(), lua
 	}

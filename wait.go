@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -54,6 +55,8 @@ type waiter struct {
 	channel string
 	wake    chan struct{} // buffered: a pending wake-up
 	also    []*waiter     // the same call's registrations on the other nodes of a quorum
+	token   string        // a fair waiter's token: "granted <token> <fence>" is for it
+	granted chan int64    // buffered; a fair waiter's grant, with its fence
 }
 
 // hubLinger is how long a hub stays open after its last waiter left, so that a
@@ -81,11 +84,14 @@ func newNotifier(client redis.UniversalClient, log *slog.Logger) *notifier {
 // after close. The waiter is woken, on wake if not nil, when its channel's
 // subscription is confirmed (at once if it already was), and on every
 // release.
-func (n *notifier) register(channel string, wake chan struct{}) *waiter {
+func (n *notifier) register(channel string, wake chan struct{}, token string) *waiter {
 	if wake == nil {
 		wake = make(chan struct{}, 1)
 	}
-	w := &waiter{n: n, channel: channel, wake: wake}
+	w := &waiter{n: n, channel: channel, wake: wake, token: token}
+	if token != "" {
+		w.granted = make(chan int64, 1)
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed {
@@ -238,13 +244,31 @@ func (n *notifier) rerouteLocked(channel, moved string) {
 }
 
 // wake signals the waiters on channel, or, when channel is "", those on
-// every channel of h.
-func (n *notifier) wake(h *hub, channel string) {
+// every channel of h. A grant ("granted <token> <fence>", from a release
+// that handed the lock to a fair waiter) goes to its waiter only: the lock
+// is held again, so the others have nothing to try.
+func (n *notifier) wake(h *hub, channel, payload string) {
+	var grantee string
+	var fence int64
+	if rest, ok := strings.CutPrefix(payload, "granted "); ok {
+		grantee, rest, _ = strings.Cut(rest, " ")
+		fence, _ = strconv.ParseInt(rest, 10, 64)
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if channel != "" {
 		if cs := n.channels[channel]; cs != nil {
 			for w := range cs.waiters {
+				if grantee != "" {
+					if w.token != grantee || fence <= 0 {
+						continue
+					}
+					select {
+					case w.granted <- fence:
+					default:
+					}
+					continue
+				}
 				w.signal()
 			}
 		}
@@ -457,7 +481,7 @@ func (h *hub) run() {
 			// pub/sub: messages may have been lost, so every waiter
 			// tries again; then open a new connection.
 			drop()
-			n.wake(h, "")
+			n.wake(h, "", "")
 			retryAt = time.Now().Add(reopen.next())
 		}
 	}
@@ -529,7 +553,7 @@ func (h *hub) handle(c *conn, m any) bool {
 	n := h.n
 	switch m := m.(type) {
 	case *redis.Message:
-		n.wake(nil, m.Channel)
+		n.wake(nil, m.Channel, m.Payload)
 	case *redis.Subscription:
 		switch m.Kind {
 		case "subscribe", "ssubscribe":
@@ -540,7 +564,7 @@ func (h *hub) handle(c *conn, m any) bool {
 			n.mu.Unlock()
 			// Releases before the confirmation may have been missed:
 			// the waiters try now.
-			n.wake(nil, m.Channel)
+			n.wake(nil, m.Channel, "")
 		case "unsubscribe", "sunsubscribe":
 			if _, ok := c.sent[m.Channel]; !ok {
 				return true // the confirmation of our own unsubscription
@@ -555,7 +579,7 @@ func (h *hub) handle(c *conn, m any) bool {
 			}
 			h.kickLocked()
 			n.mu.Unlock()
-			n.wake(nil, m.Channel)
+			n.wake(nil, m.Channel, "")
 		}
 	case *redis.Pong:
 	case error:

@@ -80,7 +80,7 @@ func (l *Locker) run(ctx context.Context, name string,
 		l.opts.Logger.LogAttrs(ctx, slog.LevelError, "fencelock: redis unavailable, running without the lock (fail-open)",
 			slog.String("lock", name), slog.Any("error", err))
 		lease := &Lease{locker: l, name: name, degraded: true}
-		lease.keys[0], lease.keys[2] = l.keys(name)
+		lease.keys[keyLock], lease.keys[keyCounter] = l.keys(name)
 		return work(ctx, lease)
 	}
 

@@ -1,0 +1,757 @@
+package fencelock
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock/internal/redistest"
+)
+
+// Tests of fair waiting (WithFair, issue 16): the order waiters are served
+// in, the hand-off by the release, the Deadline of a lease granted while its
+// waiter was slow or paused, lost grant messages, and waiters that give up
+// or crash. Each starts its own redis-server processes; the paused and the
+// crashed waiters are child processes (fairChild), stopped with SIGSTOP and
+// killed with SIGKILL.
+
+// fairChildEnv, when set to "<addr> <name> <ttl>", makes the test binary run
+// fairChild instead of the tests (see TestMain).
+const fairChildEnv = "FENCELOCK_TEST_FAIR_CHILD"
+
+// queued returns the tokens in name's fair queue, first first.
+func queued(t *testing.T, admin *redis.Client, name string) []string {
+	t.Helper()
+	tokens, err := admin.ZRange(ctx, "lock:{"+name+"}:q", 0, -1).Result()
+	require.NoError(t, err)
+	return tokens
+}
+
+// waitQueued waits until name's queue has n waiters and returns their tokens.
+func waitQueued(t *testing.T, admin *redis.Client, name string, n int) []string {
+	t.Helper()
+	var tokens []string
+	require.Eventually(t, func() bool {
+		tokens = queued(t, admin, name)
+		return len(tokens) == n
+	}, 10*time.Second, time.Millisecond, "waiting for %d waiters in line", n)
+	return tokens
+}
+
+// holderOf returns the token that holds name's lock, or "".
+func holderOf(t *testing.T, admin *redis.Client, name string) (token string, fence int64) {
+	t.Helper()
+	v, err := admin.Get(ctx, "lock:{"+name+"}").Result()
+	if errors.Is(err, redis.Nil) {
+		return "", 0
+	}
+	require.NoError(t, err)
+	token, fence, _ = parseValue(v)
+	return token, fence
+}
+
+// waitSubscribed waits until a waiter subscribes to name's wake-ups.
+func waitSubscribed(t *testing.T, srv *redistest.Server, name string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return shardSubscribers(t, srv, "lock:{"+name+"}") == 1 },
+		10*time.Second, time.Millisecond, "the waiter's subscription")
+}
+
+func lockerFor(t *testing.T, c redis.UniversalClient, opts *Options) *Locker {
+	t.Helper()
+	l, err := New(c, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+// fairEnv is a redis-server and two Lockers on it: near, connected
+// directly, and far, through a proxy that can slow or cut its link. Each
+// client has a faultHook.
+type fairEnv struct {
+	srv               *redistest.Server
+	admin             *redis.Client
+	proxy             *redistest.Proxy
+	near, far         *Locker
+	nearHook, farHook *faultHook
+}
+
+func newFairEnv(t *testing.T, nearOpts, farOpts *Options) *fairEnv {
+	t.Helper()
+	e := &fairEnv{srv: redistest.Start(t), nearHook: &faultHook{}, farHook: &faultHook{}}
+	e.admin = e.srv.Client(nil)
+	e.proxy = redistest.StartProxy(t, e.srv.Addr)
+	nc := e.srv.Client(nil)
+	nc.AddHook(e.nearHook)
+	fc := redis.NewClient(&redis.Options{Addr: e.proxy.Addr})
+	fc.AddHook(e.farHook)
+	t.Cleanup(func() { _ = fc.Close() })
+	e.near, e.far = lockerFor(t, nc, nearOpts), lockerFor(t, fc, farOpts)
+	return e
+}
+
+// countAttempts returns a hook function that counts the acquire scripts
+// sent.
+func countAttempts(n *atomic.Int32) func(context.Context, redis.Cmder) error {
+	return func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == "acquire" {
+			n.Add(1)
+		}
+		return nil
+	}
+}
+
+// Property: waiters that joined the line 1ms apart are served in that order,
+// each with a greater fence, whatever the number of waiters and the time
+// each holds the lock; the queue is gone afterwards.
+func TestFairServesWaitersInOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	lockers := []*Locker{e.locker(t, nil), lockerFor(t, e.srv.Client(nil), nil)}
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 16))
+	for round := range 6 {
+		name := fmt.Sprintf("%s.%d", uniqueName(t), round)
+		holder, err := lockers[0].Acquire(ctx, name, WithTTL(time.Minute))
+		require.NoError(t, err)
+
+		type served struct {
+			i     int
+			fence int64
+			err   error
+		}
+		n := 2 + rng.IntN(9)
+		order := make(chan served, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			l, hold := lockers[rng.IntN(len(lockers))], time.Duration(rng.IntN(2000))*time.Microsecond
+			wg.Go(func() {
+				lease, err := l.Acquire(ctx, name, WithFair(), WithWait(time.Minute), WithTTL(time.Minute))
+				if err != nil {
+					order <- served{i: i, err: err}
+					return
+				}
+				order <- served{i: i, fence: lease.Fence()}
+				time.Sleep(hold)
+				assert.NoError(t, lease.Release(ctx))
+			})
+			waitQueued(t, e.admin, name, i+1)
+			time.Sleep(time.Millisecond)
+		}
+		require.NoError(t, holder.Release(ctx))
+		last := holder.Fence()
+		for want := range n {
+			select {
+			case s := <-order:
+				require.NoError(t, s.err)
+				assert.Equal(t, want, s.i, "round %d: waiter %d was served in place %d", round, s.i, want)
+				assert.Greater(t, s.fence, last, "fences increase in the order served")
+				last = s.fence
+			case <-time.After(10 * time.Second):
+				t.Fatalf("round %d: %d of %d waiters served", round, want, n)
+			}
+		}
+		wg.Wait()
+		n2, err := e.admin.Exists(ctx, "lock:{"+name+"}", "lock:{"+name+"}:q", "lock:{"+name+"}:qi").Result()
+		require.NoError(t, err)
+		assert.Zero(t, n2, "no lock and no queue left")
+	}
+}
+
+// The release hands the lock to the first waiter, which holds it when the
+// message arrives: it sends no attempt after the release. Its link is slow
+// (100ms each way), so the message arrives well after the grant started the
+// lock's TTL: the lease's Deadline still comes before the server's expiry.
+func TestFairHandOffToSlowWaiter(t *testing.T) {
+	t.Parallel()
+	e := newFairEnv(t, nil, nil)
+	srv, admin, proxy, holders, waiters := e.srv, e.admin, e.proxy, e.near, e.far
+	name := uniqueName(t)
+
+	holder, err := holders.Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+	proxy.SetLatency(100 * time.Millisecond)
+	got := acquireInBackground(t, waiters, name, WithFair(), WithWait(time.Minute), WithTTL(2*time.Second))
+	tokens := waitQueued(t, admin, name, 1)
+	waitSubscribed(t, srv, name)
+
+	var attempts atomic.Int32
+	kept := make(chan struct{}, 1)
+	e.farHook.set(countAttempts(&attempts), keptAlive(kept))
+	// Release just after a keep-alive's reply, with the subscription
+	// confirmed on the waiter's side: the grant's message, not the next
+	// keep-alive, brings the lock.
+	require.Eventually(t, func() bool {
+		n := waitsOf(waiters)
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		for _, h := range n.hubs {
+			if _, ok := h.confirmed["lock:{"+name+"}"]; ok {
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, time.Millisecond, "the waiter's subscription confirmed")
+	time.Sleep(300 * time.Millisecond) // the keep-alive the confirmation prompts
+	waitKeptAlive(t, kept)
+	require.NoError(t, holder.Release(ctx))
+	token, fence := holderOf(t, admin, name)
+	require.Equal(t, tokens[0], token, "the release handed the lock to the waiter")
+	assert.Greater(t, fence, holder.Fence())
+
+	r := requireAcquired(t, got, 10*time.Second, "the slow waiter")
+	sent := time.Now()
+	pttl, err := admin.PTTL(ctx, r.lease.Key()).Result()
+	require.NoError(t, err)
+	expiry := sent.Add(pttl) // no later than the server's expiry
+	t.Logf("margin %v", expiry.Sub(r.lease.Deadline()))
+	assert.False(t, r.lease.Deadline().After(expiry),
+		"Deadline %v after the server's expiry (%v later)", r.lease.Deadline(), r.lease.Deadline().Sub(expiry))
+	assert.Equal(t, tokens[0], r.lease.Token())
+	assert.Equal(t, fence, r.lease.Fence(), "the fence the release issued")
+	assert.Zero(t, attempts.Load(), "no attempt after the release: the message carried the lock")
+	require.NoError(t, r.lease.Release(ctx))
+}
+
+// keptAlive returns a hook function that signals kept when the reply to a
+// fair waiter's keep-alive came.
+func keptAlive(kept chan struct{}) func(context.Context, redis.Cmder) error {
+	return func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == "queue" {
+			select {
+			case kept <- struct{}{}:
+			default:
+			}
+		}
+		return nil
+	}
+}
+
+// waitKeptAlive waits for the reply to a keep-alive that comes from now on.
+func waitKeptAlive(t *testing.T, kept chan struct{}) {
+	t.Helper()
+	select {
+	case <-kept:
+	default:
+	}
+	select {
+	case <-kept:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no keep-alive")
+	}
+}
+
+// fairChild is a fair waiter in a process of its own, for the tests that
+// pause or kill it: it waits for the lock, then reports on stdout
+// "acquired <token> <fence> <margin µs> <held>", the margin being how long
+// before the server's expiry its lease's Deadline falls (negative: after),
+// and held whether the lock was its own when it looked.
+func fairChild(spec string) int {
+	f := strings.Fields(spec)
+	if len(f) != 3 {
+		fmt.Println("bad spec", spec)
+		return 2
+	}
+	ttl, err := time.ParseDuration(f[2])
+	if err != nil {
+		fmt.Println(err)
+		return 2
+	}
+	client := redis.NewClient(&redis.Options{Addr: f[0]})
+	defer func() { _ = client.Close() }()
+	l, err := New(client, nil)
+	if err != nil {
+		fmt.Println(err)
+		return 2
+	}
+	defer func() { _ = l.Close() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	lease, err := l.Acquire(ctx, f[1], WithFair(), WithWait(20*time.Second), WithTTL(ttl))
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	sent := time.Now()
+	pttl, err := client.PTTL(ctx, lease.Key()).Result()
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	value, err := client.Get(ctx, lease.Key()).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		fmt.Println("error:", err)
+		return 1
+	}
+	held := strings.HasPrefix(value, lease.Token()+" ")
+	fmt.Printf("acquired %s %d %d %t\n", lease.Token(), lease.Fence(), sent.Add(pttl).Sub(lease.Deadline()).Microseconds(), held)
+	_ = lease.Release(ctx)
+	return 0
+}
+
+// child is a fairChild process.
+type child struct {
+	cmd  *exec.Cmd
+	out  bytes.Buffer // read after done
+	done chan struct{}
+}
+
+// startFairChild starts fairChild as a waiter for name on srv; the test's
+// clean-up kills it.
+func startFairChild(t *testing.T, srv *redistest.Server, name string, ttl time.Duration) *child {
+	t.Helper()
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	c := &child{cmd: exec.Command(exe), done: make(chan struct{})}
+	c.cmd.Env = append(os.Environ(), fairChildEnv+"="+srv.Addr+" "+name+" "+ttl.String())
+	c.cmd.Stdout, c.cmd.Stderr = &c.out, &c.out
+	require.NoError(t, c.cmd.Start())
+	go func() {
+		_ = c.cmd.Wait()
+		close(c.done)
+	}()
+	t.Cleanup(func() {
+		_ = c.cmd.Process.Kill()
+		<-c.done
+	})
+	return c
+}
+
+// signal sends sig to the child; for SIGSTOP, it returns once every thread
+// of the child has stopped (the signal takes effect asynchronously).
+func (c *child) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	require.NoError(t, c.cmd.Process.Signal(sig))
+	if sig != syscall.SIGSTOP {
+		return
+	}
+	tasks := fmt.Sprintf("/proc/%d/task", c.cmd.Process.Pid)
+	require.Eventually(t, func() bool {
+		ids, err := os.ReadDir(tasks)
+		require.NoError(t, err)
+		for _, id := range ids {
+			b, err := os.ReadFile(tasks + "/" + id.Name() + "/stat")
+			if err != nil {
+				return false
+			}
+			// "pid (comm) S ...": the state follows the last ')'.
+			st := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+			if len(st) == 0 || (st[0] != "T" && st[0] != "t") {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, 100*time.Microsecond, "the child stops")
+}
+
+// report waits for the child to exit and returns its report's fields:
+// token, fence, margin, held.
+func (c *child) report(t *testing.T) []string {
+	t.Helper()
+	select {
+	case <-c.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the child did not exit")
+	}
+	require.True(t, c.cmd.ProcessState.Success(), "child: %s", &c.out)
+	f := strings.Fields(strings.TrimSpace(c.out.String()))
+	require.Len(t, f, 5, "child: %s", &c.out)
+	require.Equal(t, "acquired", f[0], "child: %s", &c.out)
+	return f[1:]
+}
+
+// A waiter SIGSTOPped when the release grants it the lock learns of the
+// grant only when it resumes; its lease's Deadline still comes before the
+// server's expiry. After a short pause it holds the granted lock; after a
+// pause longer than the TTL the granted lock has expired, and it takes the
+// lock again, or waits in line for it if another took it meanwhile, instead
+// of returning a lease whose lock it does not hold.
+func TestFairDeadlineBoundPausedWaiter(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		pause   time.Duration
+		expired bool
+		taken   bool // another takes the lock during the pause, for 1s
+	}{
+		{"resumed while the lock lives", 400 * time.Millisecond, false, false},
+		{"resumed after the lock expired", 1500 * time.Millisecond, true, false},
+		{"resumed after the lock expired and was taken", 1500 * time.Millisecond, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := redistest.Start(t)
+			admin := srv.Client(nil)
+			holders := lockerFor(t, admin, nil)
+			name := uniqueName(t)
+			holder, err := holders.Acquire(ctx, name, WithTTL(time.Minute))
+			require.NoError(t, err)
+
+			c := startFairChild(t, srv, name, time.Second)
+			tokens := waitQueued(t, admin, name, 1)
+			waitSubscribed(t, srv, name)
+			// Stop it just after a keep-alive: it resumes before its next
+			// one is due, and learns of the grant from the message.
+			entry := func() string {
+				v, err := admin.HGet(ctx, "lock:{"+name+"}:qi", tokens[0]).Result()
+				require.NoError(t, err)
+				return v
+			}
+			before := entry()
+			require.Eventually(t, func() bool { return entry() != before }, 5*time.Second, 100*time.Microsecond)
+			c.signal(t, syscall.SIGSTOP)
+			require.NoError(t, holder.Release(ctx))
+			token, fence := holderOf(t, admin, name)
+			require.Equal(t, tokens[0], token, "granted to the paused waiter")
+			time.Sleep(tc.pause)
+			if tc.expired {
+				n, err := admin.Exists(ctx, "lock:{"+name+"}").Result()
+				require.NoError(t, err)
+				require.Zero(t, n, "the granted lock expired during the pause")
+			}
+			var other *Lease
+			if tc.taken {
+				other, err = holders.Acquire(ctx, name, WithTTL(time.Minute))
+				require.NoError(t, err)
+				fence = other.Fence()
+				time.AfterFunc(time.Second, func() { _ = other.Release(ctx) })
+			}
+			c.signal(t, syscall.SIGCONT)
+
+			report := c.report(t)
+			margin, err := strconv.ParseInt(report[2], 10, 64)
+			require.NoError(t, err)
+			assert.GreaterOrEqual(t, margin, int64(0), "the Deadline comes %dµs after the server's expiry", -margin)
+			assert.Equal(t, "true", report[3], "the lock was the child's when Acquire returned")
+			got, err := strconv.ParseInt(report[1], 10, 64)
+			require.NoError(t, err)
+			if tc.expired {
+				assert.Greater(t, got, fence, "a new fence")
+			} else {
+				assert.Equal(t, tokens[0], report[0])
+				assert.Equal(t, fence, got, "the fence the release issued")
+			}
+		})
+	}
+}
+
+// A waiter that crashed is skipped once its queue entry expired: the
+// release hands the lock to the next live waiter.
+func TestFairSkipsCrashedWaiter(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	admin := srv.Client(nil)
+	l := lockerFor(t, admin, nil)
+	name := uniqueName(t)
+	holder, err := l.Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+
+	c := startFairChild(t, srv, name, time.Minute)
+	waitQueued(t, admin, name, 1)
+	got := acquireInBackground(t, l, name, WithFair(), WithWait(time.Minute))
+	tokens := waitQueued(t, admin, name, 2)
+	c.signal(t, syscall.SIGKILL)
+	time.Sleep(queueEntryTTL + 300*time.Millisecond)
+
+	require.NoError(t, holder.Release(ctx))
+	token, _ := holderOf(t, admin, name)
+	assert.Equal(t, tokens[1], token, "the crashed waiter was skipped")
+	r := requireAcquired(t, got, 5*time.Second, "the live waiter")
+	require.NoError(t, r.lease.Release(ctx))
+}
+
+// The grant's message is lost: its waiter still gets the lock, by its
+// keep-alive, within the keep-alive's interval and well before the lock's
+// TTL. Lost with the subscription's connection (the proxy drops the message
+// and closes the connection), or never sent (an ACL without the channel).
+func TestFairGrantWithoutItsMessage(t *testing.T) {
+	t.Parallel()
+	t.Run("subscription dropped", func(t *testing.T) {
+		t.Parallel()
+		e := newFairEnv(t, nil, nil)
+		srv, admin, proxy, holders, waiters := e.srv, e.admin, e.proxy, e.near, e.far
+		name := uniqueName(t)
+		holder, err := holders.Acquire(ctx, name, WithTTL(time.Minute))
+		require.NoError(t, err)
+
+		kept := make(chan struct{}, 1)
+		e.farHook.set(nil, keptAlive(kept))
+		got := acquireInBackground(t, waiters, name, WithFair(), WithWait(time.Minute), WithTTL(time.Minute))
+		tokens := waitQueued(t, admin, name, 1)
+		waitSubscribed(t, srv, name)
+		subscriber := pubsubIDs(t, srv)
+		require.Len(t, subscriber, 1)
+		// Right after a keep-alive's reply, the next thing the waiter's
+		// connections carry is the grant's message: drop it.
+		waitKeptAlive(t, kept)
+		proxy.DropNextReply()
+		require.NoError(t, holder.Release(ctx))
+		token, _ := holderOf(t, admin, name)
+		require.Equal(t, tokens[0], token)
+
+		r := requireAcquired(t, got, 5*time.Second, "the waiter whose grant message was lost")
+		assert.Equal(t, tokens[0], r.lease.Token())
+		assert.NotContains(t, pubsubIDs(t, srv), subscriber[0], "the message was dropped with its connection")
+		require.NoError(t, r.lease.Release(ctx))
+	})
+	t.Run("never published", func(t *testing.T) {
+		t.Parallel()
+		srv := redistest.Start(t)
+		admin := srv.Client(nil)
+		_, err := srv.Do("ACL", "SETUSER", "app", "on", ">pw", "~*", "resetchannels", "+@all")
+		require.NoError(t, err)
+		holders := lockerFor(t, srv.Client(&redis.Options{Username: "app", Password: "pw"}), nil)
+		waiters := lockerFor(t, srv.Client(nil), nil)
+		name := uniqueName(t)
+		holder, err := holders.Acquire(ctx, name, WithTTL(time.Minute))
+		require.NoError(t, err)
+		got := acquireInBackground(t, waiters, name, WithFair(), WithWait(time.Minute), WithTTL(time.Minute))
+		tokens := waitQueued(t, admin, name, 1)
+		require.NoError(t, holder.Release(ctx), "released, though its message could not be published")
+		token, _ := holderOf(t, admin, name)
+		require.Equal(t, tokens[0], token)
+		r := requireAcquired(t, got, 3*time.Second, "the waiter whose grant was never published")
+		require.NoError(t, r.lease.Release(ctx))
+	})
+}
+
+// pubsubIDs returns the ids of srv's connections in pub/sub mode.
+func pubsubIDs(t *testing.T, srv *redistest.Server) []string {
+	t.Helper()
+	v, err := srv.Do("CLIENT", "LIST", "TYPE", "pubsub")
+	require.NoError(t, err)
+	list, _ := v.(string)
+	var ids []string
+	for line := range strings.Lines(list) {
+		for _, f := range strings.Fields(line) {
+			if id, ok := strings.CutPrefix(f, "id="); ok {
+				ids = append(ids, id)
+			}
+		}
+	}
+	return ids
+}
+
+// A waiter whose wait ends just as the release grants it the lock (its link
+// is cut, so it does not hear of the grant) gives the lock back, which hands
+// it to the next waiter: no lock is left with nobody for its TTL.
+func TestFairWaiterGivingUpPassesTheLockOn(t *testing.T) {
+	t.Parallel()
+	e := newFairEnv(t, nil, &Options{ReleaseTimeout: 200 * time.Millisecond})
+	admin, proxy, la, lb := e.admin, e.proxy, e.far, e.near
+	name := uniqueName(t)
+	holder, err := lb.Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	aGot := make(chan error, 1)
+	go func() {
+		lease, err := la.Acquire(actx, name, WithFair(), WithWait(time.Minute), WithTTL(time.Minute))
+		if lease != nil {
+			_ = lease.Release(ctx)
+		}
+		aGot <- err
+	}()
+	waitQueued(t, admin, name, 1)
+	bGot := acquireInBackground(t, lb, name, WithFair(), WithWait(time.Minute), WithTTL(time.Minute))
+	tokens := waitQueued(t, admin, name, 2)
+
+	proxy.SetMode(redistest.BlackHole)
+	require.NoError(t, holder.Release(ctx))
+	token, _ := holderOf(t, admin, name)
+	require.Equal(t, tokens[0], token, "granted to a")
+	cancel()
+	select {
+	case err := <-aGot:
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(2 * time.Second):
+		t.Fatal("a's Acquire outlived its context")
+	}
+	proxy.SetMode(redistest.Pass)
+
+	r := requireAcquired(t, bGot, 10*time.Second, "b, after a gave the lock back")
+	assert.Equal(t, tokens[1], r.lease.Token())
+	require.NoError(t, r.lease.Release(ctx))
+	require.NoError(t, la.Close())
+	n, err := admin.Exists(ctx, "lock:{"+name+"}", "lock:{"+name+"}:q", "lock:{"+name+"}:qi").Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "nothing left")
+}
+
+// Property: whatever the moment each waiter gives up, once every Acquire
+// has returned and every lease was released, nobody holds the lock: none
+// was left with a waiter that gave up.
+func TestFairGivingUpLeavesNothingHeld(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	lockers := []*Locker{e.locker(t, nil), lockerFor(t, e.srv.Client(nil), nil), lockerFor(t, e.srv.Client(nil), nil)}
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 17))
+	name := uniqueName(t)
+	var obtained, gaveUp atomic.Int32
+	for range 8 {
+		holder, err := lockers[0].Acquire(ctx, name, WithTTL(time.Minute), WithWait(10*time.Second))
+		require.NoError(t, err)
+		var wg sync.WaitGroup
+		for range 16 {
+			l := lockers[rng.IntN(len(lockers))]
+			wait := time.Duration(rng.IntN(40_000)) * time.Microsecond
+			hold := time.Duration(rng.IntN(1000)) * time.Microsecond
+			wg.Go(func() {
+				lease, err := l.Acquire(ctx, name, WithFair(), WithWait(wait), WithTTL(time.Minute))
+				if err != nil {
+					assert.ErrorIs(t, err, ErrNotObtained)
+					gaveUp.Add(1)
+					return
+				}
+				obtained.Add(1)
+				time.Sleep(hold)
+				assert.NoError(t, lease.Release(ctx))
+			})
+		}
+		time.Sleep(time.Duration(rng.IntN(20_000)) * time.Microsecond)
+		require.NoError(t, holder.Release(ctx))
+		wg.Wait()
+		require.Eventually(t, func() bool {
+			token, _ := holderOf(t, e.admin, name)
+			return token == ""
+		}, 5*time.Second, time.Millisecond, "a lock left held after every waiter returned")
+	}
+	t.Logf("%d obtained, %d gave up", obtained.Load(), gaveUp.Load())
+	assert.Positive(t, obtained.Load())
+	assert.Positive(t, gaveUp.Load())
+}
+
+// A plain Acquire does not jump the line: with the lock free and a fair
+// waiter in line it finds the lock busy, and a plain waiting Acquire gets
+// the lock only after the fair waiter released it.
+func TestFairPlainAcquireDoesNotJumpTheQueue(t *testing.T) {
+	t.Parallel()
+	// Plain waiters poll slowly: only a wake-up makes them try soon.
+	e := newFairEnv(t, slowPolling, nil)
+	srv, admin, proxy, plain, fair := e.srv, e.admin, e.proxy, e.near, e.far
+	var attempts atomic.Int32
+	e.nearHook.set(countAttempts(&attempts), nil)
+	name := uniqueName(t)
+	_, err := plain.Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+	got := acquireInBackground(t, fair, name, WithFair(), WithWait(time.Minute))
+	tokens := waitQueued(t, admin, name, 1)
+
+	// The holder's lock is gone without a release (as if expired), and the
+	// fair waiter is silent for now: its entry lives on.
+	proxy.SetMode(redistest.BlackHole)
+	require.NoError(t, admin.Del(ctx, "lock:{"+name+"}").Err())
+	_, err = plain.Acquire(ctx, name)
+	require.ErrorIs(t, err, ErrNotObtained)
+	var busy *BusyError
+	require.ErrorAs(t, err, &busy)
+	assert.Equal(t, "fair waiters in line", busy.Owner)
+	assert.Contains(t, err.Error(), "fair waiters in line")
+	proxy.SetMode(redistest.Pass)
+
+	r := requireAcquired(t, got, 5*time.Second, "the fair waiter takes the free lock")
+	assert.Equal(t, tokens[0], r.lease.Token())
+	plainGot := acquireInBackground(t, plain, name, WithWait(time.Minute))
+	second := acquireInBackground(t, fair, name, WithFair(), WithWait(time.Minute))
+	waitQueued(t, admin, name, 1)
+	require.Eventually(t, func() bool { return shardSubscribers(t, srv, "lock:{"+name+"}") == 2 },
+		10*time.Second, time.Millisecond, "both waiters subscribed")
+	time.Sleep(100 * time.Millisecond)
+	before := attempts.Load()
+	require.NoError(t, r.lease.Release(ctx))
+	r2 := requireAcquired(t, second, 5*time.Second, "the second fair waiter, granted the lock")
+	time.Sleep(100 * time.Millisecond)
+	select {
+	case p := <-plainGot:
+		t.Fatalf("a plain waiter took the lock from the fair one: %v", p.err)
+	default:
+	}
+	assert.Equal(t, before, attempts.Load(), "the plain waiter is not woken by a grant")
+	require.NoError(t, r2.lease.Release(ctx))
+	requireAcquired(t, plainGot, 5*time.Second, "the plain waiter after the line emptied")
+}
+
+// The queue and the lock share the name's hash tag: fair waiting works on a
+// Cluster.
+func TestFairCluster(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartCluster(t)
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{srv.Addr}})
+	t.Cleanup(func() { _ = client.Close() })
+	l := lockerFor(t, client, nil)
+	for _, name := range []string{"settlement", "order:42"} {
+		checkServedInOrder(t, l, client, name)
+	}
+}
+
+// checkServedInOrder queues three fair waiters for name behind a holder, 1ms
+// apart, and checks that they are served in that order (each one's lease is
+// awaited, and released, in turn), with increasing fences.
+func checkServedInOrder(t *testing.T, l *Locker, c redis.UniversalClient, name string) {
+	t.Helper()
+	holder, err := l.Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+	var got []<-chan acquired
+	for i := range 3 {
+		got = append(got, acquireInBackground(t, l, name, WithFair(), WithWait(time.Minute)))
+		require.Eventually(t, func() bool {
+			n, err := c.ZCard(ctx, "lock:{"+name+"}:q").Result()
+			return err == nil && n == int64(i+1)
+		}, 10*time.Second, time.Millisecond)
+		time.Sleep(time.Millisecond)
+	}
+	require.NoError(t, holder.Release(ctx))
+	last := holder.Fence()
+	for i, g := range got {
+		r := requireAcquired(t, g, 10*time.Second, fmt.Sprintf("%s: waiter %d", name, i))
+		assert.Greater(t, r.lease.Fence(), last)
+		last = r.lease.Fence()
+		require.NoError(t, r.lease.Release(ctx))
+	}
+}
+
+// Redlock rejects WithFair, with or without WithWait.
+func TestFairRedlockInvalid(t *testing.T) {
+	t.Parallel()
+	e := newRedlockEnv(t, 3, nil)
+	l := e.locker(t, nil)
+	for _, opts := range [][]Option{{WithFair()}, {WithFair(), WithWait(time.Second)}} {
+		_, err := l.Acquire(ctx, uniqueName(t), opts...)
+		require.ErrorIs(t, err, ErrInvalid)
+		assert.Contains(t, err.Error(), "WithFair")
+		err = l.RunWithLock(ctx, uniqueName(t), func(context.Context, *Lease) error { return nil }, opts...)
+		require.ErrorIs(t, err, ErrInvalid)
+	}
+	for _, h := range e.hooks {
+		assert.Zero(t, h.calls.Load(), "no Redis call")
+	}
+}
+
+// Fair waiting on miniredis, as the examples run it.
+func TestFairMiniredis(t *testing.T) {
+	t.Parallel()
+	m := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	checkServedInOrder(t, lockerFor(t, c, nil), c, "job")
+}

@@ -1,0 +1,60 @@
+-- queue: a fair waiter's keep-alive, or its departure.
+--
+-- KEYS[1]  lock key, whose value is "<token> <fence> <owner>"
+-- KEYS[2]  queue, lock:{name}:q (see acquire.lua)
+-- KEYS[3]  queue entries, lock:{name}:qi (see acquire.lua)
+-- ARGV[1]  token
+-- ARGV[2]  'k' to keep the waiter's entry alive, 'd' to leave the queue
+-- ARGV[3]  entry ttl, milliseconds
+-- ARGV[4]  ttl of the lock, milliseconds, for a grant
+-- ARGV[5]  owner, for a grant
+--
+-- Returns
+--   {1, fence}  the lock was granted to this token (a release handed it
+--               over): the waiter holds it; for 'd', the caller must
+--               release it, which hands it on
+--   {0}         'k': still waiting, the entry kept alive; 'd': left
+--   {3}         'k': the entry is gone (it expired): join again
+--   {4}         'k': the lock is free and this waiter is first in line:
+--               take it (acquire.lua)
+
+local token = ARGV[1]
+local held = redis.call('GET', KEYS[1])
+if held and string.sub(held, 1, #token + 1) == token .. ' ' then
+	redis.call('ZREM', KEYS[2], token)
+	redis.call('HDEL', KEYS[3], token)
+	return {1, string.match(held, '^(%d+)', #token + 2)}
+end
+if ARGV[2] == 'd' then
+	redis.call('ZREM', KEYS[2], token)
+	redis.call('HDEL', KEYS[3], token)
+	return {0}
+end
+if not redis.call('ZSCORE', KEYS[2], token) then
+	return {3}
+end
+local t = redis.call('TIME')
+local nowMs = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[3], token, (nowMs + tonumber(ARGV[3])) .. ' ' .. ARGV[4] .. ' ' .. ARGV[5])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+redis.call('PEXPIRE', KEYS[3], ARGV[3])
+if not held then
+	-- Free (its holder's lock expired: no release handed it over). Is this
+	-- waiter the first live one?
+	while true do
+		local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+		if head == token then
+			return {4}
+		end
+		if not head then
+			return {3}
+		end
+		local entry = redis.call('HGET', KEYS[3], head)
+		if entry and tonumber(string.match(entry, '^(%d+)')) >= nowMs then
+			break
+		end
+		redis.call('ZREM', KEYS[2], head)
+		redis.call('HDEL', KEYS[3], head)
+	end
+end
+return {0}
