@@ -212,7 +212,7 @@ func TestCommand(t *testing.T) {
 	for _, want := range []string{
 		`(?m)^ *\d+\.\d\ds  parent +00:05 the schedulers of pod-1, pod-2, pod-3 fire together$`,
 		`(?m)^.* pod-\d +acquired the lock, fence \d+$`,
-		`(?m)^.* pod-\d +lock busy, another pod is settling .*: skip \(fencelock: not obtained\)$`,
+		`(?m)^.* pod-\d +lock busy, another pod is settling .*: skip \(fencelock: not obtained: "settlement:\S+" held by pod-\d \(pid \d+\) for \S+ more\)$`,
 		`(?m)^.* pod-\d +ready-to-write fence=\d+$`,
 		`(?m)^.* parent +(SIGSTOP|in-process pause of) pod-\d \(pid \d+\)`,
 		`(?m)^.* pod-\d +write ACCEPTED with fence \d+`,

@@ -89,7 +89,8 @@ func (p *pod) run(ctx context.Context) error {
 	}
 	defer p.db.Close()
 	p.q = newQueries(p.db, p.cfg.Table)
-	p.locker, err = fencelock.New(rdb, &fencelock.Options{KeyPrefix: p.cfg.KeyPrefix, TTL: p.cfg.TTL})
+	p.locker, err = fencelock.New(rdb, &fencelock.Options{KeyPrefix: p.cfg.KeyPrefix, TTL: p.cfg.TTL,
+		Owner: fmt.Sprintf("%s (pid %d)", p.cfg.Pod, os.Getpid())})
 	if err != nil {
 		return err
 	}
