@@ -9,8 +9,10 @@
 // fail over those processes, and check what the lock and its fencing tokens
 // guaranteed: on one Redis deployment (New: scenarios S0-S6) and on five
 // independent ones (NewRedlock: scenarios R0-R4, where each worker reaches
-// each node through a proxy of its own). GUARANTEES.md at the repository
-// root reports one run.
+// each node through a proxy of its own). S0-S3 run twice: with plain
+// waiters (WithWait) and with fair ones (WithWait and WithFair, the
+// workers' Fair setting), on the same faults. GUARANTEES.md at the
+// repository root reports the runs.
 //
 // FENCELOCK_CHAOS_LOG=1 gives the workers a debug-level fencelock logger on
 // their stderr, which a failed scenario (or FENCELOCK_CHAOS_DUMP=1) writes

@@ -52,10 +52,14 @@ func report(t *testing.T, name string, f figures, notes ...string) {
 // processes, proxies and workers, and prints the table of their figures.
 func TestChaos(t *testing.T) {
 	start := time.Now()
-	t.Run("S0_no_fault", testS0)
-	t.Run("S1_holder_paused", testS1)
-	t.Run("S2_partition_and_latency", testS2)
-	t.Run("S3_failover_unreplicated", testS3)
+	t.Run("S0_no_fault", func(t *testing.T) { testS0(t, plain) })
+	t.Run("S0_no_fault_fair", func(t *testing.T) { testS0(t, fair) })
+	t.Run("S1_holder_paused", func(t *testing.T) { testS1(t, plain) })
+	t.Run("S1_holder_paused_fair", func(t *testing.T) { testS1(t, fair) })
+	t.Run("S2_partition_and_latency", func(t *testing.T) { testS2(t, plain) })
+	t.Run("S2_partition_and_latency_fair", func(t *testing.T) { testS2(t, fair) })
+	t.Run("S3_failover_unreplicated", func(t *testing.T) { testS3(t, plain) })
+	t.Run("S3_failover_unreplicated_fair", func(t *testing.T) { testS3(t, fair) })
 	t.Run("S3r_failover_with_replicas_1", testS3Replicas)
 	t.Run("S4_sentinel", testS4)
 	t.Run("S5_restart", testS5)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,6 +29,41 @@ func defaults(addr string, ttl time.Duration) workerConfig {
 		MinBackoff: 2 * time.Millisecond, MaxBackoff: 20 * time.Millisecond,
 		ReleaseTimeout: ttl, IOTimeout: 200 * time.Millisecond,
 	}
+}
+
+// A variant is how a scenario's workers wait for the lock: plain waiters
+// (WithWait) or fair ones (WithWait and WithFair), which wait in the lock's
+// line and are handed the lock by the release. S0-S3 run both ways, on the
+// same faults and with the same assertions.
+type variant struct {
+	fair bool
+}
+
+var (
+	plain = variant{}
+	fair  = variant{fair: true}
+)
+
+// config returns c with the variant's way of waiting.
+func (v variant) config(c workerConfig) workerConfig {
+	c.Fair = v.fair
+	return c
+}
+
+// row returns the name of a scenario's row in the table.
+func (v variant) row(name string) string {
+	if v.fair {
+		return name + ", fair"
+	}
+	return name
+}
+
+// artifact returns the prefix of a scenario's artifact files.
+func (v variant) artifact(name string) string {
+	if v.fair {
+		return name + "f"
+	}
+	return name
 }
 
 // A rig is one scenario's processes: a Redis node, a proxy to it per worker,
@@ -109,6 +145,78 @@ func (c *coord) pickSection(accept func(ev event) bool, hold time.Duration, enga
 
 func anySection(event) bool { return true }
 
+// slowLink is how a worker on a slow link fared against the others.
+type slowLink struct {
+	wins, all, tries int
+	// bypassMax is the most grants to other workers made after one of the
+	// worker's attempts could have reached Redis (its start plus the
+	// one-way latency) and before that attempt's own grant.
+	bypassMax int
+	// learn and turn are means over its acquisitions: from the grant (its
+	// fence, the server's TIME) to the worker reporting it, and to the
+	// next grant to anyone.
+	learn, turn time.Duration
+}
+
+// slowLinkOf measures worker w in events[from:to], while it had oneWay of
+// latency each way.
+func slowLinkOf(events []event, from, to, w int, oneWay time.Duration) slowLink {
+	var sl slowLink
+	started := make(map[int]int64) // by seq: the wall µs the attempt began
+	for _, ev := range events[from:to] {
+		switch {
+		case ev.Op == "acquired":
+			sl.all++
+		case ev.Op == "next" && ev.W == w:
+			started[ev.Seq] = ev.TWall
+		case ev.Op == "done" && ev.W == w:
+			sl.tries++
+		}
+	}
+	var fences []int64 // every grant, in order
+	for _, ev := range events {
+		if ev.Op == "acquired" {
+			fences = append(fences, ev.Fence)
+		}
+	}
+	slices.Sort(fences)
+	const slack = 5 * time.Millisecond
+	var learn, turn time.Duration
+	var turns int
+	for _, ev := range events[from:to] {
+		if ev.Op != "acquired" || ev.W != w {
+			continue
+		}
+		sl.wins++
+		learn += time.Duration(ev.TWall-ev.Fence) * time.Microsecond
+		i, _ := slices.BinarySearch(fences, ev.Fence)
+		if i+1 < len(fences) {
+			turn += time.Duration(fences[i+1]-ev.Fence) * time.Microsecond
+			turns++
+		}
+		if start, ok := started[ev.Seq]; ok {
+			reached := start + (oneWay + slack).Microseconds()
+			j, _ := slices.BinarySearch(fences, reached)
+			sl.bypassMax = max(sl.bypassMax, i-j)
+		}
+	}
+	if sl.wins > 0 {
+		sl.learn = learn / time.Duration(sl.wins)
+	}
+	if turns > 0 {
+		sl.turn = turn / time.Duration(turns)
+	}
+	return sl
+}
+
+// share formats n of all as a percentage.
+func share(n, all int) string {
+	if all == 0 {
+		return "no acquisitions"
+	}
+	return fmt.Sprintf("%.0f%%", 100*float64(n)/float64(all))
+}
+
 // perWorker returns how many acquisitions each worker made.
 func perWorker(secs []*section) []int {
 	n := make([]int, nWorkers)
@@ -176,18 +284,18 @@ func assertToldInTime(t *testing.T, f figures) {
 }
 
 // S0: no fault, one node. Mutual exclusion holds and fences increase.
-func testS0(t *testing.T) {
+func testS0(t *testing.T, v variant) {
 	const ttl = 300 * time.Millisecond
 	r := newRig(t, nil, func(_ int, addr string) workerConfig {
 		c := defaults(addr, ttl)
 		c.Hold = 3 * time.Millisecond
-		return c
+		return v.config(c)
 	})
 	if !r.c.awaitAcquired(0, 300, 60*time.Second) {
 		t.Errorf("300 acquisitions not reached within 60s")
 	}
-	f, secs := finish(t, r.c, "S0")
-	report(t, "S0 none", f, fmt.Sprintf("throughput %.0f acquisitions/s over %.1fs; liveness %d/%d attempts; acquisitions per worker %v",
+	f, secs := finish(t, r.c, v.artifact("S0"))
+	report(t, v.row("S0 none"), f, fmt.Sprintf("throughput %.0f acquisitions/s over %.1fs; liveness %d/%d attempts; acquisitions per worker %v",
 		f.Throughput, f.Span.Seconds(), f.Acquired, f.Attempts, perWorker(secs)))
 	assertSafe(t, f)
 	if f.Overlaps != 0 {
@@ -203,10 +311,10 @@ func testS0(t *testing.T) {
 
 // S1: the holder is SIGSTOPped for 3×TTL between its check of the context and
 // its writes (a GC pause at the worst moment), then resumed.
-func testS1(t *testing.T) {
+func testS1(t *testing.T, v variant) {
 	const ttl = 300 * time.Millisecond
-	r := newRig(t, nil, func(_ int, addr string) workerConfig { return pausedHolderConfig(defaults(addr, ttl)) })
-	holderPaused(t, r.c, ttl, "S1", "S1 SIGSTOP 3×TTL")
+	r := newRig(t, nil, func(_ int, addr string) workerConfig { return v.config(pausedHolderConfig(defaults(addr, ttl))) })
+	holderPaused(t, r.c, ttl, v.artifact("S1"), v.row("S1 SIGSTOP 3×TTL"))
 }
 
 // pausedHolderConfig is c with S1's sections: short, with work going on
@@ -311,13 +419,16 @@ func errOf(s *section) string {
 
 // S2: the holder's network is black-holed (or its connections reset) for
 // 2×TTL; separately, one worker's round trips to Redis get about TTL/3 of
-// added latency.
-func testS2(t *testing.T) {
-	const ttl = 500 * time.Millisecond
+// added latency. Plain waiters let that slow worker starve. Fair ones serve
+// it in its turn once its request is in line (asserted); its share of the
+// acquisitions is reported against issue 16's target of a quarter, not
+// asserted (GUARANTEES.md, open finding 1).
+func testS2(t *testing.T, v variant) {
+	const ttl, hold = 500 * time.Millisecond, 20 * time.Millisecond
 	r := newRig(t, nil, func(_ int, addr string) workerConfig {
 		c := defaults(addr, ttl)
-		c.Hold = 20 * time.Millisecond
-		return c
+		c.Hold = hold
+		return v.config(c)
 	})
 	var notes []string
 	var victims []event
@@ -362,11 +473,11 @@ func testS2(t *testing.T) {
 	mark := r.c.mark()
 	time.Sleep(3 * time.Second)
 	r.proxies[0].setLatency(0)
-	slowWins := r.c.countFrom(mark, func(ev event) bool { return ev.Op == "acquired" && ev.W == 0 })
-	allWins := r.c.countFrom(mark, isOp("acquired"))
-	slowTries := r.c.countFrom(mark, func(ev event) bool { return ev.Op == "done" && ev.W == 0 })
+	end := r.c.mark()
 
-	f, secs := finish(t, r.c, "S2")
+	f, secs := finish(t, r.c, v.artifact("S2"))
+	events, _, _ := r.c.snapshot()
+	sl := slowLinkOf(events, mark, end, 0, latency)
 	for i, ev := range victims {
 		mode := map[bool]string{true: "black-holed", false: "reset"}[i < 3]
 		s := sectionOf(secs, ev)
@@ -391,10 +502,34 @@ func testS2(t *testing.T) {
 	}
 	notes = append(notes, fmt.Sprintf("latency %s each way from the start of worker 0's section: %d sections of 1.5×TTL, %d lost; their renewals: %d succeeded, %d failed",
 		ms(latency), len(slow), lostSlow, okRenewals, failedRenewals),
-		fmt.Sprintf("starvation: with that latency on for 3s, worker 0 won %d of %d acquisitions (%d attempts of its own)",
-			slowWins, allWins, slowTries))
-	report(t, "S2 partition 2×TTL / +TTL/3 RTT", f, notes...)
+		fmt.Sprintf("starvation: with that latency on for 3s, worker 0 won %d of %d acquisitions (%s; %d attempts of its own)",
+			sl.wins, sl.all, share(sl.wins, sl.all), sl.tries))
+	if sl.wins > 0 {
+		notes = append(notes, fmt.Sprintf("at most %d grants to others came between one of its requests reaching Redis and its grant; "+
+			"it learnt of a grant %s after it (mean), and the lock passed to the next holder %s after it (its sections hold %s)",
+			sl.bypassMax, ms(sl.learn), ms(sl.turn), ms(hold)))
+	}
+	if v.fair && 4*sl.wins < sl.all {
+		// Issue 16's target for fair waiting. Not asserted: a waiter is
+		// in line only from when its request reaches Redis, and the two
+		// local workers take turns meanwhile (GUARANTEES.md, open
+		// finding 1); what the line does promise is asserted below.
+		notes = append(notes, fmt.Sprintf("below issue 16's target for fair waiting: %s of the acquisitions, want at least 25%%",
+			share(sl.wins, sl.all)))
+	}
+	report(t, v.row("S2 partition 2×TTL / +TTL/3 RTT"), f, notes...)
 	assertSafe(t, f)
+	if v.fair {
+		// Once in line, the slow worker is served after the waiters ahead
+		// of it, at most one other worker; one more for the grant that
+		// may race its arrival.
+		if sl.wins == 0 {
+			t.Errorf("fair waiting: the worker on the slow link won none of %d acquisitions in 3s", sl.all)
+		} else if sl.bypassMax > nWorkers-1 {
+			t.Errorf("fair waiting: %d grants to other workers came after the slow worker's request reached Redis and before its grant, want at most %d",
+				sl.bypassMax, nWorkers-1)
+		}
+	}
 	assertToldInTime(t, f)
 	if f.AfterCancel != 0 {
 		t.Errorf("%d writes of lost leases after their cancellation, want 0:\n%s", f.AfterCancel, describeLosses(f))
@@ -510,7 +645,7 @@ func testS3Replicas(t *testing.T) {
 // S3: a deterministic failover that loses the lock: the replica's link is
 // cut, a lock is taken on the master, the master is killed, the replica is
 // promoted and the clients are moved to it.
-func testS3(t *testing.T) {
+func testS3(t *testing.T, v variant) {
 	const ttl = 300 * time.Millisecond
 	master := startRedis(t, "redis0")
 	var proxies []*proxy
@@ -520,7 +655,7 @@ func testS3(t *testing.T) {
 	c := startCoord(t, nWorkers, func(w int) workerConfig {
 		cfg := defaults(proxies[w].addr, ttl)
 		cfg.Hold = 20 * time.Millisecond
-		return cfg
+		return v.config(cfg)
 	})
 	if !c.awaitAcquired(0, 5, 10*time.Second) {
 		t.Fatalf("no acquisitions on the first master")
@@ -560,6 +695,10 @@ func testS3(t *testing.T) {
 			t.Fatalf("round %d: promote: %v", round, err)
 		}
 		held, _ := replica.do("EXISTS", "lock:{chaos}")
+		// Fair waiters' line as the replica had it at the cut: entries of
+		// waiters that have long moved on, which the promoted replica
+		// serves first until they expire.
+		line, _ := replica.do("ZCARD", "lock:{chaos}:q")
 		for _, p := range proxies {
 			p.retarget(replica.addr)
 		}
@@ -567,8 +706,8 @@ func testS3(t *testing.T) {
 		if _, ok := c.awaitDone(victim, 10*time.Second); !ok {
 			t.Fatalf("round %d: the victim's attempt did not end", round)
 		}
-		note := fmt.Sprintf("round %d: worker %d took the lock on the master (fence %d); keys named lock:{chaos} on the promoted replica: %v",
-			round, victim.W, victim.Fence, held)
+		note := fmt.Sprintf("round %d: worker %d took the lock on the master (fence %d); keys named lock:{chaos} on the promoted replica: %v, entries in its line: %v",
+			round, victim.W, victim.Fence, held, line)
 		if granted {
 			note += fmt.Sprintf("; worker %d then got it from the promoted replica with fence %d (+%s)",
 				next.W, next.Fence, ms(time.Duration(next.Fence-victim.Fence)*time.Microsecond))
@@ -578,17 +717,17 @@ func testS3(t *testing.T) {
 		link.close()
 		master = replica
 	}
-	f, secs := finish(t, c, "S3")
+	f, secs := finish(t, c, v.artifact("S3"))
 	doubled := 0
 	for _, rd := range rounds {
-		if v := sectionOf(secs, rd[0]); v != nil && v.beliefEnd() > rd[1].Fence {
+		if s := sectionOf(secs, rd[0]); s != nil && s.beliefEnd() > rd[1].Fence {
 			doubled++
 			notes = append(notes, fmt.Sprintf("worker %d still believed it held the lock %s after the promoted replica granted it to worker %d",
-				rd[0].W, ms(time.Duration(v.beliefEnd()-rd[1].Fence)*time.Microsecond), rd[1].W))
+				rd[0].W, ms(time.Duration(s.beliefEnd()-rd[1].Fence)*time.Microsecond), rd[1].W))
 		}
 	}
 	notes = append(notes, fmt.Sprintf("failovers with a double grant: %d of 3 (grants made while an earlier holder still believed: %d)", doubled, f.DoubleGrants))
-	report(t, "S3 failover, link cut", f, notes...)
+	report(t, v.row("S3 failover, link cut"), f, notes...)
 	assertSafe(t, f)
 }
 

@@ -77,6 +77,7 @@ type workerConfig struct {
 	Lock           string
 	TTL            time.Duration
 	Wait           time.Duration // WithWait for each attempt
+	Fair           bool          // WithFair too: wait in the lock's line (see variant)
 	Hold           time.Duration // the section's sleep between its read and its writes
 	Linger         time.Duration // how long the section stays after its writes (or until cancelled)
 	StopDelay      time.Duration // how long an aborted section takes to return after it saw the cancellation (it writes nothing meanwhile)

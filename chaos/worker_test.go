@@ -164,11 +164,15 @@ func (w *worker) attempt(ctx context.Context, seq int) {
 		token   string
 		workEnd int64
 	)
+	opts := []fencelock.Option{fencelock.WithWait(w.cfg.Wait)}
+	if w.cfg.Fair {
+		opts = append(opts, fencelock.WithFair())
+	}
 	err := w.locker.RunWithLock(ctx, w.cfg.Lock, func(ctx context.Context, lease *fencelock.Lease) error {
 		fence, token = lease.Fence(), lease.Token()
 		defer func() { workEnd = wallMicros(time.Now()) }()
 		return w.section(ctx, seq, lease)
-	}, fencelock.WithWait(w.cfg.Wait))
+	}, opts...)
 	done := time.Now()
 	req := request{Op: "done", W: w.id, Seq: seq, Fence: fence, Wall: wallMicros(done), WorkEnd: workEnd}
 	if token != "" {
