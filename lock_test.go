@@ -3,6 +3,7 @@ package fencelock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math"
 	"strconv"
@@ -15,6 +16,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock/internal/redistest"
 )
 
 var ctx = context.Background()
@@ -292,6 +295,103 @@ func TestRetryAfterLostReplyIsIdempotent(t *testing.T) {
 	require.Positive(t, lostFence.Load())
 	assert.Equal(t, lostFence.Load(), lease.Fence(), "the fence of the lost reply: one fence issued, not two")
 	require.NoError(t, lease.Release(ctx))
+}
+
+// Issue 13: an acquire that go-redis's auto-pipeliner sent in a batch whose
+// reply was lost after the server applied it is resent, and is still
+// idempotent. The library does not auto-pipeline: it accepts any
+// UniversalClient, which an *AutoPipeliner is not, and an AutoPipeliner
+// sends Do, which the scripts go through, outside its batches. A caller
+// running the acquire script through one is in this case: the pipeliner
+// dispatches a batch as a pipeline (a lone command as a pipeline of one, on
+// its own goroutine), and go-redis retries a pipeline whose connection
+// broke (io.EOF) on a new connection, up to MaxRetries, by itself: the
+// caller sees the retry's reply only.
+func TestAutoPipelinedRetryAfterLostBatchIsIdempotent(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	proxy := redistest.StartProxy(t, e.srv.Addr)
+	client := redis.NewClient(&redis.Options{Addr: proxy.Addr}) // MaxRetries 3
+	t.Cleanup(func() { _ = client.Close() })
+	ap, err := client.AutoPipeline()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ap.Close() })
+	require.True(t, ap.IsBlocking(), "each call waits for its reply")
+
+	type lock struct{ key, fenceKey string }
+	newLock := func(suffix string) lock {
+		key, fenceKey := l.keys(uniqueName(t) + suffix)
+		return lock{key, fenceKey}
+	}
+	run := func(k lock, token string) ([]any, error) {
+		return acquireScript.Run(ctx, ap, []string{k.key, k.key + ":t:" + token, k.fenceKey, k.key + ":q", k.key + ":qi"},
+			token, 60000, 60000, "pod", "0", 2000).Slice()
+	}
+	// The fence the server issued for k: in the lock's value, and the
+	// counter's, as one fence was issued.
+	stored := func(k lock, token string) string {
+		t.Helper()
+		v, err := e.admin.Get(ctx, k.key).Result()
+		require.NoError(t, err)
+		holder, fence, _ := parseValue(v)
+		require.Equal(t, token, holder, "%s is held by the token", k.key)
+		counter, err := e.admin.Get(ctx, k.fenceKey).Int64()
+		require.NoError(t, err)
+		require.Equal(t, fence, counter, "%s: one fence issued", k.key)
+		return strconv.FormatInt(fence, 10)
+	}
+	evalshas := func() int { // EVALSHA commands the server ran
+		t.Helper()
+		stat, ok := e.srv.Info("commandstats")["cmdstat_evalsha"]
+		if !ok {
+			return 0
+		}
+		var n int
+		_, err := fmt.Sscanf(stat, "calls=%d,", &n)
+		require.NoError(t, err, stat)
+		return n
+	}
+
+	// EVALSHA must find the script, or the batch the drop hits would be a
+	// NOSCRIPT that took no effect; and the pipeliner's pooled connection
+	// must be dialled already, or the drop would hit the dial's HELLO
+	// (DropNextReply). Only the pipeliner's traffic goes through the proxy.
+	require.NoError(t, acquireScript.Load(ctx, e.admin).Err())
+	require.NoError(t, ap.Ping(ctx).Err())
+	before := evalshas()
+
+	// One caller: its batch is its acquire alone.
+	a := newLock("-one")
+	proxy.DropNextReply()
+	reply, err := run(a, "token-a")
+	require.NoError(t, err, "the pipeliner resent the batch whose reply was lost")
+	require.Equal(t, 2, evalshas()-before, "the server ran the acquire twice: the run whose reply was lost, and the retry")
+	assert.Equal(t, []any{int64(1), stored(a, "token-a")}, reply, "the retry returns the lost run's fence")
+	busy, err := run(a, "token-b")
+	require.NoError(t, err)
+	assert.Equal(t, int64(0), busy[0], "another token is refused")
+
+	// Concurrent callers, whose acquires the pipeliner batches: the first
+	// batch's reply is lost, and every acquire in it is resent.
+	const callers = 8
+	locks := make([]lock, callers)
+	replies := make([][]any, callers)
+	errs := make([]error, callers)
+	var wg sync.WaitGroup
+	before = evalshas()
+	proxy.DropNextReply()
+	for i := range locks {
+		locks[i] = newLock("-" + strconv.Itoa(i))
+		wg.Go(func() { replies[i], errs[i] = run(locks[i], "token-"+strconv.Itoa(i)) })
+	}
+	wg.Wait()
+	for i, k := range locks {
+		require.NoError(t, errs[i], "caller %d", i)
+		assert.Equal(t, []any{int64(1), stored(k, "token-"+strconv.Itoa(i))}, replies[i], "caller %d", i)
+	}
+	resent := evalshas() - before - callers
+	t.Logf("%d of the %d concurrent acquires ran twice: the batch they were in lost its reply and was resent", resent, callers)
+	assert.Positive(t, resent, "a batch was resent")
 }
 
 func TestGoRedisRetryAfterLostReply(t *testing.T) {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"runtime/metrics"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -83,8 +85,17 @@ func shardChannels(t *testing.T, s *redistest.Server) int {
 // pubsubConns returns how many connections of s are in pub/sub mode.
 func pubsubConns(t *testing.T, s *redistest.Server) int {
 	t.Helper()
-	v, err := s.Do("CLIENT", "LIST", "TYPE", "pubsub")
+	n, err := countPubsubConns(s)
 	require.NoError(t, err)
+	return n
+}
+
+// countPubsubConns is pubsubConns for goroutines other than the test's.
+func countPubsubConns(s *redistest.Server) (int, error) {
+	v, err := s.Do("CLIENT", "LIST", "TYPE", "pubsub")
+	if err != nil {
+		return 0, err
+	}
 	list, _ := v.(string)
 	n := 0
 	for line := range strings.Lines(list) {
@@ -92,7 +103,7 @@ func pubsubConns(t *testing.T, s *redistest.Server) int {
 			n++
 		}
 	}
-	return n
+	return n, nil
 }
 
 // heapAlloc returns the live heap after a collection.
@@ -368,4 +379,357 @@ func checkWakeUpsStayInTheirDatabase(t *testing.T, waiter *redis.Client, hook *f
 	r := requireAcquired(t, got, 5*time.Second, "a release on database 0 did not wake its waiter (backoff 10-20s)")
 	t.Logf("acquired %v after the release on database 0", r.at.Sub(released).Round(time.Millisecond))
 	require.NoError(t, r.lease.Release(ctx))
+}
+
+// Issue 13's scale requirements: one Locker with thousands of Acquire
+// calls waiting at once, ten on each lock. The test holds the locks, then
+// releases them, and every waiter must get its lock (and release it at
+// once), one holder at a time, through one subscription connection per
+// node, with no goroutine of the library's per waiter. The figures are
+// logged; only correctness and the bounds of checkScaleWaiters are
+// asserted. These tests are not parallel: they count the process's
+// goroutines and heap.
+//
+// Under the race detector, which makes every command several times
+// slower, they wait on a fifth of the locks (see scaleLocks): issue 13's
+// figures come from go test -run TestScale without -race.
+
+// raceEnabled is set by race_test.go.
+var raceEnabled bool
+
+// scaleLocks returns the number of locks a scale test waits on: n, or a
+// fifth of it under the race detector.
+func scaleLocks(n int) int {
+	if raceEnabled {
+		return n / 5
+	}
+	return n
+}
+
+func TestScaleWaiters(t *testing.T) {
+	e := newEnv(t, nil)
+	checkScaleWaiters(t, e.client, e.hook, []*redistest.Server{e.srv}, scaleLocks(1000), 10, false)
+}
+
+// Fair waiters keep their queue entries alive every queueKeepAlive: 10 000
+// of them ask for 20 000 keep-alives a second, about twice what a go-redis
+// client with its default pool gets through on two cores (measured), so
+// every command of the process waits for a pooled connection meanwhile,
+// the hand-overs' too. Each entry must still be kept alive within
+// queueEntryTTL, or its waiter loses its place in line.
+func TestScaleFairWaiters(t *testing.T) {
+	e := newEnv(t, nil)
+	checkScaleWaiters(t, e.client, e.hook, []*redistest.Server{e.srv}, scaleLocks(1000), 10, true)
+}
+
+func TestScaleClusterWaiters(t *testing.T) {
+	c := redistest.StartClusterN(t, 3, 0)
+	client := c.Client(nil)
+	hook := &faultHook{}
+	client.AddHook(hook)
+	checkScaleWaiters(t, client, hook, c.Masters, scaleLocks(300), 10, false)
+}
+
+// scaleOtherGoroutines bounds, while every caller waits, the goroutines
+// that are neither a caller's nor running one of its commands: the
+// library's two a node (a hub's owner and its connection's reader),
+// go-redis's, the test's. A goroutine per waiter would be thousands.
+const scaleOtherGoroutines = 64
+
+// checkScaleWaiters runs names*perName waiting Acquire calls (fair ones if
+// fair) on one Locker of client, perName on each of names locks that the
+// test holds; waits until every caller waits (its attempt answered, its
+// channel subscribed); then releases the locks and waits for every caller
+// to get its lock and release it. hook is on client; nodes are the servers
+// (the masters) behind it.
+//
+// The goroutines a caller costs: its own, and, while one of its commands
+// is in flight (an attempt, a fair waiter's keep-alive, its release), the
+// one call runs it on, so that the call returns at its context's end
+// whatever go-redis does. So at most two a caller at the peak (all first
+// attempts at once), and, while the callers wait, none besides theirs but
+// the commands in flight (none but fair waiters' keep-alives) and
+// scaleOtherGoroutines.
+func checkScaleWaiters(t *testing.T, client redis.UniversalClient, hook *faultHook, nodes []*redistest.Server,
+	names, perName int, fair bool) {
+	t.Helper()
+	// Pauses of a minute: only wake-ups (and, fair, keep-alives) explain
+	// the hand-overs in time.
+	l, err := New(client, &Options{MinRetryBackoff: time.Minute, MaxRetryBackoff: time.Minute})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	waitsOf(l).linger = 300 * time.Millisecond
+	callers := names * perName
+	opts := []Option{WithWait(time.Minute), WithTTL(time.Minute)}
+	if fair {
+		opts = append(opts, WithFair())
+	}
+
+	setup := time.Now()
+	held := make([]*Lease, names)
+	for i := range held {
+		held[i], err = l.Acquire(ctx, fmt.Sprintf("%s:%d", uniqueName(t), i), WithTTL(5*time.Minute))
+		require.NoError(t, err)
+	}
+	var answered atomic.Int64 // acquire script replies
+	hook.set(nil, func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == "acquire" {
+			answered.Add(1)
+		}
+		return nil
+	})
+	t.Cleanup(func() { hook.set(nil, nil) })
+	goroutines0, heap0 := runtime.NumGoroutine(), heapAlloc()
+
+	s := startScaleSampler(nodes)
+	t.Cleanup(func() { s.stop() }) // after the callers' clean-up, registered next
+	wctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() }) // before Close
+	type turn struct {
+		holding atomic.Int32 // callers holding the lock now: 0 or 1
+		mu      sync.Mutex
+		fences  []int64 // guarded by mu; in the order the callers held the lock
+	}
+	turns := make([]turn, names)
+	errs := make([]error, callers)
+	var overlaps atomic.Int64
+	start := time.Now()
+	for i := range callers {
+		wg.Go(func() {
+			tn := &turns[i%names]
+			lease, err := scaleCaller(wctx, l, held[i%names].Name(), opts)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			if tn.holding.Add(1) != 1 {
+				overlaps.Add(1)
+			}
+			tn.mu.Lock()
+			tn.fences = append(tn.fences, lease.Fence())
+			tn.mu.Unlock()
+			tn.holding.Add(-1)
+			errs[i] = lease.Release(ctx)
+		})
+	}
+	subscribed := func() int {
+		n := 0
+		for _, node := range nodes {
+			n += shardChannels(t, node)
+		}
+		return n
+	}
+	require.Eventually(t, func() bool { return answered.Load() >= int64(callers) && subscribed() == names },
+		60*time.Second, 10*time.Millisecond, "every caller waits: its attempt answered, its channel subscribed")
+	waiting := time.Since(start)
+	t.Logf("%d callers (fair %v) on %d locks over %d node(s): set-up %v, all waiting after %v",
+		callers, fair, names, len(nodes), start.Sub(setup).Round(time.Millisecond), waiting.Round(time.Millisecond))
+
+	// The attempts that the subscriptions' confirmations started end (fair
+	// waiters' keep-alives go on); then a look at what every goroutine
+	// runs, which stops the world for a while.
+	if fair {
+		// The confirmations start every caller's keep-alive at once: let
+		// them spread out.
+		time.Sleep(2 * queueKeepAlive)
+	} else {
+		assert.Eventually(t, func() bool { return runtime.NumGoroutine()-goroutines0-callers <= scaleOtherGoroutines },
+			10*time.Second, 10*time.Millisecond, "goroutines while %d callers wait: theirs and at most %d others",
+			callers, scaleOtherGoroutines)
+	}
+	s.pauseHeap(true) // the stacks' text is no heap of the callers'
+	g := countScaleGoroutines()
+	for end := time.Now().Add(10 * time.Second); !fair && g.commands > 0 && time.Now().Before(end); {
+		time.Sleep(100 * time.Millisecond)
+		g = countScaleGoroutines()
+	}
+	heap1 := heapAlloc()
+	s.pauseHeap(false)
+	conns, clients := 0, 0
+	for _, node := range nodes {
+		conns += pubsubConns(t, node)
+		var n int
+		_, _ = fmt.Sscan(node.Info("clients")["connected_clients"], &n)
+		clients += n
+	}
+	t.Logf("while waiting: %d subscription connection(s), %d connected clients in all; "+
+		"goroutines %d before, now %d callers', %d running commands, %d others: %.3f a caller; "+
+		"heap %d KiB before, %d KiB now: %.0f B a caller, besides its goroutines' stacks",
+		conns, clients, goroutines0, g.callers, g.commands, g.others,
+		float64(g.callers+g.commands+g.others-goroutines0)/float64(callers),
+		heap0>>10, heap1>>10, (float64(heap1)-float64(heap0))/float64(callers))
+	assert.LessOrEqual(t, conns, len(nodes), "one subscription connection per node, not per lock name")
+	assert.Equal(t, callers, g.callers, "callers waiting")
+	assert.LessOrEqual(t, g.others-goroutines0, scaleOtherGoroutines,
+		"goroutines while the callers wait: besides theirs and their commands', at most %d", scaleOtherGoroutines)
+	if fair {
+		assert.LessOrEqual(t, g.commands, callers, "goroutines running keep-alives: at most one a caller")
+	} else {
+		assert.Zero(t, g.commands, "goroutines running commands while every caller sleeps")
+	}
+
+	// The holders release at once, as independent holders would; one after
+	// the other, each release would wait for a pooled connection behind the
+	// fair waiters' keep-alives.
+	released := time.Now()
+	var rg sync.WaitGroup
+	rerrs := make([]error, names)
+	for i, h := range held {
+		rg.Go(func() { rerrs[i] = h.Release(ctx) })
+	}
+	rg.Wait()
+	for _, err := range rerrs {
+		require.NoError(t, err, "releasing the held locks")
+	}
+	all := make(chan struct{})
+	go func() { wg.Wait(); close(all) }()
+	select {
+	case <-all:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("not every caller got its lock within 60s of the releases")
+	}
+	ps := client.PoolStats()
+	var poolWait time.Duration
+	if ps.WaitCount > 0 {
+		poolWait = time.Duration(ps.WaitDurationNs / int64(ps.WaitCount))
+	}
+	t.Logf("hand-overs in %v; %d acquire attempts answered in all (%.1f a caller); go-redis pool: %d connections, "+
+		"%d commands waited for one, %v on average, %d timeouts",
+		time.Since(released).Round(time.Millisecond), answered.Load(), float64(answered.Load())/float64(callers),
+		ps.TotalConns, ps.WaitCount, poolWait.Round(time.Microsecond), ps.Timeouts)
+	failed := 0
+	for i, err := range errs {
+		if err != nil {
+			if failed++; failed <= 5 {
+				t.Errorf("caller %d: %v", i, err)
+			}
+		}
+	}
+	require.Zero(t, failed, "callers that did not get (or release) their lock")
+	assert.Zero(t, overlaps.Load(), "two callers held one lock at once")
+	for i := range turns {
+		f := turns[i].fences
+		require.Len(t, f, perName, "lock %d: one turn per caller", i)
+		for j := 1; j < len(f); j++ {
+			require.Greater(t, f[j], f[j-1], "lock %d: fences in the order the callers held it", i)
+		}
+	}
+
+	require.Eventually(t, func() bool { return openHubs(l) == 0 }, 5*time.Second, 10*time.Millisecond,
+		"the subscription connections close after the linger")
+	peak := s.stop()
+	goroutines2, heap2 := runtime.NumGoroutine(), heapAlloc()
+	t.Logf("peaks: %d subscription connection(s); %d goroutines, %.2f a caller; %d KiB live heap, "+
+		"%d KiB goroutine stacks (%.1f KiB a caller); after the linger: %d goroutines, heap %d KiB",
+		peak.conns, peak.goroutines, float64(peak.goroutines-goroutines0)/float64(callers), peak.heapLive>>10,
+		peak.stacks>>10, float64(peak.stacks)/1024/float64(callers), goroutines2, heap2>>10)
+	require.NoError(t, peak.err, "counting pub/sub connections")
+	assert.LessOrEqual(t, peak.conns, len(nodes), "subscription connections at any time: at most one per node")
+	assert.LessOrEqual(t, peak.goroutines-goroutines0, 2*(callers+names)+scaleOtherGoroutines,
+		"goroutines at the peak: two a caller at most, and two a release of the held locks")
+}
+
+// scaleCaller is a caller of checkScaleWaiters: countScaleGoroutines finds
+// it by name.
+//
+//go:noinline
+func scaleCaller(ctx context.Context, l *Locker, name string, opts []Option) (*Lease, error) {
+	return l.Acquire(ctx, name, opts...)
+}
+
+// scaleGoroutines counts the process's goroutines by what they run.
+type scaleGoroutines struct {
+	callers  int // in scaleCaller
+	commands int // started by call: running a caller's command
+	others   int
+}
+
+func countScaleGoroutines() scaleGoroutines {
+	var b strings.Builder
+	_ = pprof.Lookup("goroutine").WriteTo(&b, 2)
+	var g scaleGoroutines
+	// One record a goroutine, "goroutine <id> [<state>]:", its frames, and
+	// "created by <function> in goroutine <id>"; a goroutine not started
+	// yet shows its function as its one frame.
+	for rec := range strings.SplitSeq(b.String(), "\n\n") {
+		switch {
+		case !strings.HasPrefix(rec, "goroutine "):
+		case strings.Contains(rec, "fencelock.scaleCaller("):
+			g.callers++
+		case strings.Contains(rec, "created by github.com/fencelock/fencelock.call["):
+			g.commands++
+		default:
+			g.others++
+		}
+	}
+	return g
+}
+
+// scaleSampler samples, until stopped, the process's goroutines, live heap
+// and goroutine stacks every millisecond, and the pub/sub connections on
+// nodes every 20ms, and keeps the highest of each.
+type scaleSampler struct {
+	quit   chan struct{}
+	done   chan struct{}
+	once   sync.Once
+	paused atomic.Bool // the heap is not sampled
+	peak   scalePeak   // written by the sampler, read after done
+}
+
+type scalePeak struct {
+	goroutines int
+	heapLive   uint64 // as of the last GC
+	stacks     uint64
+	conns      int   // pub/sub connections, summed over the nodes
+	err        error // the first error counting them
+}
+
+func startScaleSampler(nodes []*redistest.Server) *scaleSampler {
+	s := &scaleSampler{quit: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		samples := []metrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/memory/classes/heap/stacks:bytes"}}
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		var counted time.Time
+		for {
+			s.peak.goroutines = max(s.peak.goroutines, runtime.NumGoroutine())
+			if !s.paused.Load() {
+				metrics.Read(samples)
+				s.peak.heapLive = max(s.peak.heapLive, samples[0].Value.Uint64())
+				s.peak.stacks = max(s.peak.stacks, samples[1].Value.Uint64())
+			}
+			if time.Since(counted) >= 20*time.Millisecond && s.peak.err == nil {
+				counted = time.Now()
+				n := 0
+				for _, node := range nodes {
+					c, err := countPubsubConns(node)
+					if err != nil {
+						s.peak.err = err
+					}
+					n += c
+				}
+				s.peak.conns = max(s.peak.conns, n)
+			}
+			select {
+			case <-s.quit:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return s
+}
+
+// pauseHeap stops sampling the heap, or starts again. The live heap is as
+// of the last GC: run one before starting again.
+func (s *scaleSampler) pauseHeap(on bool) { s.paused.Store(on) }
+
+// stop stops the sampler and returns the highest figures; it may be
+// called more than once.
+func (s *scaleSampler) stop() scalePeak {
+	s.once.Do(func() { close(s.quit) })
+	<-s.done
+	return s.peak
 }

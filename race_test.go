@@ -1,0 +1,5 @@
+//go:build race
+
+package fencelock
+
+func init() { raceEnabled = true }
