@@ -163,23 +163,39 @@
 //
 // # Fair waiting
 //
-// WithFair (with WithWait) makes a waiter wait in line. Its first attempt
-// joins the lock's queue, ordered by the server's clock; while it waits it
-// keeps its entry alive every 500ms, and an entry not kept alive for 2
-// seconds (its waiter crashed, or was paused) is skipped. A release does not
-// just delete the lock: in the same script it sets the lock to the first live
-// waiter's token, with that waiter's TTL and owner, issues its fence, and
-// publishes "granted <token> <fence>". The waiter holds the lock when the
-// message arrives and returns without another round trip. If the message is
-// lost (the subscription dropped, or the holder's ACL cannot publish), the
-// waiter's next keep-alive, within 500ms, finds the lock granted to it.
+// WithFair (with WithWait) makes a waiter wait in line. It subscribes to the
+// lock's channel before its first attempt; the attempt joins the lock's
+// queue, ordered by the server's clock. While it waits, the waiter keeps its
+// entry alive every 500ms, or every third of its TTL if that is shorter, and
+// an entry not kept alive for 2 seconds (its waiter crashed, or was paused)
+// is skipped. A release does not just delete the lock: in the same script it
+// sets the lock to the first live waiter's token, with that waiter's TTL and
+// owner, issues its fence, and publishes "granted <token> <fence>". The
+// waiter holds the lock when the message arrives and returns without another
+// round trip. If the message is lost (the subscription dropped or was not
+// yet confirmed, or the holder's ACL cannot publish), the keep-alive the
+// waiter sends once its subscription is confirmed, or its next one, finds
+// the lock granted to it. A holder that crashed hands nothing over: the
+// first waiter asks again when the holder's TTL runs out (each answer
+// "still waiting" carries it) and takes the lock.
 //
 // The lock's TTL starts at the grant, which the waiter does not see. Its
 // lease's Deadline counts from the send time of the last request the server
 // answered "still waiting" (the first attempt or a keep-alive), which came
-// before the grant; a waiter that learns of the grant after that Deadline (a
-// paused process) renews the lock before Acquire returns, or, if it has
-// expired meanwhile, waits in line again with a new token.
+// before the grant, at most a third of the TTL earlier; when a keep-alive
+// brings the grant, from its send time plus the TTL left it reports, if that
+// is later. A waiter that learns of the grant after that Deadline (a paused
+// process) renews the lock before Acquire returns, or, if it has expired
+// meanwhile, waits in line again with a new token. With Options.Replicas, a
+// grant is renewed with WAIT before Acquire returns (the release that made
+// it did not wait for replicas); a grant short of replicas is passed on to
+// the next in line and the waiter joins the line again at its end, and when
+// its wait ends Acquire returns the replicas' ErrUnavailable.
+//
+// Fairness is among waiters, in the order their first attempts reached the
+// server: a caller is in line from then on, not from when it called
+// Acquire. A failover that loses the queue's latest writes can leave a
+// stale entry, skipped once it is 2 seconds old.
 //
 // A waiter whose wait ends (WithWait's bound, or its context) leaves the
 // line in the background; if the lock was granted to it at that moment, it

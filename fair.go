@@ -19,8 +19,17 @@ import (
 // then expires after that waiter's TTL.
 const queueEntryTTL = 2 * time.Second
 
-// queueKeepAlive is how often a fair waiter keeps its entry alive.
+// queueKeepAlive is how often, at most, a fair waiter keeps its entry
+// alive; see keepAliveEvery.
 const queueKeepAlive = queueEntryTTL / 4
+
+// keepAliveEvery is how often a fair waiter of a lock with ttl asks the
+// server: every queueKeepAlive, and at least three times a TTL, so that the
+// send time of the last answer "still waiting", from which a grant's
+// Deadline counts, is never more than a third of the TTL old.
+func keepAliveEvery(ttl time.Duration) time.Duration {
+	return min(queueKeepAlive, max(ttl/3, 10*time.Millisecond))
+}
 
 var queueEntryMillis any = ttlMillis(queueEntryTTL)
 
@@ -38,7 +47,8 @@ const (
 // queueReply is queue.lua's reply.
 type queueReply struct {
 	state int64
-	fence int64 // queueGranted
+	fence int64         // queueGranted
+	pttl  time.Duration // queueGranted, queueWaiting: the lock's PTTL (-2: free)
 }
 
 func (d *deployment) queue(ctx context.Context, lease *Lease, mode string) (queueReply, error) {
@@ -48,11 +58,17 @@ func (d *deployment) queue(ctx context.Context, lease *Lease, mode string) (queu
 	if err != nil {
 		return queueReply{}, err
 	}
-	r := queueReply{}
+	r := queueReply{pttl: -2}
 	r.state, _ = reply[0].(int64)
-	if r.state == queueGranted && len(reply) == 2 {
+	switch {
+	case r.state == queueGranted && len(reply) == 3:
 		s, _ := reply[1].(string)
 		_, r.fence, _ = parseValue("x " + s)
+		pttl, _ := reply[2].(int64)
+		r.pttl = time.Duration(pttl) * time.Millisecond
+	case r.state == queueWaiting && len(reply) == 2:
+		pttl, _ := reply[1].(int64)
+		r.pttl = time.Duration(pttl) * time.Millisecond
 	}
 	return r, nil
 }
@@ -61,13 +77,20 @@ func (q *quorum) queue(context.Context, *Lease, string) (queueReply, error) {
 	return queueReply{}, invalidf("fair waiting on a Redlock")
 }
 
-// acquireFair is Acquire with WithFair and WithWait: the first attempt
-// takes the lock or joins its queue; then the waiter waits for a grant,
-// keeping its entry alive, until the wait or ctx ends.
+// acquireFair is Acquire with WithFair and WithWait: the waiter subscribes
+// to the lock's channel first, so that no grant published after its first
+// attempt is missed for long; the first attempt takes the lock or joins its
+// queue; then the waiter waits for a grant, keeping its entry alive, until
+// the wait or ctx ends. It asks the server (a keep-alive, which also reports
+// a grant) every keepAliveEvery, once its subscription is confirmed, and
+// when the holder's lock expires.
 //
 // A granted lease's Deadline counts from the send time of the last call the
 // server answered "still waiting" (the first attempt, or a keep-alive): the
-// grant, and so the lock's TTL, came after the server answered it.
+// grant, and so the lock's TTL, came after the server answered it; or, when
+// a keep-alive brought the grant, from its send time plus the PTTL it read,
+// if that is later. With Options.Replicas, a grant is renewed with WAIT
+// before it counts, as an acquisition is.
 //
 // A grant's message is believed only while it cannot be stale: once the
 // token may have been granted the lock without this waiter knowing (the
@@ -79,20 +102,47 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 	lease.fair = true
 	callStart := l.clock.Now()
 	waitEnd := callStart.Add(wait)
+	every := keepAliveEvery(lease.ttl)
 	var (
 		verdict    error     // the last verdict: busy, or a callError
 		unsure     bool      // an attempt or a keep-alive whose outcome is unknown
 		waiting    time.Time // sent before the server last answered "waiting"
-		w          *waiter
-		joined     bool   // the queue has (or may have) an entry of this token
-		trust      = true // a grant message for this token is current
+		next       = every   // until the next keep-alive, from the last answer
+		joined     bool      // the queue has (or may have) an entry of this token
+		trust      = true    // a grant message for this token is current
 		attemptNow = true
+		w          = l.b.register(lease.keys[keyLock], lease.token)
 	)
 	defer func() {
 		if w != nil {
 			w.leave()
 		}
 	}()
+	// untilExpiry is when to ask next, given the holder's PTTL: at its
+	// expiry, if that comes before the next keep-alive; the lock is then
+	// free with nobody granted it, and the first in line takes it.
+	untilExpiry := func(pttl time.Duration) time.Duration {
+		if pttl > 0 {
+			return min(every, pttl+time.Millisecond)
+		}
+		return every
+	}
+	// rotate gives up the token (leaving the line, in the background, if
+	// leave) and waits on with a new one, which joins the line afresh: a
+	// late copy of an attempt of the old token, or a grant to it, must not
+	// count for the new one.
+	rotate := func(leave bool) {
+		if leave {
+			l.leaveQueue(lease)
+		}
+		fresh := l.newLease(lease.name, lease.ttl)
+		fresh.owner, fresh.ownerArg, fresh.fair = lease.owner, lease.ownerArg, true
+		lease, unsure, joined, waiting, next, attemptNow, trust = fresh, false, false, time.Time{}, every, true, true
+		if w != nil {
+			w.leave()
+		}
+		w = l.b.register(lease.keys[keyLock], lease.token)
+	}
 	giveUp := func() (*Lease, error) {
 		if joined || unsure {
 			l.leaveQueue(lease)
@@ -106,36 +156,44 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 		}
 		return nil, withCtx(verdict, ctxE)
 	}
-	obtained := func(fence int64, from time.Time) (*Lease, error) {
+	// obtained completes a lease whose lock was taken or granted with
+	// fence, its Deadline counting from from, or from bound if later. It
+	// returns nil, nil when the waiter waits on with a new token.
+	obtained := func(fence int64, from, bound time.Time, granted bool) (*Lease, error) {
 		lease.fence = fence
 		lease.acquired = from
 		lease.deadline = from.Add(lease.ttl - drift(lease.ttl))
+		if bound.After(lease.deadline) {
+			lease.deadline = bound
+		}
 		if unsure {
 			lease.floorTTL = lease.ttl
 		}
-		if !l.clock.Now().Before(lease.deadline) {
-			// Granted, but too long ago to count on: renew it now, from a
-			// time known to come before the new expiry.
+		// A grant too long ago to count on is renewed now, from a time
+		// known to come before the new expiry; with Replicas, every grant
+		// is, so that it counts only once replicas have it (the release
+		// that granted it did not WAIT).
+		if !l.clock.Now().Before(lease.deadline) || (granted && l.opts.Replicas > 0) {
 			err := lease.extend(ctx, lease.ttl, false, new(extendState))
 			switch {
+			case err == nil:
 			case errors.Is(err, ErrNotHeld) && l.clock.Now().Before(waitEnd):
 				// It expired before this waiter came to it (a pause):
-				// wait in line again, with a new token. A late copy of
-				// an attempt of unknown outcome must not take the lock
-				// for the old one.
-				if unsure {
-					l.leaveQueue(lease)
-				}
-				next := l.newLease(lease.name, lease.ttl)
-				next.owner, next.ownerArg, next.fair = lease.owner, lease.ownerArg, true
-				lease, unsure, joined, waiting, attemptNow, trust = next, false, false, time.Time{}, true, true
-				if w != nil {
-					w.leave()
-					w = nil
-				}
+				// wait in line again.
+				rotate(unsure)
 				return nil, nil
-			case err != nil:
-				verdict = callError(lease.name, err)
+			case isReplicaShort(err) && l.clock.Now().Before(waitEnd):
+				// Granted, but not on enough replicas to survive a
+				// failover: pass it on (leaving the line releases it),
+				// and join the line again at its end.
+				verdict = err
+				rotate(true)
+				return nil, nil
+			default:
+				verdict = err // lease.extend's error reads as Acquire's
+				if isReplicaShort(err) {
+					joined = true // so that giveUp passes the lock on
+				}
 				return giveUp()
 			}
 		}
@@ -152,12 +210,27 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 		now := l.clock.Now()
 		if attemptNow {
 			attemptNow = false
+			if w != nil { // a confirmation that came before the attempt tells nothing new
+				select {
+				case <-w.wake:
+				default:
+				}
+			}
 			a, done := call(l, ctx.Done(), nil, func() attempt { return l.b.acquire(ctx, lease) }, nil)
 			if !done || (a.err != nil && (classify(a.err) == classNoVerdict || (ctxErr(ctx) != nil && isTimeout(a.err)))) {
 				unsure = true
 				return giveUp()
 			}
 			switch {
+			case a.err != nil && a.retire:
+				// Taken without enough replicas: the backend gives it
+				// back and retires the token.
+				verdict = callError(lease.name, a.err)
+				if !now.Before(waitEnd) {
+					return giveUp()
+				}
+				rotate(false)
+				attemptNow = false // after a pause, as for any failed attempt
 			case a.err != nil:
 				verdict = callError(lease.name, a.err)
 				if !notSent(a.err) {
@@ -167,16 +240,13 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 					return giveUp()
 				}
 			case a.ok:
-				if got, err := obtained(a.fence, now); got != nil || err != nil {
+				if got, err := obtained(a.fence, now, time.Time{}, false); got != nil || err != nil {
 					return got, err
 				}
 				continue
 			default:
 				verdict = &BusyError{Name: lease.name, Owner: a.owner, TTL: a.pttl}
-				waiting, joined = now, true
-			}
-			if w == nil && joined {
-				w = l.b.register(lease.keys[keyLock], lease.token)
+				waiting, joined, next = now, true, untilExpiry(a.pttl)
 			}
 		}
 		if !now.Before(waitEnd) {
@@ -187,7 +257,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 		if w != nil {
 			wake, granted = w.wake, w.granted
 		}
-		t := l.clock.NewTimer(min(queueKeepAlive, waitEnd.Sub(now)))
+		t := l.clock.NewTimer(min(next, waitEnd.Sub(now)))
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -198,7 +268,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 				if st != nil {
 					st.handoff = 0
 				}
-				if got, err := obtained(fence, waiting); got != nil || err != nil {
+				if got, err := obtained(fence, waiting, time.Time{}, true); got != nil || err != nil {
 					return got, err
 				}
 				continue
@@ -220,6 +290,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 			r, err := l.b.queue(ctx, lease, queueKeep)
 			return queueResult{r, err}
 		}, nil)
+		next = every
 		switch {
 		case !done || (r.err != nil && ctxErr(ctx) != nil):
 			unsure = true
@@ -227,12 +298,16 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 		case r.err != nil:
 			verdict = callError(lease.name, r.err) // keep waiting: the entry lives on for a while
 		case r.r.state == queueGranted:
-			if got, err := obtained(r.r.fence, waiting); got != nil || err != nil {
+			var bound time.Time
+			if r.r.pttl > 0 {
+				bound = sent.Add(r.r.pttl - drift(r.r.pttl))
+			}
+			if got, err := obtained(r.r.fence, waiting, bound, true); got != nil || err != nil {
 				return got, err
 			}
 			continue
 		case r.r.state == queueWaiting:
-			waiting = sent
+			waiting, next = sent, untilExpiry(r.r.pttl)
 		case r.r.state == queueGone:
 			// The entry expired (this waiter was paused, say), or a grant
 			// this waiter missed ended: join again.

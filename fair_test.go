@@ -755,3 +755,70 @@ func TestFairMiniredis(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	checkServedInOrder(t, lockerFor(t, c, nil), c, "job")
 }
+
+// With Options.Replicas, a lock handed over by a release counts only once
+// replicas have it, as an acquisition does: the release that granted it did
+// not WAIT. Short of replicas, the waiter passes it on and waits on; when
+// its wait ends, Acquire fails as an acquisition short of replicas does,
+// and nothing is left held.
+func TestFairGrantWaitsForReplicas(t *testing.T) {
+	t.Parallel()
+	master, rs, holders, admin := replicated(t, 2, nil)
+	waiters := lockerFor(t, master.Client(nil), &Options{Replicas: 2, ReplicaTimeout: 50 * time.Millisecond})
+
+	t.Run("acknowledged", func(t *testing.T) {
+		name := uniqueName(t)
+		holder, err := holders.Acquire(ctx, name, WithTTL(time.Minute))
+		require.NoError(t, err)
+		got := acquireInBackground(t, waiters, name, WithFair(), WithWait(time.Minute), WithTTL(time.Minute))
+		waitQueued(t, admin, name, 1)
+		require.NoError(t, holder.Release(ctx))
+		r := requireAcquired(t, got, 5*time.Second, "the waiter the release handed the lock to")
+		for i, replica := range rs {
+			v, err := replica.Do("GET", r.lease.Key())
+			require.NoError(t, err)
+			assert.True(t, strings.HasPrefix(v.(string), r.lease.Token()+" "), "replica %d has the lock when Acquire returns", i)
+		}
+		require.NoError(t, r.lease.Release(ctx))
+	})
+	t.Run("short", func(t *testing.T) {
+		name := uniqueName(t)
+		holder, err := holders.Acquire(ctx, name, WithTTL(time.Minute))
+		require.NoError(t, err)
+		got := acquireInBackground(t, waiters, name, WithFair(), WithWait(time.Second), WithTTL(time.Minute))
+		waitQueued(t, admin, name, 1)
+		rs[1].Pause() // only one replica can acknowledge
+		t.Cleanup(rs[1].Resume)
+		require.NoError(t, holder.Release(ctx))
+		r := <-got
+		require.ErrorIs(t, r.err, ErrUnavailable, "a grant that one of two replicas acknowledged is not a lock")
+		assert.Contains(t, r.err.Error(), "1 of 2 replicas acknowledged")
+		key, _ := waiters.keys(name)
+		require.Eventually(t, func() bool { return admin.Exists(ctx, key).Val() == 0 }, 5*time.Second, time.Millisecond,
+			"the grant is given back")
+		assert.Empty(t, queued(t, admin, name), "the waiter left the line")
+	})
+}
+
+// A holder that neither releases nor renews (it crashed) hands nothing
+// over: its lock expires. The first fair waiter asks the server when the
+// holder's PTTL runs out, not at its next keep-alive (every 500 ms for a
+// TTL of a minute), and takes the lock.
+func TestFairWaiterNoticesAnExpiredHolder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	name := uniqueName(t)
+	_, err := l.Acquire(ctx, name, WithTTL(100*time.Millisecond)) // never released
+	require.NoError(t, err)
+	key, _ := l.keys(name)
+	pttl, err := e.admin.PTTL(ctx, key).Result()
+	require.NoError(t, err)
+	expiry := time.Now().Add(pttl)
+	got := acquireInBackground(t, l, name, WithFair(), WithWait(5*time.Second), WithTTL(time.Minute))
+	r := requireAcquired(t, got, 5*time.Second, "the waiter behind an expired holder")
+	late := r.at.Sub(expiry)
+	t.Logf("obtained %v after the holder's expiry", late)
+	assert.Less(t, late, keepAliveEvery(time.Minute)*2/5, "asked at the expiry, not at the next keep-alive")
+	require.NoError(t, r.lease.Release(ctx))
+}

@@ -10,10 +10,12 @@
 -- ARGV[5]  owner, for a grant
 --
 -- Returns
---   {1, fence}  the lock was granted to this token (a release handed it
---               over): the waiter holds it; for 'd', the caller must
---               release it, which hands it on
---   {0}         'k': still waiting, the entry kept alive; 'd': left
+--   {1, fence, pttl}  the lock was granted to this token (a release handed
+--               it over): the waiter holds it, for pttl more milliseconds;
+--               for 'd', the caller must release it, which hands it on
+--   {0, pttl}   'k': still waiting, the entry kept alive, and the lock's
+--               PTTL (-2: free, a waiter ahead of this one takes it)
+--   {0}         'd': left
 --   {3}         'k': the entry is gone (it expired): join again
 --   {4}         'k': the lock is free and this waiter is first in line:
 --               take it (acquire.lua)
@@ -23,7 +25,7 @@ local held = redis.call('GET', KEYS[1])
 if held and string.sub(held, 1, #token + 1) == token .. ' ' then
 	redis.call('ZREM', KEYS[2], token)
 	redis.call('HDEL', KEYS[3], token)
-	return {1, string.match(held, '^(%d+)', #token + 2)}
+	return {1, string.match(held, '^(%d+)', #token + 2), redis.call('PTTL', KEYS[1])}
 end
 if ARGV[2] == 'd' then
 	redis.call('ZREM', KEYS[2], token)
@@ -56,5 +58,6 @@ if not held then
 		redis.call('ZREM', KEYS[2], head)
 		redis.call('HDEL', KEYS[3], head)
 	end
+	return {0, -2}
 end
-return {0}
+return {0, redis.call('PTTL', KEYS[1])}
