@@ -172,7 +172,7 @@
 // sets the lock to the first live waiter's token, with that waiter's TTL and
 // owner, issues its fence, and publishes "granted <token> <fence>". The
 // waiter holds the lock when the message arrives and returns without another
-// round trip. If the message is lost (the subscription dropped or was not
+// round trip, even while a keep-alive of its own is in flight. If the message is lost (the subscription dropped or was not
 // yet confirmed, or the holder's ACL cannot publish), the keep-alive the
 // waiter sends once its subscription is confirmed, or its next one, finds
 // the lock granted to it. A holder that crashed hands nothing over: the

@@ -104,12 +104,14 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 	waitEnd := callStart.Add(wait)
 	every := keepAliveEvery(lease.ttl)
 	var (
-		verdict    error     // the last verdict: busy, or a callError
-		unsure     bool      // an attempt or a keep-alive whose outcome is unknown
-		waiting    time.Time // sent before the server last answered "waiting"
-		next       = every   // until the next keep-alive, from the last answer
-		joined     bool      // the queue has (or may have) an entry of this token
-		trust      = true    // a grant message for this token is current
+		verdict    error            // the last verdict: busy, or a callError
+		unsure     bool             // an attempt or a keep-alive whose outcome is unknown
+		waiting    time.Time        // sent before the server last answered "waiting"
+		askAt      time.Time        // the next keep-alive's time, counted from the last one's send time
+		inflight   chan queueResult // the outcome of the keep-alive in flight, if one is
+		sent       time.Time        // when it was sent
+		joined     bool             // the queue has (or may have) an entry of this token
+		trust      = true           // a grant message for this token is current
 		attemptNow = true
 		w          = l.b.register(lease.keys[keyLock], lease.token)
 	)
@@ -118,11 +120,14 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 			w.leave()
 		}
 	}()
-	// untilExpiry is when to ask next, given the holder's PTTL: at its
-	// expiry, if that comes before the next keep-alive; the lock is then
-	// free with nobody granted it, and the first in line takes it.
+	// untilExpiry is when to ask next, from a request's send time, given the
+	// holder's PTTL that the server read after it: at its expiry, if that
+	// comes before the next keep-alive; the lock is then free with nobody
+	// granted it, and the first in line takes it. Counting from the send
+	// time, a waiter on a slow link asks every keepAliveEvery, not every
+	// round trip plus that.
 	untilExpiry := func(pttl time.Duration) time.Duration {
-		if pttl > 0 {
+		if pttl >= 0 { // 0: it expires within the millisecond
 			return min(every, pttl+time.Millisecond)
 		}
 		return every
@@ -137,7 +142,8 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 		}
 		fresh := l.newLease(lease.name, lease.ttl)
 		fresh.owner, fresh.ownerArg, fresh.fair = lease.owner, lease.ownerArg, true
-		lease, unsure, joined, waiting, next, attemptNow, trust = fresh, false, false, time.Time{}, every, true, true
+		lease, unsure, joined, waiting, attemptNow, trust = fresh, false, false, time.Time{}, true, true
+		inflight = nil // its outcome is the old token's
 		if w != nil {
 			w.leave()
 		}
@@ -246,7 +252,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 				continue
 			default:
 				verdict = &BusyError{Name: lease.name, Owner: a.owner, TTL: a.pttl}
-				waiting, joined, next = now, true, untilExpiry(a.pttl)
+				waiting, joined, askAt = now, true, now.Add(untilExpiry(a.pttl))
 			}
 		}
 		if !now.Before(waitEnd) {
@@ -257,10 +263,23 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 		if w != nil {
 			wake, granted = w.wake, w.granted
 		}
-		t := l.clock.NewTimer(min(next, waitEnd.Sub(now)))
+		now = l.clock.Now()
+		due := waitEnd
+		if inflight == nil {
+			if !joined { // the attempt failed: try again in a while
+				askAt = now.Add(every)
+			}
+			if askAt.Before(due) {
+				due = askAt
+			}
+		}
+		t := l.clock.NewTimer(max(0, due.Sub(now)))
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			if inflight != nil {
+				unsure = true
+			}
 			return giveUp()
 		case fence := <-granted:
 			t.Stop()
@@ -276,6 +295,37 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 		case <-wake:
 			t.Stop()
 		case <-t.C:
+			if !l.clock.Now().Before(waitEnd) {
+				continue // and give up
+			}
+		case r := <-inflight:
+			t.Stop()
+			inflight = nil
+			switch {
+			case r.err != nil && ctxErr(ctx) != nil:
+				unsure = true
+				return giveUp()
+			case r.err != nil:
+				verdict = callError(lease.name, r.err) // keep waiting: the entry lives on for a while
+				askAt = l.clock.Now().Add(every)
+			case r.r.state == queueGranted:
+				var bound time.Time
+				if r.r.pttl > 0 {
+					bound = sent.Add(r.r.pttl - drift(r.r.pttl))
+				}
+				if got, err := obtained(r.r.fence, waiting, bound, true); got != nil || err != nil {
+					return got, err
+				}
+			case r.r.state == queueWaiting:
+				waiting, askAt = sent, sent.Add(untilExpiry(r.r.pttl))
+			case r.r.state == queueGone:
+				// The entry expired (this waiter was paused, say), or a
+				// grant this waiter missed ended: join again.
+				attemptNow, trust = true, false
+			case r.r.state == queueFirst:
+				attemptNow = true // take the free lock
+			}
+			continue
 		}
 		if !joined {
 			// Not in line: the attempt failed. Try again; if it may have
@@ -284,38 +334,28 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 			attemptNow, trust = true, trust && !unsure
 			continue
 		}
-		// Keep the entry alive, and learn of a grant whose message was lost.
-		sent := l.clock.Now()
-		r, done := call(l, ctx.Done(), nil, func() queueResult {
-			r, err := l.b.queue(ctx, lease, queueKeep)
-			return queueResult{r, err}
-		}, nil)
-		next = every
-		switch {
-		case !done || (r.err != nil && ctxErr(ctx) != nil):
-			unsure = true
-			return giveUp()
-		case r.err != nil:
-			verdict = callError(lease.name, r.err) // keep waiting: the entry lives on for a while
-		case r.r.state == queueGranted:
-			var bound time.Time
-			if r.r.pttl > 0 {
-				bound = sent.Add(r.r.pttl - drift(r.r.pttl))
-			}
-			if got, err := obtained(r.r.fence, waiting, bound, true); got != nil || err != nil {
-				return got, err
-			}
-			continue
-		case r.r.state == queueWaiting:
-			waiting, next = sent, untilExpiry(r.r.pttl)
-		case r.r.state == queueGone:
-			// The entry expired (this waiter was paused, say), or a grant
-			// this waiter missed ended: join again.
-			attemptNow, trust = true, false
-		case r.r.state == queueFirst:
-			attemptNow = true // take the free lock
+		if inflight == nil {
+			// Keep the entry alive, and learn of a grant whose message
+			// was lost. The keep-alive runs while the waiter goes on
+			// waiting: a grant's message that comes meanwhile counts at
+			// once, without waiting for its answer.
+			sent = l.clock.Now()
+			inflight = l.keepAlive(ctx, lease)
 		}
 	}
+}
+
+// keepAlive sends a fair waiter's keep-alive on a goroutine that the Locker
+// tracks, and returns the channel of its outcome.
+func (l *Locker) keepAlive(ctx context.Context, lease *Lease) chan queueResult {
+	c := make(chan queueResult, 1)
+	l.bg.add()
+	go func() {
+		defer l.bg.finish()
+		r, err := l.b.queue(ctx, lease, queueKeep)
+		c <- queueResult{r, err}
+	}()
+	return c
 }
 
 type queueResult struct {

@@ -445,8 +445,8 @@ const scaleOtherGoroutines = 64
 //
 // The goroutines a caller costs: its own, and, while one of its commands
 // is in flight (an attempt, a fair waiter's keep-alive, its release), the
-// one call runs it on, so that the call returns at its context's end
-// whatever go-redis does. So at most two a caller at the peak (all first
+// one it runs on (call, keepAlive), so that the call returns at its
+// context's end whatever go-redis does. So at most two a caller at the peak (all first
 // attempts at once), and, while the callers wait, none besides theirs but
 // the commands in flight (none but fair waiters' keep-alives) and
 // scaleOtherGoroutines.
@@ -657,7 +657,8 @@ func countScaleGoroutines() scaleGoroutines {
 		case !strings.HasPrefix(rec, "goroutine "):
 		case strings.Contains(rec, "fencelock.scaleCaller("):
 			g.callers++
-		case strings.Contains(rec, "created by github.com/fencelock/fencelock.call["):
+		case strings.Contains(rec, "created by github.com/fencelock/fencelock.call["),
+			strings.Contains(rec, "created by github.com/fencelock/fencelock.(*Locker).keepAlive"):
 			g.commands++
 		default:
 			g.others++
