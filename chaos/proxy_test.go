@@ -147,18 +147,41 @@ func (p *proxy) relay(client net.Conn, upstream string) {
 	p.mu.Unlock()
 }
 
-// pump copies src to dst, applying the proxy's mode to each chunk.
+// pump copies src to dst, applying the proxy's mode to each chunk. Chunks
+// are read as they come and written on each at its own read time plus the
+// latency, as a slow link delivers them: a chunk that arrives while an
+// earlier one is held is not held behind it for a latency more.
 func (p *proxy) pump(c *pconn, src, dst net.Conn) {
-	defer c.close(false)
+	type chunk struct {
+		b    []byte
+		read time.Time
+	}
+	q := make(chan chunk, 4096)
+	written := make(chan struct{})
+	go func() { // the writer: the delay line's far end
+		defer close(written)
+		for ch := range q {
+			if !p.hold(c, ch.read) {
+				return
+			}
+			if _, err := dst.Write(ch.b); err != nil {
+				c.close(false)
+				return
+			}
+		}
+	}()
+	defer func() {
+		close(q)
+		<-written // deliver what was read before src ended
+		c.close(false)
+	}()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
-			read := time.Now()
-			if !p.hold(c, read) {
-				return
-			}
-			if _, werr := dst.Write(buf[:n]); werr != nil {
+			select {
+			case q <- chunk{b: append([]byte(nil), buf[:n]...), read: time.Now()}:
+			case <-written:
 				return
 			}
 		}
