@@ -180,8 +180,11 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 		// is, so that it counts only once replicas have it (the release
 		// that granted it did not WAIT).
 		if !l.clock.Now().Before(lease.deadline) || (granted && l.opts.Replicas > 0) {
-			err := lease.extend(ctx, lease.ttl, false, new(extendState))
+			err, done := call(l, ctx.Done(), nil, func() error { return lease.extend(ctx, lease.ttl, false, new(extendState)) }, nil)
 			switch {
+			case !done: // ctx ended: the lock may be this waiter's
+				joined = true
+				return giveUp()
 			case err == nil:
 			case errors.Is(err, ErrNotHeld) && l.clock.Now().Before(waitEnd):
 				// It expired before this waiter came to it (a pause):
@@ -197,9 +200,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 				return nil, nil
 			default:
 				verdict = err // lease.extend's error reads as Acquire's
-				if isReplicaShort(err) {
-					joined = true // so that giveUp passes the lock on
-				}
+				joined = true // so that giveUp gives the lock back, or passes it on
 				return giveUp()
 			}
 		}
