@@ -355,16 +355,22 @@ func (c *conn) close() {
 	}
 }
 
-// read is a connection's reader goroutine. It stops at the first error that
-// is not a Redis error reply: go-redis would reconnect and subscribe every
-// channel in one command, which a Cluster refuses (CROSSSLOT), so the owner
-// opens a new connection instead.
-func (c *conn) read() {
+// read is a connection's reader goroutine. It wakes the waiters of a
+// channel's messages itself, the shortest way from a release to its waiter
+// (a grant's), and hands everything else to the owner. It stops at the
+// first error that is not a Redis error reply: go-redis would reconnect and
+// subscribe every channel in one command, which a Cluster refuses
+// (CROSSSLOT), so the owner opens a new connection instead.
+func (c *conn) read(n *notifier) {
 	defer close(c.done)
 	for {
 		msg, err := c.ps.Receive(context.Background())
 		if err != nil {
 			msg = err
+		}
+		if m, ok := msg.(*redis.Message); ok {
+			n.wake(nil, m.Channel, m.Payload)
+			continue
 		}
 		select {
 		case c.msgs <- msg:
@@ -517,7 +523,7 @@ func (h *hub) sync(c *conn, want []string) error {
 		c.sent[ch] = time.Now()
 		if !c.reading {
 			c.reading = true
-			go c.read()
+			go c.read(h.n)
 		}
 	}
 	for ch := range c.sent {
@@ -552,9 +558,7 @@ func ping(ctx context.Context, ps *redis.PubSub) error {
 func (h *hub) handle(c *conn, m any) bool {
 	n := h.n
 	switch m := m.(type) {
-	case *redis.Message:
-		n.wake(nil, m.Channel, m.Payload)
-	case *redis.Subscription:
+	case *redis.Subscription: // messages never come here: the reader wakes their waiters
 		switch m.Kind {
 		case "subscribe", "ssubscribe":
 			n.mu.Lock()
