@@ -97,7 +97,7 @@ func scriptArgs(script *redis.Script, eval bool, keys, argv []any) []any {
 // have it cached (NOSCRIPT), or EVAL alone when eval is set.
 func evalScript(ctx context.Context, c redis.UniversalClient, script *redis.Script, eval bool, keys, argv []any) *redis.Cmd {
 	cmd := c.Do(ctx, scriptArgs(script, eval, keys, argv)...)
-	if !eval && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+	if err := cmd.Err(); !eval && err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") { // no allocation on success
 		cmd = c.Do(ctx, scriptArgs(script, true, keys, argv)...)
 	}
 	return cmd
