@@ -7,7 +7,8 @@
 #                            tables between the bench-table markers of
 #                            README.md (bench-table and bench-table:redlock)
 #   SUITE=single ./bench.sh  only the single-deployment suite (Uncontended,
-#                            Parallel, Contended on one redis-server):
+#                            Parallel, Contended, ContendedHandoff,
+#                            ContendedHandoff64 on one redis-server):
 #                            results/latest.txt, the bench-table section
 #   SUITE=redlock ./bench.sh only the Redlock suite (RedlockUncontended,
 #                            RedlockContended on 5 redis-servers):
@@ -19,23 +20,28 @@
 #                            results/redlock-REV.txt) and prints the tables; a
 #                            revision without NewRedlock gets the single suite
 #                            only (built with -tags noredlock)
-#   COUNT=3 ./bench.sh       runs per benchmark (default 5)
+#   COUNT=3 ./bench.sh       rounds: runs per benchmark (default 5)
 #
-# Uncontended and Parallel run pinned to one CPU with taskset: on a small VM
-# the wake-ups between the client's CPU and redis-server's add jitter (tens of
-# microseconds per round trip, varying from minute to minute) that swamps the
-# differences between implementations; pinned, runs repeat within a few
-# percent and ns/op measures the CPU work of client, server and kernel.
-# Contended runs on all CPUs, because its waiters and the server must run at
-# the same time. The single suite takes about 2.5 minutes on 2 CPUs.
+# Uncontended, Interleaved and Parallel run pinned to one CPU with taskset:
+# on a small VM the wake-ups between the client's CPU and redis-server's add
+# jitter (tens of microseconds per round trip, varying from minute to
+# minute) that swamps the differences between implementations; pinned, ns/op
+# measures the CPU work of client, server and kernel. The Contended
+# benchmarks run on all CPUs, because their waiters and the server must run
+# at the same time.
 #
-# The Redlock suite runs COUNT rounds, each one run of RedlockUncontended
-# (pinned like Uncontended; the 5 servers inherit the pinning) and one of
-# RedlockContended, instead of COUNT runs of one benchmark in a row: the two
-# implementations it compares run seconds apart in every round, so a change
-# in the machine's load (another job on a shared VM) moves both. It takes
-# about a minute. Each suite's results file records the load average
-# before and after it.
+# Both suites run COUNT rounds, each with one run of every benchmark,
+# instead of COUNT runs of one benchmark in a row: the implementations
+# compared run seconds apart in every round, so a change in the machine's
+# load (another job on a shared VM) moves all of them, and the results file
+# records the load average at the start of every round. The single suite
+# takes about 8.5 minutes on 2 CPUs (6 implementations in Uncontended,
+# Interleaved and Parallel; 8 in the 3 contended benchmarks, which add
+# fencelock-fair and raw-1ms, of 3.25 s each per implementation and round).
+#
+# The Redlock suite's rounds are one run of RedlockUncontended (pinned like
+# Uncontended; the 5 servers inherit the pinning) and one of
+# RedlockContended. It takes about a minute.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -107,15 +113,16 @@ table() {
 }
 
 if [ "$suite" != redlock ]; then
-	uncontended='^Benchmark(Uncontended|Parallel)$'
-	contended='^BenchmarkContended$'
+	uncontended='^Benchmark(Uncontended|Interleaved|Parallel)$'
+	contended='^BenchmarkContended(Handoff|Handoff64)?$'
 	{
 		echo "library: $library"
-		echo "load: before: $(cat /proc/loadavg)"
-		echo "command: ${pin[*]} go test -run '^\$' -bench '$uncontended' -benchmem -count $count"
-		"${pin[@]}" "${bench[@]}" -test.bench "$uncontended" -test.count "$count"
-		echo "command: go test -run '^\$' -bench '$contended' -benchmem -count $count"
-		"${bench[@]}" -test.bench "$contended" -test.count "$count"
+		echo "command: $count rounds of: ${pin[*]} go test -run '^\$' -bench '$uncontended' -benchmem -count 1; go test -run '^\$' -bench '$contended' -benchmem -count 1"
+		for ((i = 1; i <= count; i++)); do
+			echo "load: round $i: $(cat /proc/loadavg)"
+			"${pin[@]}" "${bench[@]}" -test.bench "$uncontended" -test.count 1
+			"${bench[@]}" -test.bench "$contended" -test.count 1
+		done
 		echo "load: after: $(cat /proc/loadavg)"
 	} | tee "$out"
 	table "$out" ""

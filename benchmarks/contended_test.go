@@ -10,23 +10,33 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/fencelock/fencelock/internal/redistest"
 )
 
 // The contended loop of each waiter: acquire (waiting), hold, release, pause.
 const (
-	hold    = time.Millisecond
-	pause   = 5 * time.Millisecond
 	warmup  = 250 * time.Millisecond // not measured: dialing, script loading
 	unlockT = 5 * time.Second        // bound of one release call
 )
 
+// A contention is what the waiters of a contended benchmark do.
+type contention struct {
+	waiters int           // goroutines competing for the lock
+	hold    time.Duration // inside the critical section
+	pause   time.Duration // after a release, before the next acquire; 0: none
+}
+
+// contentionFlags is BenchmarkContended's contention: -waiters, -hold,
+// -pause.
+func contentionFlags() contention {
+	return contention{waiters: *waiters, hold: *holdFor, pause: *pauseFor}
+}
+
 // BenchmarkContended runs -waiters goroutines, each with its own clients (as
-// if each were a separate process; -shared gives them one), that compete for one lock for a fixed
-// duration: acquire with the implementation's waiting strategy, hold 1ms,
-// release, pause 5ms, again. With 8 waiters the lock is nearly always wanted,
-// so throughput is set by how quickly a release reaches the next waiter.
+// if each were a separate process; -shared gives them one), that compete for
+// one lock for a fixed duration: acquire with the implementation's waiting
+// strategy, hold 1ms (-hold), release, pause 5ms (-pause), again. With 8
+// waiters the lock is nearly always wanted, so throughput is set by how
+// quickly a release reaches the next waiter.
 //
 // It ignores b.N and runs once per implementation; "op" is one critical
 // section, so ns/op, B/op and allocs/op are per critical section over the
@@ -44,21 +54,47 @@ const (
 //	fails           acquisitions that gave up at -waitbound
 //	overlaps        times two goroutines were inside at once (must be 0)
 func BenchmarkContended(b *testing.B) {
-	srv := redistest.Start(b)
-	for _, d := range drivers {
+	contended(b, contentionFlags())
+}
+
+// BenchmarkContendedHandoff is BenchmarkContended in the hand-off-bound
+// case: 8 waiters hold the lock 0.1ms (spinning: see holdLock) and try again
+// at once after a release (no pause). The lock is always wanted, and the
+// time between two critical sections is the hand-off: cs/s is about
+// 1 ÷ (hold + mean hand-off), and the mean hand-off is (1 − busy) ÷ cs/s. A
+// waiter that releases and tries again at once may win the lock back before
+// the others hear of the release (pollers nearly always do: fairness shows
+// it). The flags -waiters, -hold and -pause do not apply.
+func BenchmarkContendedHandoff(b *testing.B) {
+	contended(b, contention{waiters: 8, hold: 100 * time.Microsecond})
+}
+
+// BenchmarkContendedHandoff64 is BenchmarkContendedHandoff with 64 waiters:
+// the hand-off when every release has 63 goroutines (each with its own
+// clients, as if separate processes) waiting for it.
+func BenchmarkContendedHandoff64(b *testing.B) {
+	contended(b, contention{waiters: 64, hold: 100 * time.Microsecond})
+}
+
+// contended runs c against every implementation on one redis-server.
+func contended(b *testing.B, c contention) {
+	srv := startServer(b)
+	for _, d := range selected(b, contendedDrivers) {
 		b.Run(d.name, func(b *testing.B) {
-			sessions := waiterSessions(func() func() session { return d.open(b, srv.Addr) })
-			r := contend(b, sessions, d.name+":contended", measuredDuration())
+			sessions := waiterSessions(c.waiters, func() func() session { return d.open(b, srv.Addr) })
+			stats := newCmdStats(b, srv)
+			r := contend(b, sessions, d.name+":contended", measuredDuration(), c)
+			stats.logPer(b, r.sections(), "critical sections (warm-up and wind-down included)")
 			r.report(b)
 		})
 	}
 }
 
-// waiterSessions returns one session per waiter (-waiters), each from an
-// instance of its own made by open (its own clients, as if each waiter were
-// a separate process), or all from one instance with -shared.
-func waiterSessions(open func() func() session) []session {
-	sessions := make([]session, *waiters)
+// waiterSessions returns one session per waiter, each from an instance of
+// its own made by open (its own clients, as if each waiter were a separate
+// process), or all from one instance with -shared.
+func waiterSessions(n int, open func() func() session) []session {
+	sessions := make([]session, n)
 	var newSession func() session
 	for i := range sessions {
 		if newSession == nil || !*shared {
@@ -101,9 +137,10 @@ type contendResult struct {
 	allocBytes uint64
 }
 
-// contend runs one waiter per session on key for warmup+window, then stops
-// them and waits for them (bounded by -waitbound plus a margin).
-func contend(b *testing.B, sessions []session, key string, window time.Duration) *contendResult {
+// contend runs one waiter per session on key for warmup+window, each as c
+// says (c.waiters is len(sessions)), then stops them and waits for them
+// (bounded by -waitbound plus a margin).
+func contend(b *testing.B, sessions []session, key string, window time.Duration, c contention) *contendResult {
 	base := time.Now()
 	since := func() time.Duration { return time.Since(base) } // monotonic
 	winStart, winEnd := warmup, warmup+window
@@ -129,8 +166,11 @@ func contend(b *testing.B, sessions []session, key string, window time.Duration)
 		l.waits = make([]time.Duration, 0, capHint)
 		l.handoffs = make([]time.Duration, 0, capHint)
 		wg.Go(func() {
-			pauseT := time.NewTimer(0)
-			defer pauseT.Stop()
+			var pauseT *time.Timer
+			if c.pause > 0 {
+				pauseT = time.NewTimer(0)
+				defer pauseT.Stop()
+			}
 			for ctx.Err() == nil {
 				t0 := since()
 				waiting.Add(1)
@@ -162,7 +202,7 @@ func contend(b *testing.B, sessions []session, key string, window time.Duration)
 						l.handoffs = append(l.handoffs, t1-time.Duration(from))
 					}
 				}
-				time.Sleep(hold)
+				holdLock(c.hold)
 				inside.Add(-1)
 				left := since()
 				if inWindow {
@@ -181,10 +221,12 @@ func contend(b *testing.B, sessions []session, key string, window time.Duration)
 					l.err = err
 					return
 				}
-				pauseT.Reset(pause)
-				select {
-				case <-ctx.Done():
-				case <-pauseT.C:
+				if pauseT != nil {
+					pauseT.Reset(c.pause)
+					select {
+					case <-ctx.Done():
+					case <-pauseT.C:
+					}
 				}
 			}
 		})
@@ -213,6 +255,15 @@ func contend(b *testing.B, sessions []session, key string, window time.Duration)
 		}
 	}
 	return r
+}
+
+// sections is the number of critical sections in the measured window.
+func (r *contendResult) sections() int {
+	n := 0
+	for _, l := range r.logs {
+		n += l.sections
+	}
+	return n
 }
 
 func (r *contendResult) report(b *testing.B) {
@@ -250,6 +301,22 @@ func (r *contendResult) report(b *testing.B) {
 	}
 	if sections == 0 {
 		b.Fatalf("no critical section in %v", r.window)
+	}
+}
+
+// holdLock spends d inside the critical section: asleep from 1ms up, and
+// spinning (yielding to the process's other goroutines) below. Go's timers
+// end a sleep no sooner than about 1ms after it began when the process has
+// nothing else to do (the netpoller waits in milliseconds: time.Sleep(100µs)
+// measured 1.08ms on this VM), so a short hold slept would last from 0.1 to
+// 1ms depending on how busy the implementation keeps the process.
+func holdLock(d time.Duration) {
+	if d >= time.Millisecond {
+		time.Sleep(d)
+		return
+	}
+	for start := time.Now(); time.Since(start) < d; {
+		runtime.Gosched()
 	}
 }
 

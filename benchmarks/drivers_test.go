@@ -6,6 +6,8 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,7 +25,7 @@ import (
 const ttl = 10 * time.Second
 
 // rawPoll is how long the raw baseline sleeps between two attempts at a busy
-// lock.
+// lock (raw-1ms: 1ms).
 const rawPoll = 10 * time.Millisecond
 
 var (
@@ -59,19 +61,66 @@ type driver struct {
 	open func(b *testing.B, addr string) func() session
 }
 
-// drivers lists the implementations in the order they run and are reported.
+// drivers lists the implementations of the uncontended benchmarks
+// (Uncontended, Interleaved, Parallel) in the order they run and are
+// reported.
 var drivers = []driver{
 	{"fencelock", openFencelock},
+	{"fencelock-cte", openFencelockCTE},
 	{"redislock", openRedislock},
 	{"redsync", openRedsync},
 	{"rueidislock", openRueidislock},
 	{"raw", openRaw},
 }
 
+// contendedDrivers lists the implementations of the contended benchmarks
+// (Contended, ContendedHandoff, ContendedHandoff64): drivers plus two ways
+// of waiting that only a contended benchmark tells apart, fencelock's fair
+// waiting (fencelock-fair) and the raw baseline polling every millisecond
+// (raw-1ms). Without a waiter they are fencelock and raw.
+var contendedDrivers = []driver{
+	{"fencelock", openFencelock},
+	{"fencelock-fair", openFencelockFair},
+	{"fencelock-cte", openFencelockCTE},
+	{"redislock", openRedislock},
+	{"redsync", openRedsync},
+	{"rueidislock", openRueidislock},
+	{"raw", openRaw},
+	{"raw-1ms", openRaw1ms},
+}
+
+// selected returns the drivers of all that -impls names, in its order, or
+// all of them in their order when it is empty. A name of another suite's
+// implementation (fencelock-fair in Uncontended) is skipped; b fails on a
+// name no suite has.
+func selected(b *testing.B, all []driver) []driver {
+	if *implList == "" {
+		return all
+	}
+	var ds []driver
+	for name := range strings.SplitSeq(*implList, ",") {
+		has := func(d driver) bool { return d.name == name }
+		if i := slices.IndexFunc(all, has); i >= 0 {
+			ds = append(ds, all[i])
+		} else if !slices.ContainsFunc(drivers, has) && !slices.ContainsFunc(contendedDrivers, has) {
+			b.Fatalf("-impls: no implementation %q", name)
+		}
+	}
+	if len(ds) == 0 {
+		b.Skipf("-impls %s: none of this benchmark's implementations", *implList)
+	}
+	return ds
+}
+
 // newGoRedis returns a go-redis client with default options, closed when b
 // ends. Every go-redis based implementation gets its own.
 func newGoRedis(b *testing.B, addr string) *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: addr})
+	return newGoRedisWith(b, &redis.Options{Addr: addr})
+}
+
+// newGoRedisWith returns a go-redis client with opts, closed when b ends.
+func newGoRedisWith(b *testing.B, opts *redis.Options) *redis.Client {
+	c := redis.NewClient(opts)
 	b.Cleanup(func() {
 		if err := c.Close(); err != nil {
 			b.Errorf("close go-redis client: %v", err)
@@ -98,8 +147,37 @@ func closeLater(b *testing.B, v any) {
 
 // fencelock
 
+// openFencelock is fencelock with go-redis's default options: what a user
+// gets without setting any.
 func openFencelock(b *testing.B, addr string) func() session {
-	locker, err := fencelock.New(newGoRedis(b, addr), &fencelock.Options{TTL: ttl})
+	return openFencelockOn(b, newGoRedis(b, addr))
+}
+
+// openFencelockCTE is fencelock over a go-redis client with
+// ContextTimeoutEnabled, the one client option fencelock's documentation
+// recommends: go-redis then stops a call at its context's deadline itself,
+// and fencelock runs Release on the caller's goroutine instead of handing it
+// to a goroutine of its own.
+func openFencelockCTE(b *testing.B, addr string) func() session {
+	return openFencelockOn(b, newGoRedisWith(b, &redis.Options{Addr: addr, ContextTimeoutEnabled: true}))
+}
+
+// openFencelockFair is fencelock with go-redis's default options whose
+// waiting Acquire waits in line (WithWait and WithFair): a release hands the
+// lock to the first waiter, whose Acquire returns when the grant's message
+// arrives. Only the contended benchmarks run it; an Acquire that does not
+// wait is fencelock's.
+func openFencelockFair(b *testing.B, addr string) func() session {
+	newSession := openFencelockOn(b, newGoRedis(b, addr))
+	return func() session {
+		s := newSession().(*fencelockSession)
+		s.fair = true
+		return s
+	}
+}
+
+func openFencelockOn(b *testing.B, client *redis.Client) func() session {
+	locker, err := fencelock.New(client, &fencelock.Options{TTL: ttl})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -110,6 +188,7 @@ func openFencelock(b *testing.B, addr string) func() session {
 type fencelockSession struct {
 	locker *fencelock.Locker
 	lease  *fencelock.Lease
+	fair   bool // lock waits in line (WithFair)
 }
 
 func (s *fencelockSession) tryLock(ctx context.Context, key string) error {
@@ -124,7 +203,15 @@ func (s *fencelockSession) tryLock(ctx context.Context, key string) error {
 }
 
 func (s *fencelockSession) lock(ctx context.Context, key string, wait time.Duration) error {
-	lease, err := s.locker.Acquire(ctx, key, fencelock.WithWait(wait))
+	var (
+		lease *fencelock.Lease
+		err   error
+	)
+	if s.fair {
+		lease, err = s.locker.Acquire(ctx, key, fencelock.WithWait(wait), fencelock.WithFair())
+	} else {
+		lease, err = s.locker.Acquire(ctx, key, fencelock.WithWait(wait))
+	}
 	switch {
 	case err == nil:
 		s.lease = lease
@@ -333,12 +420,23 @@ var (
 )
 
 func openRaw(b *testing.B, addr string) func() session {
+	return openRawPolling(b, addr, rawPoll)
+}
+
+// openRaw1ms is raw polling every millisecond instead of every 10: the
+// fastest a poller hands off, for as many requests to Redis per waiter.
+func openRaw1ms(b *testing.B, addr string) func() session {
+	return openRawPolling(b, addr, time.Millisecond)
+}
+
+func openRawPolling(b *testing.B, addr string, poll time.Duration) func() session {
 	client := newGoRedis(b, addr)
-	return func() session { return &rawSession{client: client} }
+	return func() session { return &rawSession{client: client, poll: poll} }
 }
 
 type rawSession struct {
 	client     *redis.Client
+	poll       time.Duration // pause between two attempts at a busy lock
 	key, token string
 }
 
@@ -372,10 +470,10 @@ func (s *rawSession) lock(ctx context.Context, key string, wait time.Duration) e
 			return err
 		}
 		if t == nil {
-			t = time.NewTimer(rawPoll)
+			t = time.NewTimer(s.poll)
 			defer t.Stop()
 		} else {
-			t.Reset(rawPoll)
+			t.Reset(s.poll)
 		}
 		select {
 		case <-wctx.Done():

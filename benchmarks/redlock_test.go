@@ -42,7 +42,7 @@ func startRedlockNodes(b *testing.B) ([]*redistest.Server, []string) {
 	var servers []*redistest.Server
 	var addrs []string
 	for range redlockNodes {
-		srv := redistest.Start(b)
+		srv := startServer(b)
 		servers = append(servers, srv)
 		addrs = append(addrs, srv.Addr)
 	}
@@ -64,14 +64,15 @@ func BenchmarkRedlockUncontended(b *testing.B) {
 
 // BenchmarkRedlockContended is BenchmarkContended over redlockNodes
 // independent servers: -waiters goroutines, each with its own clients (one
-// per server), compete for one lock; hold 1ms, release, pause 5ms. The
-// metrics are BenchmarkContended's.
+// per server), compete for one lock; hold 1ms, release, pause 5ms (-waiters,
+// -hold, -pause). The metrics are BenchmarkContended's.
 func BenchmarkRedlockContended(b *testing.B) {
 	_, addrs := startRedlockNodes(b)
 	for _, d := range redlockDrivers {
 		b.Run(d.name, func(b *testing.B) {
-			sessions := waiterSessions(func() func() session { return d.open(b, addrs) })
-			r := contend(b, sessions, d.name+":redlock:contended", measuredDuration())
+			c := contentionFlags()
+			sessions := waiterSessions(c.waiters, func() func() session { return d.open(b, addrs) })
+			r := contend(b, sessions, d.name+":redlock:contended", measuredDuration(), c)
 			r.report(b)
 		})
 	}

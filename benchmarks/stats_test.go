@@ -2,6 +2,7 @@ package benchmarks
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -63,5 +64,46 @@ func TestJain(t *testing.T) {
 				t.Errorf("jain(%v) = %v, want %v", tt.xs, got, tt.want)
 			}
 		})
+	}
+}
+
+func TestLatencies(t *testing.T) {
+	// Every value lands in a bucket whose middle is within 1/128 of it.
+	for _, d := range []time.Duration{0, 1, 127, 128, 129, 255, 256, 1000, 45_804, 99_999, 1 << 40, 1<<62 + 12345} {
+		got := latValue(latBucket(d))
+		if diff := math.Abs(float64(got - d)); diff > float64(d)/latSub {
+			t.Errorf("latValue(latBucket(%d)) = %d, off by %.0f", d, got, diff)
+		}
+	}
+	for i := 1; i < latBuckets; i++ {
+		if latValue(i) <= latValue(i-1) {
+			t.Fatalf("bucket %d's value %d is not above bucket %d's %d", i, latValue(i), i-1, latValue(i-1))
+		}
+	}
+
+	// Percentiles agree with percentile's, exact on the same data, to the
+	// resolution; the mean is exact.
+	rng := rand.New(rand.NewPCG(1, 2))
+	var l latencies
+	var ds []time.Duration
+	var sum time.Duration
+	for range 10_000 {
+		d := 40*time.Microsecond + time.Duration(rng.ExpFloat64()*float64(15*time.Microsecond))
+		l.add(d)
+		ds = append(ds, d)
+		sum += d
+	}
+	for _, p := range []float64{1, 50, 90, 99, 100} {
+		got, want := l.percentile(p), percentile(ds, p)
+		if diff := math.Abs(float64(got - want)); diff > float64(want)/latSub {
+			t.Errorf("percentile(%v) = %v, exact %v", p, got, want)
+		}
+	}
+	if got, want := l.mean(), sum/time.Duration(len(ds)); got != want {
+		t.Errorf("mean = %v, want %v", got, want)
+	}
+	var empty latencies
+	if got := empty.percentile(50); got != 0 {
+		t.Errorf("percentile of none = %v, want 0", got)
 	}
 }

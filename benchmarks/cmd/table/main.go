@@ -36,17 +36,37 @@ import (
 const (
 	subject  = "fencelock"
 	baseline = "raw"
+	// subjectCTE is fencelock over a go-redis client with
+	// ContextTimeoutEnabled, the one client option its documentation
+	// recommends; subject has go-redis's default options.
+	subjectCTE = "fencelock-cte"
+	// subjectFair is fencelock (default options) waiting in line
+	// (WithWait and WithFair), in the contended benchmarks only.
+	subjectFair = "fencelock-fair"
+	// baseline1ms is the raw baseline polling every millisecond instead of
+	// every 10, in the contended benchmarks only: issue 16's "1 ms poller".
+	baseline1ms = "raw-1ms"
 )
 
 // impls is the order of the rows; implementations not listed follow.
-var impls = []string{subject, "redislock", "redsync", "rueidislock", baseline}
+var impls = []string{subject, subjectFair, subjectCTE, "redislock", "redsync", "rueidislock", baseline, baseline1ms}
+
+// subjects are the implementations compared with each other one (each in
+// the groups that have it); issue13Subjects are those issue 13's targets
+// are checked for; peers are the other locks (neither a subject nor a
+// baseline).
+var (
+	subjects        = []string{subject, subjectFair, subjectCTE}
+	issue13Subjects = []string{subject, subjectCTE}
+	peers           = []string{"redislock", "redsync", "rueidislock"}
+)
 
 // groups is the order of the sections; groups not listed follow.
 var groups = append(slices.Clone(singleGroups), redlockGroups...)
 
 // metricOrder is the order of the columns; metrics not listed follow, sorted.
 var metricOrder = []string{
-	"ns/op", "B/op", "allocs/op", "srv-ns/op", "cs/s", "busy",
+	"ns/op", "p50-ns/op", "mean-ns/op", "B/op", "allocs/op", "srv-ns/op", "cs/s", "busy",
 	"handoff-p50-ms", "handoff-p99-ms", "wait-p50-ms", "wait-p99-ms",
 	"fairness", "fails", "overlaps",
 }
@@ -135,10 +155,7 @@ func (r *results) parse(in io.Reader) error {
 		if m == nil {
 			continue
 		}
-		group, impl, ok := strings.Cut(procs.ReplaceAllString(m[1], ""), "/")
-		if !ok {
-			continue
-		}
+		group, impl, sub := strings.Cut(procs.ReplaceAllString(m[1], ""), "/")
 		fields := strings.Fields(m[2])
 		if len(fields)%2 != 0 {
 			return fmt.Errorf("odd number of fields in %q", line)
@@ -148,7 +165,16 @@ func (r *results) parse(in io.Reader) error {
 			if err != nil {
 				return fmt.Errorf("value %q in %q: %w", fields[i], line, err)
 			}
-			r.add(group, impl, fields[i+1], v)
+			unit := fields[i+1]
+			if !sub {
+				// One benchmark measuring several implementations
+				// (Interleaved): their metrics are IMPL:UNIT.
+				var ok bool
+				if impl, unit, ok = strings.Cut(unit, ":"); !ok {
+					continue
+				}
+			}
+			r.add(group, impl, unit, v)
 		}
 	}
 	return sc.Err()
@@ -304,10 +330,13 @@ func (r *results) writeGroup(w io.Writer, g string) {
 			return ratio(r.value(g, impl, u), r.value(g, baseline, u), u)
 		})
 	}
-	if slices.Contains(rows, subject) {
-		fmt.Fprintf(w, "%s ÷ each other implementation (\"behind\": %s is worse on that metric):\n\n", subject, subject)
-		table(w, "vs", units, without(rows, subject), func(impl, u string) string {
-			return ratio(r.value(g, subject, u), r.value(g, impl, u), u)
+	for _, subj := range subjects {
+		if !slices.Contains(rows, subj) {
+			continue
+		}
+		fmt.Fprintf(w, "%s ÷ each other implementation (\"behind\": %s is worse on that metric):\n\n", subj, subj)
+		table(w, "vs", units, without(rows, subj), func(impl, u string) string {
+			return ratio(r.value(g, subj, u), r.value(g, impl, u), u)
 		})
 	}
 }
@@ -373,7 +402,7 @@ func num(v float64) string {
 // Groups of the single-deployment benchmarks and of the Redlock ones (over
 // several independent servers); each has its own targets.
 var (
-	singleGroups  = []string{"Uncontended", "Parallel", "Contended"}
+	singleGroups  = []string{"Uncontended", "Interleaved", "Parallel", "Contended", "ContendedHandoff", "ContendedHandoff64"}
 	redlockGroups = []string{"RedlockUncontended", "RedlockContended"}
 )
 
@@ -443,12 +472,38 @@ func (r *results) worstOverlaps(group string) float64 {
 	return worst
 }
 
-// singleTargets are the targets of fencelock.New on one redis-server.
+// singleTargets are the targets of fencelock.New on one redis-server: issue
+// 13's (throughput and scale), for go-redis's default options (subject) and
+// for the one documented option, ContextTimeoutEnabled (subjectCTE); issue
+// 16's, for fair waiting (subjectFair) in Contended; and the earlier ones
+// the contended benchmark was made for.
 func (r *results) singleTargets(row targetRow) {
 	v := r.value
-	f, raw := v("Uncontended", subject, "ns/op"), v("Uncontended", baseline, "ns/op")
-	row("Uncontended ns/op ≤ 1.10 × raw",
-		fmt.Sprintf("%s vs %s: %.2f×", num(f), num(raw), f/raw), f <= 1.10*raw, known(f, raw))
+	for _, subj := range issue13Subjects {
+		if !slices.ContainsFunc([]string{"Uncontended", "Interleaved", "Parallel"}, func(g string) bool { return len(r.runs[g][subj]) > 0 }) {
+			continue
+		}
+		for _, c := range []struct{ group, unit string }{
+			{"Uncontended", "ns/op"}, {"Uncontended", "p50-ns/op"}, {"Interleaved", "p50-ns/op"},
+		} {
+			f, raw := v(c.group, subj, c.unit), v(c.group, baseline, c.unit)
+			if c.group == "Interleaved" && !known(f, raw) {
+				continue // an older results file
+			}
+			row(fmt.Sprintf("13: %s %s ≤ 1.10 × raw (%s)", c.group, c.unit, subj),
+				fmt.Sprintf("%s vs %s: %.2f×%s", num(f), num(raw), f/raw, r.paired(c.group, c.unit, subj, baseline)),
+				f <= 1.10*raw, known(f, raw))
+		}
+		f := v("Uncontended", subj, "allocs/op")
+		row(fmt.Sprintf("13: Uncontended allocs/op ≤ 25 (%s)", subj), num(f), f <= 25, known(f))
+		// Throughput is the reciprocal of ns/op.
+		f, ru := v("Parallel", subj, "ns/op"), v("Parallel", "rueidislock", "ns/op")
+		row(fmt.Sprintf("13: Parallel throughput ≥ 1.25 × rueidislock's (%s)", subj),
+			fmt.Sprintf("%s vs %s ns/op: %.2f×%s", num(f), num(ru), ru/f, r.paired("Parallel", "ns/op", "rueidislock", subj)),
+			ru >= 1.25*f, known(f, ru))
+	}
+
+	r.fairTargets(row)
 
 	f, rl := v("Uncontended", subject, "allocs/op"), v("Uncontended", "redislock", "allocs/op")
 	row("Uncontended allocs/op ≤ redislock's", fmt.Sprintf("%s vs %s", num(f), num(rl)), f <= rl, known(f, rl))
@@ -460,10 +515,7 @@ func (r *results) singleTargets(row targetRow) {
 	f = v("Contended", subject, "handoff-p50-ms")
 	var parts []string
 	ok, ks := true, known(f)
-	for _, peer := range without(impls, subject) {
-		if peer == baseline {
-			continue
-		}
+	for _, peer := range peers {
 		p := v("Contended", peer, "handoff-p50-ms")
 		ks = ks && known(p)
 		ok = ok && f < p
@@ -473,15 +525,56 @@ func (r *results) singleTargets(row targetRow) {
 		fmt.Sprintf("%s ms vs %s", num(f), strings.Join(parts, ", ")), ok, ks)
 
 	worst := r.worstOverlaps("Contended")
-	row("Contended overlaps = 0", num(worst), worst == 0, known(worst))
-
-	fs := r.runs["Contended"][subject]["fairness"]
-	f = median(fs)
-	lowest := math.NaN()
-	if len(fs) > 0 {
-		lowest = slices.Min(fs)
+	for _, g := range []string{"ContendedHandoff", "ContendedHandoff64"} {
+		if o := r.worstOverlaps(g); math.IsNaN(worst) || o > worst {
+			worst = o
+		}
 	}
+	row("Contended* overlaps = 0", num(worst), worst == 0, known(worst))
+
+	f, lowest := r.fairness("Contended", subject)
 	row("Contended fairness ≥ 0.98", fmt.Sprintf("%s (lowest run %s)", num(f), num(lowest)), f >= 0.98, known(f))
+}
+
+// fairTargets are issue 16's targets for fair waiting in Contended (8
+// waiters): subjectFair's hand-off p50 at most 0.6 × rueidislock's and
+// below the 1 ms poller's (baseline1ms), and its fairness at least 0.99.
+func (r *results) fairTargets(row targetRow) {
+	const g, unit = "Contended", "handoff-p50-ms"
+	f := r.value(g, subjectFair, unit)
+	for _, c := range []struct {
+		other, target string
+		ok            func(f, o float64) bool
+	}{
+		{"rueidislock", "≤ 0.6 × rueidislock's", func(f, o float64) bool { return f <= 0.6*o }},
+		{baseline1ms, "< raw-1ms's", func(f, o float64) bool { return f < o }},
+	} {
+		o := r.value(g, c.other, unit)
+		row(fmt.Sprintf("16: Contended handoff-p50 %s (%s)", c.target, subjectFair),
+			fmt.Sprintf("%s ms vs %s ms: %s%s", num(f), num(o), times(f, o), r.paired(g, unit, subjectFair, c.other)),
+			c.ok(f, o), known(f, o))
+	}
+	fair, lowest := r.fairness(g, subjectFair)
+	row(fmt.Sprintf("16: Contended fairness ≥ 0.99 (%s)", subjectFair),
+		fmt.Sprintf("%s (lowest run %s)", num(fair), num(lowest)), fair >= 0.99, known(fair))
+}
+
+// times formats a ÷ b as a ratio, or "–" when either was not measured.
+func times(a, b float64) string {
+	if !known(a, b) {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f×", a/b)
+}
+
+// fairness returns the median and the lowest run of impl's fairness in
+// group (NaN when not measured).
+func (r *results) fairness(group, impl string) (med, lowest float64) {
+	fs := r.runs[group][impl]["fairness"]
+	if len(fs) == 0 {
+		return math.NaN(), math.NaN()
+	}
+	return median(fs), slices.Min(fs)
 }
 
 // redlockPeer is the implementation the Redlock targets compare with.
@@ -515,6 +608,17 @@ func (r *results) redlockTargets(row targetRow) {
 		func(x float64) bool { return x < 1 })
 	worst := r.worstOverlaps("RedlockContended")
 	row("RedlockContended overlaps = 0", num(worst), worst == 0, known(worst))
+}
+
+// paired returns, when a and b have as many runs of unit in group (rounds),
+// the range of the ratios a ÷ b of the runs paired in order, for a
+// measured figure; "" otherwise.
+func (r *results) paired(group, unit, a, b string) string {
+	lo, hi, n := pairedRatios(r.runs[group][a][unit], r.runs[group][b][unit])
+	if n < 2 {
+		return ""
+	}
+	return fmt.Sprintf(" (runs paired in order: %.2f–%.2f×)", lo, hi)
 }
 
 // pairedRatios returns the smallest and largest a[i]/b[i], and how many
