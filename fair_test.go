@@ -31,8 +31,8 @@ import (
 // crashed waiters are child processes (fairChild), stopped with SIGSTOP and
 // killed with SIGKILL.
 
-// fairChildEnv, when set to "<addr> <name> <ttl>", makes the test binary run
-// fairChild instead of the tests (see TestMain).
+// fairChildEnv, when set to "<addr> <name> <ttl> [<deadline>]", makes the
+// test binary run fairChild instead of the tests (see TestMain).
 const fairChildEnv = "FENCELOCK_TEST_FAIR_CHILD"
 
 // queued returns the tokens in name's fair queue, first first.
@@ -262,10 +262,13 @@ func waitKeptAlive(t *testing.T, kept chan struct{}) {
 // pause or kill it: it waits for the lock, then reports on stdout
 // "acquired <token> <fence> <margin µs> <held>", the margin being how long
 // before the server's expiry its lease's Deadline falls (negative: after),
-// and held whether the lock was its own when it looked.
+// and held whether the lock was its own when it looked. With a deadline,
+// Acquire's context ends that long after the start, and an Acquire that
+// fails reports "late <µs>": how long after the context's deadline it
+// returned.
 func fairChild(spec string) int {
 	f := strings.Fields(spec)
-	if len(f) != 3 {
+	if len(f) != 3 && len(f) != 4 {
 		fmt.Println("bad spec", spec)
 		return 2
 	}
@@ -273,6 +276,13 @@ func fairChild(spec string) int {
 	if err != nil {
 		fmt.Println(err)
 		return 2
+	}
+	timeout := 30 * time.Second
+	if len(f) == 4 {
+		if timeout, err = time.ParseDuration(f[3]); err != nil {
+			fmt.Println(err)
+			return 2
+		}
 	}
 	client := redis.NewClient(&redis.Options{Addr: f[0]})
 	defer func() { _ = client.Close() }()
@@ -282,9 +292,14 @@ func fairChild(spec string) int {
 		return 2
 	}
 	defer func() { _ = l.Close() }()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	lease, err := l.Acquire(ctx, f[1], WithFair(), WithWait(20*time.Second), WithTTL(ttl))
+	if err != nil && len(f) == 4 {
+		deadline, _ := ctx.Deadline()
+		fmt.Printf("late %d %v\n", time.Since(deadline).Microseconds(), err)
+		return 0
+	}
 	if err != nil {
 		fmt.Println("error:", err)
 		return 1
@@ -315,12 +330,16 @@ type child struct {
 
 // startFairChild starts fairChild as a waiter for name on srv; the test's
 // clean-up kills it.
-func startFairChild(t *testing.T, srv *redistest.Server, name string, ttl time.Duration) *child {
+func startFairChild(t *testing.T, srv *redistest.Server, name string, ttl time.Duration, deadline ...time.Duration) *child {
 	t.Helper()
 	exe, err := os.Executable()
 	require.NoError(t, err)
 	c := &child{cmd: exec.Command(exe), done: make(chan struct{})}
-	c.cmd.Env = append(os.Environ(), fairChildEnv+"="+srv.Addr+" "+name+" "+ttl.String())
+	spec := srv.Addr + " " + name + " " + ttl.String()
+	for _, d := range deadline {
+		spec += " " + d.String()
+	}
+	c.cmd.Env = append(os.Environ(), fairChildEnv+"="+spec)
 	c.cmd.Stdout, c.cmd.Stderr = &c.out, &c.out
 	require.NoError(t, c.cmd.Start())
 	go func() {
@@ -821,4 +840,49 @@ func TestFairWaiterNoticesAnExpiredHolder(t *testing.T) {
 	t.Logf("obtained %v after the holder's expiry", late)
 	assert.Less(t, late, keepAliveEvery(time.Minute)*2/5, "asked at the expiry, not at the next keep-alive")
 	require.NoError(t, r.lease.Release(ctx))
+}
+
+// A waiter paused past its grant's expiry renews the grant when it resumes
+// (TestFairDeadlineBoundPausedWaiter). With Redis hung at that moment, and
+// go-redis's default options (no ContextTimeoutEnabled: a hung read lasts
+// ReadTimeout, and is retried), Acquire still returns by its context's
+// deadline.
+func TestFairLateGrantRenewalReturnsByTheDeadline(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	admin := srv.Client(nil)
+	holders := lockerFor(t, admin, nil)
+	name := uniqueName(t)
+	holder, err := holders.Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+
+	c := startFairChild(t, srv, name, time.Second, 5*time.Second)
+	tokens := waitQueued(t, admin, name, 1)
+	waitSubscribed(t, srv, name)
+	c.signal(t, syscall.SIGSTOP)
+	require.NoError(t, holder.Release(ctx))
+	token, _ := holderOf(t, admin, name)
+	require.Equal(t, tokens[0], token, "granted to the paused waiter")
+	time.Sleep(1500 * time.Millisecond) // the grant expires
+	srv.Pause()
+	t.Cleanup(srv.Resume)
+	c.signal(t, syscall.SIGCONT) // it learns of the grant, too late: it renews, on a hung Redis
+	select {
+	case <-c.done:
+		t.Fatalf("the child exited early: %s", &c.out)
+	case <-time.After(5 * time.Second): // past the child's deadline
+	}
+	srv.Resume()
+	select {
+	case <-c.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the child did not exit")
+	}
+	f := strings.Fields(strings.TrimSpace(c.out.String()))
+	require.GreaterOrEqual(t, len(f), 2, "child: %s", &c.out)
+	require.Equal(t, "late", f[0], "child: %s", &c.out)
+	late, err := strconv.ParseInt(f[1], 10, 64)
+	require.NoError(t, err)
+	t.Logf("Acquire returned %dµs after its deadline: %s", late, &c.out)
+	assert.Less(t, late, int64(300_000), "Acquire returned by its deadline")
 }
