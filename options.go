@@ -326,7 +326,8 @@ func WithWait(d time.Duration) Option {
 }
 
 // WithFair makes a waiting Acquire (WithWait) wait in line: fair waiters of
-// a lock are served in the order they started waiting, and a release hands
+// a lock are served in the order their first attempts reached Redis (see
+// "Fair waiting" in the package documentation), and a release hands
 // the lock straight to the first one, fence and all, in the same step
 // (release.lua): the waiter holds the lock when the release's message
 // arrives, with no further round trip, and confirms it with a keep-alive if
