@@ -33,8 +33,9 @@ type backend interface {
 	// waiters how many subscribe to its channel, changing nothing.
 	inspect(ctx context.Context, key, fenceKey string, waiters bool) (holding, error)
 	// queue keeps a fair waiter's queue entry alive (queueKeep), or takes
-	// it out (queueLeave).
-	queue(ctx context.Context, lease *Lease, mode string) (queueReply, error)
+	// it out (queueLeave); ttl is the lock's, for a grant (the caller reads
+	// it from the lease, which the keep-alive's goroutine must not).
+	queue(ctx context.Context, lease *Lease, ttl time.Duration, mode string) (queueReply, error)
 	// register adds a waiter for the releases of the lock at key; with a
 	// token, a fair waiter that also gets the grants made to it.
 	register(key, token string) *waiter

@@ -51,29 +51,41 @@ type queueReply struct {
 	pttl  time.Duration // queueGranted, queueWaiting: the lock's PTTL (-2: free)
 }
 
-func (d *deployment) queue(ctx context.Context, lease *Lease, mode string) (queueReply, error) {
+func (d *deployment) queue(ctx context.Context, lease *Lease, ttl time.Duration, mode string) (queueReply, error) {
 	reply, err := evalScript(ctx, d.client, queueScript, false,
 		[]any{lease.keyArgs[keyLock], lease.keyArgs[keyQueue], lease.keyArgs[keyQueueInfo]},
-		[]any{lease.tokenArg, mode, queueEntryMillis, d.l.ttlArg(lease.ttl), lease.ownerArg}).Slice()
+		[]any{lease.tokenArg, mode, queueEntryMillis, d.l.ttlArg(ttl), lease.ownerArg}).Slice()
 	if err != nil {
 		return queueReply{}, err
 	}
 	r := queueReply{pttl: -2}
-	r.state, _ = reply[0].(int64)
-	switch {
-	case r.state == queueGranted && len(reply) == 3:
-		s, _ := reply[1].(string)
-		_, r.fence, _ = parseValue("x " + s)
-		pttl, _ := reply[2].(int64)
-		r.pttl = time.Duration(pttl) * time.Millisecond
-	case r.state == queueWaiting && len(reply) == 2:
-		pttl, _ := reply[1].(int64)
-		r.pttl = time.Duration(pttl) * time.Millisecond
+	if len(reply) > 0 {
+		r.state, _ = reply[0].(int64)
+	}
+	ok := len(reply) > 0
+	switch r.state {
+	case queueGranted:
+		ok = len(reply) == 3
+		if ok {
+			s, _ := reply[1].(string)
+			_, r.fence, _ = parseValue("x " + s)
+			pttl, _ := reply[2].(int64)
+			r.pttl = time.Duration(pttl) * time.Millisecond
+			ok = r.fence > 0
+		}
+	case queueWaiting:
+		if len(reply) == 2 {
+			pttl, _ := reply[1].(int64)
+			r.pttl = time.Duration(pttl) * time.Millisecond
+		}
+	}
+	if !ok {
+		return queueReply{}, fmt.Errorf("%w from the queue script: %v", errReply, reply)
 	}
 	return r, nil
 }
 
-func (q *quorum) queue(context.Context, *Lease, string) (queueReply, error) {
+func (q *quorum) queue(context.Context, *Lease, time.Duration, string) (queueReply, error) {
 	return queueReply{}, invalidf("fair waiting on a Redlock")
 }
 
@@ -103,13 +115,15 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 	callStart := l.clock.Now()
 	waitEnd := callStart.Add(wait)
 	every := keepAliveEvery(lease.ttl)
+	retryEvery := max(every, 100*time.Millisecond) // after an error: not a request per 10ms to a failing Redis
 	var (
 		verdict    error            // the last verdict: busy, or a callError
 		unsure     bool             // an attempt or a keep-alive whose outcome is unknown
-		waiting    time.Time        // sent before the server last answered "waiting"
+		waiting    = callStart      // before the server last answered "waiting", or before the token existed
 		askAt      time.Time        // the next keep-alive's time, counted from the last one's send time
 		inflight   chan queueResult // the outcome of the keep-alive in flight, if one is
 		sent       time.Time        // when it was sent
+		askAgain   bool             // a wake-up came while it was in flight: ask again once it is answered
 		joined     bool             // the queue has (or may have) an entry of this token
 		trust      = true           // a grant message for this token is current
 		attemptNow = true
@@ -142,7 +156,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 		}
 		fresh := l.newLease(lease.name, lease.ttl)
 		fresh.owner, fresh.ownerArg, fresh.fair = lease.owner, lease.ownerArg, true
-		lease, unsure, joined, waiting, attemptNow, trust = fresh, false, false, time.Time{}, true, true
+		lease, unsure, joined, waiting, attemptNow, trust = fresh, false, false, l.clock.Now(), true, true
 		inflight = nil // its outcome is the old token's
 		if w != nil {
 			w.leave()
@@ -243,6 +257,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 				if !notSent(a.err) {
 					unsure = true
 				}
+				askAt = l.clock.Now().Add(retryEvery) // in line or not, not at once
 				if classify(a.err) == classMisconfigured {
 					return giveUp()
 				}
@@ -267,8 +282,8 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 		now = l.clock.Now()
 		due := waitEnd
 		if inflight == nil {
-			if !joined { // the attempt failed: try again in a while
-				askAt = now.Add(every)
+			if !joined && askAt.Before(now) { // the attempt failed: try again in a while
+				askAt = now.Add(retryEvery)
 			}
 			if askAt.Before(due) {
 				due = askAt
@@ -293,8 +308,10 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 				}
 				continue
 			}
+			askAgain = inflight != nil // not trusted: ask the server
 		case <-wake:
 			t.Stop()
+			askAgain = inflight != nil // its answer may predate what this wake-up is about
 		case <-t.C:
 			if !l.clock.Now().Before(waitEnd) {
 				continue // and give up
@@ -308,7 +325,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 				return giveUp()
 			case r.err != nil:
 				verdict = callError(lease.name, r.err) // keep waiting: the entry lives on for a while
-				askAt = l.clock.Now().Add(every)
+				askAt = l.clock.Now().Add(retryEvery)
 			case r.r.state == queueGranted:
 				var bound time.Time
 				if r.r.pttl > 0 {
@@ -319,6 +336,9 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 				}
 			case r.r.state == queueWaiting:
 				waiting, askAt = sent, sent.Add(untilExpiry(r.r.pttl))
+				if askAgain {
+					askAt = sent
+				}
 			case r.r.state == queueGone:
 				// The entry expired (this waiter was paused, say), or a
 				// grant this waiter missed ended: join again.
@@ -340,20 +360,23 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 			// was lost. The keep-alive runs while the waiter goes on
 			// waiting: a grant's message that comes meanwhile counts at
 			// once, without waiting for its answer.
-			sent = l.clock.Now()
+			sent, askAgain = l.clock.Now(), false
 			inflight = l.keepAlive(ctx, lease)
 		}
 	}
 }
 
 // keepAlive sends a fair waiter's keep-alive on a goroutine that the Locker
-// tracks, and returns the channel of its outcome.
+// tracks, and returns the channel of its outcome. It reads the lease's TTL
+// here: once a grant is taken, the lease is its caller's, who may extend it
+// while the keep-alive is still in flight.
 func (l *Locker) keepAlive(ctx context.Context, lease *Lease) chan queueResult {
 	c := make(chan queueResult, 1)
+	ttl := lease.ttl
 	l.bg.add()
 	go func() {
 		defer l.bg.finish()
-		r, err := l.b.queue(ctx, lease, queueKeep)
+		r, err := l.b.queue(ctx, lease, ttl, queueKeep)
 		c <- queueResult{r, err}
 	}()
 	return c
@@ -370,8 +393,9 @@ type queueResult struct {
 // outcome took it; the token is retired, as for any Acquire that gave up.
 // See giveBack for how long it tries.
 func (l *Locker) leaveQueue(lease *Lease) {
+	ttl := lease.ttl
 	l.giveBack(lease, "leaving the fair queue", func(ctx context.Context) (bool, error) {
-		if _, err := l.b.queue(ctx, lease, queueLeave); err != nil {
+		if _, err := l.b.queue(ctx, lease, ttl, queueLeave); err != nil {
 			return false, callError(lease.name, err)
 		}
 		code, perr, err := lease.runRelease(ctx, modeAbandon)

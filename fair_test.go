@@ -886,3 +886,162 @@ func TestFairLateGrantRenewalReturnsByTheDeadline(t *testing.T) {
 	t.Logf("Acquire returned %dµs after its deadline: %s", late, &c.out)
 	assert.Less(t, late, int64(300_000), "Acquire returned by its deadline")
 }
+
+// The first attempt's reply is lost after the attempt joined the line, and
+// the release's grant message comes before the waiter tries again: the
+// grant counts, from a time before the token existed, not from the zero
+// time. Before, the lease's acquisition time was year 1, and MaxHold ended
+// its KeepAlive context at once.
+func TestFairGrantAfterAnUncertainFirstAttempt(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	l := e.locker(t, &Options{MinRetryBackoff: time.Minute, MaxRetryBackoff: time.Minute, MaxHold: time.Hour})
+	holders := lockerFor(t, e.admin, nil)
+	name := uniqueName(t)
+	holder, err := holders.Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+	// A plain waiter of the same Locker keeps the channel subscribed, so
+	// that the fair waiter hears the grant.
+	_ = acquireInBackground(t, l, name, WithWait(time.Minute))
+	waitSubscribed(t, e.srv, name)
+	var once atomic.Bool
+	lost := make(chan struct{})
+	e.hook.set(nil, func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == "acquire" && once.CompareAndSwap(false, true) {
+			close(lost)
+			return errReplyLost
+		}
+		return nil
+	})
+	start := time.Now()
+	got := acquireInBackground(t, l, name, WithFair(), WithWait(time.Minute), WithTTL(time.Second))
+	<-lost
+	require.NoError(t, holder.Release(ctx))
+	r := requireAcquired(t, got, 5*time.Second, "the grant after a lost first reply")
+	assert.False(t, r.lease.acquired.Before(start.Add(-time.Second)), "acquired at %v", r.lease.acquired)
+	work := r.lease.KeepAlive(ctx)
+	select {
+	case <-work.Done():
+		t.Fatalf("the work's context ended after %v with MaxHold 1h: %v", time.Since(r.at), context.Cause(work))
+	case <-time.After(2 * time.Second):
+	}
+	require.NoError(t, r.lease.Release(ctx))
+}
+
+// A waiter whose entry is gone tries again; when its attempts fail (here
+// OOM), it pauses between them. Before, it sent an attempt and a keep-alive
+// back to back: over a thousand of each a second.
+func TestFairFailingAttemptsArePaced(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	holders := lockerFor(t, e.admin, nil)
+	name := uniqueName(t)
+	_, err := holders.Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+	got := acquireInBackground(t, l, name, WithFair(), WithWait(3*time.Second), WithTTL(time.Minute))
+	waitQueued(t, e.admin, name, 1)
+	waitSubscribed(t, e.srv, name)
+	var attempts, keeps atomic.Int32
+	e.hook.set(func(_ context.Context, cmd redis.Cmder) error {
+		switch scriptName(cmd) {
+		case "acquire":
+			attempts.Add(1)
+			return testRedisError("OOM command not allowed when used memory > 'maxmemory'.")
+		case "queue":
+			keeps.Add(1)
+		}
+		return nil
+	}, nil)
+	require.NoError(t, e.admin.Del(ctx, "lock:{"+name+"}:q", "lock:{"+name+"}:qi").Err()) // the entry is gone
+	time.Sleep(time.Second)
+	n, k := attempts.Load(), keeps.Load()
+	t.Logf("in 1s: %d attempts, %d keep-alives", n, k)
+	assert.LessOrEqual(t, n+k, int32(20), "requests to a Redis that refuses them")
+	r := <-got
+	require.ErrorIs(t, r.err, ErrUnavailable)
+}
+
+// A grant's message counts while the waiter's own keep-alive is still in
+// flight (here held back until the test ends): the waiter does not wait
+// for its answer. The lease is then its caller's, who may extend it while
+// that keep-alive is still out.
+func TestFairGrantWhileKeepAliveInFlight(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	holders := lockerFor(t, e.admin, nil)
+	name := uniqueName(t)
+	holder, err := holders.Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+	got := acquireInBackground(t, l, name, WithFair(), WithWait(time.Minute), WithTTL(time.Minute))
+	waitQueued(t, e.admin, name, 1)
+	waitSubscribed(t, e.srv, name)
+	unblock := make(chan struct{})
+	held := make(chan struct{}, 1)
+	e.hook.set(func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == "queue" {
+			select {
+			case held <- struct{}{}:
+			default:
+			}
+			<-unblock
+		}
+		return nil
+	}, nil)
+	defer e.hook.set(nil, nil)
+	defer close(unblock)
+	select {
+	case <-held: // a keep-alive is in flight
+	case <-time.After(5 * time.Second):
+		t.Fatal("no keep-alive")
+	}
+	require.NoError(t, holder.Release(ctx))
+	r := requireAcquired(t, got, 2*time.Second, "the grant, with a keep-alive in flight")
+	require.NoError(t, r.lease.Extend(ctx, 2*time.Minute))
+	require.NoError(t, r.lease.Release(ctx))
+}
+
+// A fair waiter of a lock with a short TTL asks every third of it, so that
+// the time its grant's Deadline counts from is recent: 10 or so keep-alives
+// in a second for a TTL of 300ms, where a TTL of a minute gets 2.
+func TestFairKeepAliveEveryThirdOfTheTTL(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		ttl      time.Duration
+		min, max int32
+	}{
+		{300 * time.Millisecond, 6, 14},
+		{time.Minute, 1, 4},
+	} {
+		t.Run(tc.ttl.String(), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, nil)
+			l := e.locker(t, nil)
+			name := uniqueName(t)
+			_, err := l.Acquire(ctx, name, WithTTL(time.Minute))
+			require.NoError(t, err)
+			got := acquireInBackground(t, l, name, WithFair(), WithWait(time.Minute), WithTTL(tc.ttl))
+			waitQueued(t, e.admin, name, 1)
+			waitSubscribed(t, e.srv, name)
+			time.Sleep(100 * time.Millisecond) // past the keep-alive sent on the subscription's confirmation
+			var keeps atomic.Int32
+			e.hook.set(func(_ context.Context, cmd redis.Cmder) error {
+				if scriptName(cmd) == "queue" {
+					keeps.Add(1)
+				}
+				return nil
+			}, nil)
+			time.Sleep(time.Second)
+			n := keeps.Load()
+			t.Logf("TTL %v: %d keep-alives in 1s", tc.ttl, n)
+			assert.GreaterOrEqual(t, n, tc.min)
+			assert.LessOrEqual(t, n, tc.max)
+			select {
+			case r := <-got:
+				t.Fatalf("acquired or gave up: %v", r.err)
+			default:
+			}
+		})
+	}
+}
