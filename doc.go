@@ -182,15 +182,19 @@
 // The lock's TTL starts at the grant, which the waiter does not see. Its
 // lease's Deadline counts from the send time of the last request the server
 // answered "still waiting" (the first attempt or a keep-alive), which came
-// before the grant, at most a third of the TTL earlier; when a keep-alive
+// before the grant, normally at most a third of the TTL earlier (more after
+// a failed keep-alive, or on a link slower than that: the Deadline is then
+// shorter, or the grant renewed before Acquire returns); when a keep-alive
 // brings the grant, from its send time plus the TTL left it reports, if that
 // is later. A waiter that learns of the grant after that Deadline (a paused
 // process) renews the lock before Acquire returns, or, if it has expired
 // meanwhile, waits in line again with a new token. With Options.Replicas, a
 // grant is renewed with WAIT before Acquire returns (the release that made
 // it did not wait for replicas); a grant short of replicas is passed on to
-// the next in line and the waiter joins the line again at its end, and when
-// its wait ends Acquire returns the replicas' ErrUnavailable.
+// the next in line and the waiter joins the line again at its end; when
+// its wait ends, Acquire returns its last verdict: the replicas'
+// ErrUnavailable, or ErrNotObtained if another waiter holds the lock by
+// then.
 //
 // Fairness is among waiters, in the order their first attempts reached the
 // server: a caller is in line from then on, not from when it called

@@ -20,7 +20,8 @@ import (
 // and kick a hub: subscribing and unsubscribing never sit on Acquire's
 // return path nor on another waiter's registration. Each hub is one
 // subscription connection to one node, owned by one goroutine (run), which
-// takes the changes and the connection's messages over channels.
+// takes the changes and the connection's confirmations and errors over
+// channels; the connection's reader wakes the waiters of a message itself.
 
 // notifier fans release announcements out to the waiting Acquire calls of one
 // Locker. It owns every goroutine it starts (hub owners and their readers,
@@ -385,7 +386,7 @@ func (c *conn) read(n *notifier) {
 }
 
 // run is the hub's owner goroutine: it subscribes and unsubscribes as the
-// wanted channels change, wakes waiters on messages and confirmations,
+// wanted channels change, wakes waiters on confirmations,
 // reconnects after errors, and closes the hub once it has had no channel
 // for the linger time.
 func (h *hub) run() {
