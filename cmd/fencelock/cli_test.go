@@ -508,3 +508,38 @@ func TestSentinel(t *testing.T) {
 	r := fl(t, "ls", "--sentinel", sentinel.Addr, "--master", "fl").want(t, exitOK)
 	checkTSV(t, r.stdout, fmt.Sprintf("job\tpod-a\t*\t%d\t0\n", lease.Fence()))
 }
+
+// A fair waiter gets the lock from the release itself (the lock is never
+// free in between): watch reports the release and the hand-off, as for a
+// waiter that takes the freed lock.
+func TestWatchFairHandOff(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	client := srv.Client(nil)
+	a := newLocker(t, client, "pod-a", nil)
+	b := newLocker(t, client, "pod-b", nil)
+	w := startWatch(t, "--url", urlOf(srv), "--interval", "20ms", "job")
+	w.expect(t, evFree, 0)
+	first := acquire(t, a, "job")
+	w.expect(t, evGrant, first.Fence())
+	waiter := startWaiter(t, b, "job", fencelock.WithFair())
+	eventually(t, 5*time.Second, "the waiter in line", func() bool {
+		n, err := client.ZCard(ctx, "lock:{job}:q").Result()
+		return err == nil && n == 1
+	})
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second, err := waiter.result(t, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.expect(t, evRelease, first.Fence())
+	if ev := w.expect(t, evHandoff, second.Fence()); ev["owner"] != "pod-b" || jsonInt(ev["from_fence"]) != first.Fence() {
+		t.Fatalf("hand-off event %v, want owner pod-b from fence %d", ev, first.Fence())
+	}
+	if err := second.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w.expect(t, evRelease, second.Fence())
+}
