@@ -1045,3 +1045,45 @@ func TestFairKeepAliveEveryThirdOfTheTTL(t *testing.T) {
 		})
 	}
 }
+
+// A grant found by a keep-alive (its message never published: the
+// holder's ACL has no channels) counts from that keep-alive's send time
+// plus the TTL left it read, when that is later than the last answer
+// "waiting": here the release comes about 400ms after a keep-alive, just
+// before the next one, and the lease's Deadline is still a whole TTL (less
+// the drift allowance) after the release, and before the server's expiry.
+func TestFairGrantFoundByKeepAliveCountsFromIt(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	admin := srv.Client(nil)
+	_, err := srv.Do("ACL", "SETUSER", "app", "on", ">pw", "~*", "resetchannels", "+@all")
+	require.NoError(t, err)
+	holders := lockerFor(t, srv.Client(&redis.Options{Username: "app", Password: "pw"}), nil)
+	wc := srv.Client(nil)
+	hook := &faultHook{}
+	wc.AddHook(hook)
+	waiters := lockerFor(t, wc, nil)
+	const ttl = 3 * time.Second // keep-alives every 500ms
+	name := uniqueName(t)
+	holder, err := holders.Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+	kept := make(chan struct{}, 1)
+	hook.set(nil, keptAlive(kept))
+	got := acquireInBackground(t, waiters, name, WithFair(), WithWait(time.Minute), WithTTL(ttl))
+	waitQueued(t, admin, name, 1)
+	waitSubscribed(t, srv, name)
+	time.Sleep(100 * time.Millisecond) // past the keep-alive sent on the subscription's confirmation
+	waitKeptAlive(t, kept)
+	time.Sleep(400 * time.Millisecond)
+	released := time.Now()
+	require.NoError(t, holder.Release(ctx), "released, though its message could not be published")
+	r := requireAcquired(t, got, 3*time.Second, "the waiter whose grant a keep-alive found")
+	pttl, err := admin.PTTL(ctx, r.lease.Key()).Result()
+	require.NoError(t, err)
+	expiry := time.Now().Add(pttl)
+	t.Logf("Deadline %v after the release, %v before the server's expiry", r.lease.Deadline().Sub(released), expiry.Sub(r.lease.Deadline()))
+	assert.Greater(t, r.lease.Deadline().Sub(released), ttl-drift(ttl)-200*time.Millisecond,
+		"counted from the keep-alive that found the grant, not from the answer before it")
+	assert.True(t, r.lease.Deadline().Before(expiry), "before the server's expiry")
+	require.NoError(t, r.lease.Release(ctx))
+}
