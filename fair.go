@@ -231,11 +231,8 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 		now := l.clock.Now()
 		if attemptNow {
 			attemptNow = false
-			if w != nil { // a confirmation that came before the attempt tells nothing new
-				select {
-				case <-w.wake:
-				default:
-				}
+			if w != nil { // a wake-up that came before the attempt tells nothing new
+				w.drain()
 			}
 			a, done := call(l, ctx.Done(), nil, func() attempt { return l.b.acquire(ctx, lease) }, nil)
 			if !done || (a.err != nil && (classify(a.err) == classNoVerdict || (ctxErr(ctx) != nil && isTimeout(a.err)))) {

@@ -30,6 +30,7 @@ type notifier struct {
 	client  redis.UniversalClient
 	nodes   bool          // Cluster or Ring: one hub per node, found by routing each channel
 	linger  time.Duration // hubLinger; shortened by tests
+	keep    time.Duration // channelLinger; shortened by tests
 	log     *slog.Logger
 	ctx     context.Context // cancelled by close
 	cancel  context.CancelFunc
@@ -48,6 +49,7 @@ type chanState struct {
 	waiters map[*waiter]struct{}
 	hub     *hub // nil while the channel is being routed or could not be
 	routing bool
+	idle    time.Time // when its last waiter left; zero while it has waiters
 }
 
 // A waiter is one waiting Acquire call's registration.
@@ -64,6 +66,13 @@ type waiter struct {
 // steady stream of waits does not reconnect each time.
 const hubLinger = 30 * time.Second
 
+// channelLinger is how long a channel stays subscribed after its last waiter
+// left. A lock waited for again soon (on a busy lock, each holder waits again
+// after its work) then finds its subscription confirmed: the wait's first
+// attempt, sent after it registered, covers every release before it, and no
+// further attempt follows a confirmation (see subscribed).
+const channelLinger = time.Second
+
 // routeTimeout bounds the lookup of the node that serves a channel.
 const routeTimeout = 5 * time.Second
 
@@ -75,7 +84,7 @@ func newNotifier(client redis.UniversalClient, log *slog.Logger) *notifier {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &notifier{
-		client: client, nodes: nodes, linger: hubLinger, log: log, ctx: ctx, cancel: cancel,
+		client: client, nodes: nodes, linger: hubLinger, keep: channelLinger, log: log, ctx: ctx, cancel: cancel,
 		reroute:  2 * time.Second,
 		channels: make(map[string]*chanState), hubs: make(map[string]*hub),
 	}
@@ -104,6 +113,7 @@ func (n *notifier) register(channel string, wake chan struct{}, token string) *w
 		n.channels[channel] = cs
 	}
 	cs.waiters[w] = struct{}{}
+	cs.idle = time.Time{}
 	switch {
 	case cs.hub != nil:
 		if _, ok := cs.hub.confirmed[channel]; ok {
@@ -115,8 +125,32 @@ func (n *notifier) register(channel string, wake chan struct{}, token string) *w
 	return w
 }
 
+// subscribed reports whether channel's subscription is confirmed: a waiter
+// registered now is woken by every release from now on, so that an attempt
+// sent after its registration needs no further one for the wake-up that the
+// registration itself signals.
+func (n *notifier) subscribed(channel string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	cs := n.channels[channel]
+	if cs == nil || cs.hub == nil {
+		return false
+	}
+	_, ok := cs.hub.confirmed[channel]
+	return ok
+}
+
+// drain drops a pending wake-up of w: the caller is about to ask Redis,
+// which answers for every release before.
+func (w *waiter) drain() {
+	select {
+	case <-w.wake:
+	default:
+	}
+}
+
 // leave deregisters w; it never blocks on Redis. The last waiter on a channel
-// has its hub unsubscribe it.
+// leaves it subscribed for channelLinger; then its hub unsubscribes it.
 func (w *waiter) leave() {
 	for _, o := range w.also {
 		o.leave()
@@ -130,6 +164,11 @@ func (w *waiter) leave() {
 	}
 	delete(cs.waiters, w)
 	if len(cs.waiters) > 0 {
+		return
+	}
+	if cs.hub != nil && n.keep > 0 {
+		cs.idle = time.Now()
+		cs.hub.kickLocked() // to end it after channelLinger
 		return
 	}
 	delete(n.channels, w.channel)
@@ -237,6 +276,10 @@ func (n *notifier) rerouteLocked(channel, moved string) {
 		delete(cs.hub.confirmed, channel)
 		cs.hub.kickLocked()
 		cs.hub = nil
+	}
+	if len(cs.waiters) == 0 { // lingering: nobody needs it elsewhere
+		delete(n.channels, channel)
+		return
 	}
 	if c, ok := n.client.(*redis.ClusterClient); ok {
 		c.ReloadState(n.ctx)
@@ -428,6 +471,8 @@ func (h *hub) run() {
 			n.mu.Unlock()
 			return
 		}
+		now := time.Now()
+		lingerEnd := h.endLingersLocked(now)
 		want := make([]string, 0, len(h.want))
 		for ch := range h.want {
 			want = append(want, ch)
@@ -435,7 +480,6 @@ func (h *hub) run() {
 		classic := n.classic
 		n.mu.Unlock()
 
-		now := time.Now()
 		var wait time.Duration
 		switch {
 		case len(want) == 0 && (c == nil || len(c.sent) == 0):
@@ -471,6 +515,9 @@ func (h *hub) run() {
 			}
 			wait = h.checkPending(c)
 		}
+		if !lingerEnd.IsZero() {
+			wait = min(wait, lingerEnd.Sub(now))
+		}
 		timer.Reset(wait)
 
 		var msgs <-chan any
@@ -492,6 +539,29 @@ func (h *hub) run() {
 			retryAt = time.Now().Add(reopen.next())
 		}
 	}
+}
+
+// endLingersLocked stops wanting the channels whose last waiter left
+// channelLinger ago, and returns when the next lingering one ends (zero if
+// none lingers).
+func (h *hub) endLingersLocked(now time.Time) (next time.Time) {
+	n := h.n
+	for ch := range h.want {
+		cs := n.channels[ch]
+		if cs == nil || cs.hub != h || len(cs.waiters) > 0 || cs.idle.IsZero() {
+			continue
+		}
+		end := cs.idle.Add(n.keep)
+		if now.Before(end) {
+			if next.IsZero() || end.Before(next) {
+				next = end
+			}
+			continue
+		}
+		delete(h.want, ch)
+		delete(n.channels, ch)
+	}
+	return next
 }
 
 // sync subscribes the wanted channels that are not subscribed yet and

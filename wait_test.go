@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -285,4 +286,87 @@ func afterFirstAcquire(e *env, f func()) {
 		}
 		return nil
 	})
+}
+
+// A wait that comes soon after another on the same lock finds the channel
+// still subscribed: its first attempt answers for every release before it,
+// so no second attempt follows (before channel lingering, the confirmation
+// of a new subscription woke the waiter for a second one), and the release
+// still wakes it.
+func TestWaitSoonAfterAWaitStartsSubscribed(t *testing.T) {
+	for _, fair := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "fair"}[fair], func(t *testing.T) {
+			e := newEnv(t, nil)
+			l := e.locker(t, slowPolling)
+			holder, err := New(e.admin, nil)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = holder.Close() })
+			name := uniqueName(t)
+			var scripts atomic.Int64 // acquire and queue scripts of l that Redis ran
+			e.hook.set(nil, func(_ context.Context, cmd redis.Cmder) error {
+				if n := scriptName(cmd); n == "acquire" || n == "queue" {
+					scripts.Add(1)
+				}
+				return nil
+			})
+			opts := []Option{WithWait(time.Minute), WithTTL(time.Minute)} // fair keep-alives every 500ms
+			if fair {
+				opts = append(opts, WithFair())
+			}
+			wait := func(round int) {
+				t.Helper()
+				held, err := holder.Acquire(ctx, name, WithTTL(time.Minute))
+				require.NoError(t, err)
+				scripts.Store(0)
+				got := make(chan error, 1)
+				go func() {
+					lease, err := l.Acquire(ctx, name, opts...)
+					if err == nil {
+						err = lease.Release(ctx)
+					}
+					got <- err
+				}()
+				require.Eventually(t, func() bool { return waitsOf(l).subscribed("lock:{" + name + "}") }, 5*time.Second, time.Millisecond)
+				time.Sleep(200 * time.Millisecond) // any further attempt would come now
+				if round == 2 {
+					assert.Equal(t, int64(1), scripts.Load(), "round 2: attempts before the release")
+				} else {
+					assert.Equal(t, int64(2), scripts.Load(), "round 1: the first attempt, and one when the subscription is confirmed")
+				}
+				require.NoError(t, held.Release(ctx))
+				requireObtained(t, got, 5*time.Second, "not woken by the release")
+			}
+			wait(1)
+			wait(2) // within channelLinger
+		})
+	}
+}
+
+// A channel stays subscribed for channelLinger after its last waiter left,
+// then its hub unsubscribes it; the hub itself closes after its own linger.
+func TestChannelLingersThenEnds(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, slowPolling)
+	waitsOf(l).keep = 300 * time.Millisecond
+	waitsOf(l).linger = 300 * time.Millisecond
+	name := uniqueName(t)
+	channel := "lock:{" + name + "}"
+	held, err := l.Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+	got := waitInBackground(l, name)
+	require.Eventually(t, func() bool { return shardSubscribers(t, e.srv, channel) == 1 }, 5*time.Second, time.Millisecond)
+	require.NoError(t, held.Release(ctx))
+	requireObtained(t, got, 5*time.Second, "not woken")
+	left := time.Now()
+
+	assert.True(t, waitsOf(l).subscribed(channel), "still subscribed just after the last waiter left")
+	assert.Equal(t, int64(1), shardSubscribers(t, e.srv, channel))
+	require.Eventually(t, func() bool { return shardSubscribers(t, e.srv, channel) == 0 }, 5*time.Second, 5*time.Millisecond,
+		"unsubscribed after the channel's linger")
+	assert.GreaterOrEqual(t, time.Since(left), 250*time.Millisecond, "not before the linger")
+	assert.False(t, waitsOf(l).subscribed(channel))
+	waitsOf(l).mu.Lock()
+	assert.Empty(t, waitsOf(l).channels, "no state kept for the channel")
+	waitsOf(l).mu.Unlock()
+	require.Eventually(t, func() bool { return openHubs(l) == 0 }, 5*time.Second, 10*time.Millisecond, "the hub closes after its linger")
 }
