@@ -39,9 +39,6 @@ type backend interface {
 	// register adds a waiter for the releases of the lock at key; with a
 	// token, a fair waiter that also gets the grants made to it.
 	register(key, token string) *waiter
-	// subscribed reports whether a waiter registered now for key would be
-	// woken by every release from now on (its subscription is confirmed).
-	subscribed(key string) bool
 	// wakeSpread is how long waiters woken together spread their next
 	// attempts over; 0 where the first attempt wins atomically.
 	wakeSpread() time.Duration
@@ -289,8 +286,6 @@ func (d *deployment) release(ctx context.Context, lease *Lease, mode string) (in
 func (d *deployment) register(key, token string) *waiter {
 	return d.waits.register(d.channel(key), nil, token)
 }
-
-func (d *deployment) subscribed(key string) bool { return d.waits.subscribed(d.channel(key)) }
 
 func (d *deployment) wakeSpread() time.Duration { return 0 }
 

@@ -141,11 +141,7 @@
 // the same script that deletes the lock. A waiting Acquire registers after its
 // first busy attempt; the subscription is made in the background, and its
 // confirmation wakes the waiter for another attempt, so a release in between
-// is not missed. A channel stays subscribed for a second after its last
-// waiter left: a wait that comes within it (on a busy lock, a holder often
-// waits again right after its work) registers before its first attempt,
-// which then answers for every release before it, and needs no second one.
-// It then sleeps until a wake-up, the holder's remaining TTL, a
+// is not missed. It then sleeps until a wake-up, the holder's remaining TTL, a
 // capped jittered backoff (Options.MinRetryBackoff, Options.MaxRetryBackoff)
 // or the end of the wait, whichever comes first. Wake-ups only make a waiter
 // try sooner: a lost one (a crashed holder publishes nothing; a dropped
@@ -157,8 +153,8 @@
 // Cluster, one per shard on a Ring. Each connection has one goroutine that
 // owns it; registering and leaving never wait for Redis. A connection is
 // opened when the first waiter arrives and closed 30 seconds after its last
-// channel was unsubscribed, so that a steady stream of waits does not reconnect each
-// time; Locker.Close closes it at once. When a Cluster slot moves, the
+// channel was unsubscribed, so that a steady stream of waits does not
+// reconnect each time; Locker.Close closes it at once. When a Cluster slot moves, the
 // server ends its subscriptions, and they are made again on the slot's new
 // master. Sharded pub/sub (SSUBSCRIBE, SPUBLISH; Redis 7) is used where the
 // server has it, classic SUBSCRIBE and PUBLISH elsewhere. Plain waiters are
@@ -169,9 +165,11 @@
 //
 // WithFair (with WithWait) makes a waiter wait in line. It subscribes to the
 // lock's channel before its first attempt (a subscription confirmed only
-// after the attempt was sent costs a keep-alive, see below, which a
-// channel still subscribed from a recent wait saves); the attempt joins the lock's
-// queue, ordered by the server's clock. While it waits, the waiter keeps its
+// after the attempt was sent costs a keep-alive, see below; so the channel
+// stays subscribed for a second after the last fair wait on it ended, and a
+// holder that waits in line again right after its work saves that
+// keep-alive); the attempt joins the lock's queue, ordered by the server's
+// clock. While it waits, the waiter keeps its
 // entry alive every 500ms, or every third of its TTL if that is shorter, and
 // an entry not kept alive for 2 seconds (its waiter crashed, or was paused)
 // is skipped. A release does not just delete the lock: in the same script it

@@ -362,11 +362,6 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 		w       *waiter // wake-ups on release, once the lock was found busy
 		wokeAt  time.Time
 	)
-	if wait > 0 && l.b.subscribed(lease.keys[keyLock]) {
-		// A recent wait left the channel subscribed: register before the
-		// first attempt, which then covers every release before it.
-		w = l.b.register(lease.keys[keyLock], "")
-	}
 	defer func() {
 		if w != nil {
 			w.leave()
@@ -394,9 +389,6 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 	for {
 		if ctxErr(ctx) != nil {
 			return giveUp()
-		}
-		if w != nil {
-			w.drain() // this attempt answers for every release before it
 		}
 		start := l.clock.Now()
 		dials := l.dialFailures.Load()

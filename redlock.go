@@ -619,15 +619,6 @@ func (q *quorum) release(ctx context.Context, lease *Lease, mode string) (int64,
 	return 0, nil, &quorumError{class: classUnavailable, msg: msg, errs: errs}
 }
 
-func (q *quorum) subscribed(key string) bool {
-	for _, d := range q.nodes {
-		if !d.waits.subscribed(d.channel(key)) {
-			return false
-		}
-	}
-	return true
-}
-
 func (q *quorum) register(key, token string) *waiter {
 	var first *waiter
 	for _, d := range q.nodes {

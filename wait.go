@@ -67,10 +67,13 @@ type waiter struct {
 const hubLinger = 30 * time.Second
 
 // channelLinger is how long a channel stays subscribed after its last waiter
-// left. A lock waited for again soon (on a busy lock, each holder waits again
-// after its work) then finds its subscription confirmed: the wait's first
-// attempt, sent after it registered, covers every release before it, and no
-// further attempt follows a confirmation (see subscribed).
+// left, when that was a fair one. A fair wait that comes soon after (on a
+// busy lock, each holder waits again after its work) then finds its
+// subscription confirmed before its first attempt, which answers for every
+// release before it: no keep-alive follows a confirmation. Plain waits do
+// not linger: a holder that waits again at once would then be woken as soon
+// as the others, and the others, on a busy lock, wait longer (measured:
+// Jain's fairness 0.90 instead of 0.998 with eight waiters, wait p99 twice).
 const channelLinger = time.Second
 
 // routeTimeout bounds the lookup of the node that serves a channel.
@@ -125,21 +128,6 @@ func (n *notifier) register(channel string, wake chan struct{}, token string) *w
 	return w
 }
 
-// subscribed reports whether channel's subscription is confirmed: a waiter
-// registered now is woken by every release from now on, so that an attempt
-// sent after its registration needs no further one for the wake-up that the
-// registration itself signals.
-func (n *notifier) subscribed(channel string) bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	cs := n.channels[channel]
-	if cs == nil || cs.hub == nil {
-		return false
-	}
-	_, ok := cs.hub.confirmed[channel]
-	return ok
-}
-
 // drain drops a pending wake-up of w: the caller is about to ask Redis,
 // which answers for every release before.
 func (w *waiter) drain() {
@@ -150,7 +138,7 @@ func (w *waiter) drain() {
 }
 
 // leave deregisters w; it never blocks on Redis. The last waiter on a channel
-// leaves it subscribed for channelLinger; then its hub unsubscribes it.
+// has its hub unsubscribe it, after channelLinger if that waiter was fair.
 func (w *waiter) leave() {
 	for _, o := range w.also {
 		o.leave()
@@ -166,7 +154,7 @@ func (w *waiter) leave() {
 	if len(cs.waiters) > 0 {
 		return
 	}
-	if cs.hub != nil && n.keep > 0 {
+	if w.token != "" && cs.hub != nil && n.keep > 0 && !n.closed {
 		cs.idle = time.Now()
 		cs.hub.kickLocked() // to end it after channelLinger
 		return
@@ -174,6 +162,7 @@ func (w *waiter) leave() {
 	delete(n.channels, w.channel)
 	if cs.hub != nil {
 		delete(cs.hub.want, w.channel)
+		delete(cs.hub.confirmed, w.channel) // unsubscribed next: a new waiter waits for a new confirmation
 		cs.hub.kickLocked()
 	}
 }
@@ -381,11 +370,12 @@ type conn struct {
 	quit    chan struct{}        // closed to stop the reader
 	done    chan struct{}        // closed when the reader has exited
 	sent    map[string]time.Time // channels subscribed, and when
+	unsent  map[string]int       // our unsubscriptions whose confirmation has not come yet
 }
 
 func newConn(sharded bool) *conn {
 	return &conn{sharded: sharded, msgs: make(chan any), quit: make(chan struct{}),
-		done: make(chan struct{}), sent: make(map[string]time.Time)}
+		done: make(chan struct{}), sent: make(map[string]time.Time), unsent: make(map[string]int)}
 }
 
 // close closes the connection and waits for its reader.
@@ -559,6 +549,7 @@ func (h *hub) endLingersLocked(now time.Time) (next time.Time) {
 			continue
 		}
 		delete(h.want, ch)
+		delete(h.confirmed, ch) // unsubscribed next: a new waiter waits for a new confirmation
 		delete(n.channels, ch)
 	}
 	return next
@@ -602,6 +593,7 @@ func (h *hub) sync(c *conn, want []string) error {
 			continue
 		}
 		delete(c.sent, ch)
+		c.unsent[ch]++
 		h.n.mu.Lock()
 		delete(h.confirmed, ch)
 		h.n.mu.Unlock()
@@ -641,8 +633,18 @@ func (h *hub) handle(c *conn, m any) bool {
 			// the waiters try now.
 			n.wake(nil, m.Channel, "")
 		case "unsubscribe", "sunsubscribe":
+			if k := c.unsent[m.Channel]; k > 0 {
+				// The confirmation of our own unsubscription, even if
+				// the channel was subscribed again since.
+				if k == 1 {
+					delete(c.unsent, m.Channel)
+				} else {
+					c.unsent[m.Channel] = k - 1
+				}
+				return true
+			}
 			if _, ok := c.sent[m.Channel]; !ok {
-				return true // the confirmation of our own unsubscription
+				return true
 			}
 			// The server ended the subscription: the channel's slot moved
 			// to another node. Subscribe it where it is now.

@@ -2,6 +2,7 @@ package fencelock
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -288,85 +289,139 @@ func afterFirstAcquire(e *env, f func()) {
 	})
 }
 
-// A wait that comes soon after another on the same lock finds the channel
-// still subscribed: its first attempt answers for every release before it,
-// so no second attempt follows (before channel lingering, the confirmation
-// of a new subscription woke the waiter for a second one), and the release
-// still wakes it.
-func TestWaitSoonAfterAWaitStartsSubscribed(t *testing.T) {
-	for _, fair := range []bool{false, true} {
-		t.Run(map[bool]string{false: "plain", true: "fair"}[fair], func(t *testing.T) {
-			e := newEnv(t, nil)
-			l := e.locker(t, slowPolling)
-			holder, err := New(e.admin, nil)
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = holder.Close() })
-			name := uniqueName(t)
-			var scripts atomic.Int64 // acquire and queue scripts of l that Redis ran
-			e.hook.set(nil, func(_ context.Context, cmd redis.Cmder) error {
-				if n := scriptName(cmd); n == "acquire" || n == "queue" {
-					scripts.Add(1)
-				}
-				return nil
-			})
-			opts := []Option{WithWait(time.Minute), WithTTL(time.Minute)} // fair keep-alives every 500ms
-			if fair {
-				opts = append(opts, WithFair())
-			}
-			wait := func(round int) {
-				t.Helper()
-				held, err := holder.Acquire(ctx, name, WithTTL(time.Minute))
-				require.NoError(t, err)
-				scripts.Store(0)
-				got := make(chan error, 1)
-				go func() {
-					lease, err := l.Acquire(ctx, name, opts...)
-					if err == nil {
-						err = lease.Release(ctx)
-					}
-					got <- err
-				}()
-				require.Eventually(t, func() bool { return waitsOf(l).subscribed("lock:{" + name + "}") }, 5*time.Second, time.Millisecond)
-				time.Sleep(200 * time.Millisecond) // any further attempt would come now
-				if round == 2 {
-					assert.Equal(t, int64(1), scripts.Load(), "round 2: attempts before the release")
-				} else {
-					assert.Equal(t, int64(2), scripts.Load(), "round 1: the first attempt, and one when the subscription is confirmed")
-				}
-				require.NoError(t, held.Release(ctx))
-				requireObtained(t, got, 5*time.Second, "not woken by the release")
-			}
-			wait(1)
-			wait(2) // within channelLinger
-		})
+// subscribed reports whether n's subscription to channel is confirmed: a
+// waiter registered now is woken by every release from now on.
+func subscribed(n *notifier, channel string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	cs := n.channels[channel]
+	if cs == nil || cs.hub == nil {
+		return false
 	}
+	_, ok := cs.hub.confirmed[channel]
+	return ok
 }
 
-// A channel stays subscribed for channelLinger after its last waiter left,
-// then its hub unsubscribes it; the hub itself closes after its own linger.
+// A fair wait that comes soon after another on the same lock finds the
+// channel still subscribed: the wake-up its registration signals is drained
+// before its first attempt, which answers for every release before it, so
+// no keep-alive follows (before channel lingering, the confirmation of a
+// new subscription came after the attempt and cost a keep-alive), and the
+// release still hands it the lock.
+func TestFairWaitSoonAfterAWaitStartsSubscribed(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, slowPolling)
+	holder, err := New(e.admin, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holder.Close() })
+	name := uniqueName(t)
+	var scripts atomic.Int64 // acquire and queue scripts of l that Redis ran
+	e.hook.set(nil, func(_ context.Context, cmd redis.Cmder) error {
+		if n := scriptName(cmd); n == "acquire" || n == "queue" {
+			scripts.Add(1)
+		}
+		return nil
+	})
+	wait := func(round int) {
+		t.Helper()
+		held, err := holder.Acquire(ctx, name, WithTTL(time.Minute))
+		require.NoError(t, err)
+		scripts.Store(0)
+		got := make(chan error, 1)
+		go func() {
+			// TTL 1 minute: keep-alives every 500ms.
+			lease, err := l.Acquire(ctx, name, WithWait(time.Minute), WithTTL(time.Minute), WithFair())
+			if err == nil {
+				err = lease.Release(ctx)
+			}
+			got <- err
+		}()
+		require.Eventually(t, func() bool { return subscribed(waitsOf(l), "lock:{"+name+"}") }, 5*time.Second, time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // a keep-alive for the confirmation would come now
+		if round == 2 {
+			assert.Equal(t, int64(1), scripts.Load(), "round 2: requests before the release")
+		} else {
+			assert.Equal(t, int64(2), scripts.Load(), "round 1: the attempt, and a keep-alive when the subscription is confirmed")
+		}
+		require.NoError(t, held.Release(ctx))
+		requireObtained(t, got, 5*time.Second, "not granted the lock by the release")
+	}
+	wait(1)
+	wait(2) // within channelLinger
+}
+
+// A channel stays subscribed for channelLinger after its last waiter left
+// if that was a fair one, then its hub unsubscribes it; the hub itself
+// closes after its own linger. After a plain wait it does not linger.
 func TestChannelLingersThenEnds(t *testing.T) {
 	e := newEnv(t, nil)
 	l := e.locker(t, slowPolling)
-	waitsOf(l).keep = 300 * time.Millisecond
-	waitsOf(l).linger = 300 * time.Millisecond
+	waitsOf(l).linger = 300 * time.Millisecond // the hub's; the channel's is channelLinger
 	name := uniqueName(t)
 	channel := "lock:{" + name + "}"
-	held, err := l.Acquire(ctx, name, WithTTL(time.Minute))
-	require.NoError(t, err)
-	got := waitInBackground(l, name)
-	require.Eventually(t, func() bool { return shardSubscribers(t, e.srv, channel) == 1 }, 5*time.Second, time.Millisecond)
-	require.NoError(t, held.Release(ctx))
-	requireObtained(t, got, 5*time.Second, "not woken")
-	left := time.Now()
+	wait := func(opts ...Option) time.Time {
+		t.Helper()
+		held, err := l.Acquire(ctx, name, WithTTL(time.Minute))
+		require.NoError(t, err)
+		got := make(chan error, 1)
+		go func() {
+			lease, err := l.Acquire(ctx, name, append(opts, WithWait(time.Minute))...)
+			if err == nil {
+				err = lease.Release(ctx)
+			}
+			got <- err
+		}()
+		require.Eventually(t, func() bool { return shardSubscribers(t, e.srv, channel) == 1 }, 5*time.Second, time.Millisecond)
+		require.NoError(t, held.Release(ctx))
+		requireObtained(t, got, 5*time.Second, "not woken")
+		return time.Now()
+	}
 
-	assert.True(t, waitsOf(l).subscribed(channel), "still subscribed just after the last waiter left")
+	left := wait(WithFair())
+	assert.True(t, subscribed(waitsOf(l), channel), "still subscribed just after the last waiter left")
 	assert.Equal(t, int64(1), shardSubscribers(t, e.srv, channel))
 	require.Eventually(t, func() bool { return shardSubscribers(t, e.srv, channel) == 0 }, 5*time.Second, 5*time.Millisecond,
 		"unsubscribed after the channel's linger")
-	assert.GreaterOrEqual(t, time.Since(left), 250*time.Millisecond, "not before the linger")
-	assert.False(t, waitsOf(l).subscribed(channel))
+	assert.GreaterOrEqual(t, time.Since(left), channelLinger-100*time.Millisecond, "not before the linger")
+	assert.False(t, subscribed(waitsOf(l), channel))
 	waitsOf(l).mu.Lock()
 	assert.Empty(t, waitsOf(l).channels, "no state kept for the channel")
 	waitsOf(l).mu.Unlock()
+
+	left = wait()
+	require.Eventually(t, func() bool { return shardSubscribers(t, e.srv, channel) == 0 }, 5*time.Second, 5*time.Millisecond)
+	assert.Less(t, time.Since(left), channelLinger/2, "a plain wait's channel does not linger")
 	require.Eventually(t, func() bool { return openHubs(l) == 0 }, 5*time.Second, 10*time.Millisecond, "the hub closes after its linger")
+}
+
+// The confirmation of our own unsubscription, when it arrives after the
+// channel was subscribed again on the same connection (a wait came just as
+// the channel's linger ended), is not taken for the server ending the new
+// subscription (a slot move): the channel stays subscribed and confirmed.
+func TestOwnUnsubscriptionAfterResubscribing(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never used: no hub runs
+	t.Cleanup(func() { _ = client.Close() })
+	n := newNotifier(client, slog.New(slog.DiscardHandler))
+	t.Cleanup(n.close)
+	h := &hub{n: n, kick: make(chan struct{}, 1), want: map[string]struct{}{}, confirmed: map[string]struct{}{}}
+	c := newConn(true)
+	const ch = "lock:{x}"
+	n.channels[ch] = &chanState{waiters: map[*waiter]struct{}{}, hub: h}
+	h.want[ch] = struct{}{}
+
+	// sync unsubscribed it, then subscribed it again; the replies follow.
+	c.unsent[ch]++
+	c.sent[ch] = time.Now()
+	require.True(t, h.handle(c, &redis.Subscription{Kind: "sunsubscribe", Channel: ch}))
+	require.True(t, h.handle(c, &redis.Subscription{Kind: "ssubscribe", Channel: ch, Count: 1}))
+
+	assert.Contains(t, c.sent, ch, "still subscribed")
+	assert.Empty(t, c.unsent)
+	assert.Contains(t, h.confirmed, ch, "confirmed by the new subscription")
+	assert.True(t, subscribed(n, ch))
+
+	// A later unsubscription that is not ours is the server's.
+	require.True(t, h.handle(c, &redis.Subscription{Kind: "sunsubscribe", Channel: ch}))
+	assert.NotContains(t, c.sent, ch, "ended by the server")
+	assert.False(t, subscribed(n, ch))
 }
