@@ -315,6 +315,7 @@ func TestFairWaitSoonAfterAWaitStartsSubscribed(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = holder.Close() })
 	name := uniqueName(t)
+	channel := "lock:{" + name + "}"
 	var scripts atomic.Int64 // acquire and queue scripts of l that Redis ran
 	e.hook.set(nil, func(_ context.Context, cmd redis.Cmder) error {
 		if n := scriptName(cmd); n == "acquire" || n == "queue" {
@@ -327,16 +328,14 @@ func TestFairWaitSoonAfterAWaitStartsSubscribed(t *testing.T) {
 		held, err := holder.Acquire(ctx, name, WithTTL(time.Minute))
 		require.NoError(t, err)
 		scripts.Store(0)
-		got := make(chan error, 1)
+		got := make(chan *Lease, 1)
 		go func() {
 			// TTL 1 minute: keep-alives every 500ms.
 			lease, err := l.Acquire(ctx, name, WithWait(time.Minute), WithTTL(time.Minute), WithFair())
-			if err == nil {
-				err = lease.Release(ctx)
-			}
-			got <- err
+			assert.NoError(t, err)
+			got <- lease
 		}()
-		require.Eventually(t, func() bool { return subscribed(waitsOf(l), "lock:{"+name+"}") }, 5*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return subscribed(waitsOf(l), channel) }, 5*time.Second, time.Millisecond)
 		time.Sleep(200 * time.Millisecond) // a keep-alive for the confirmation would come now
 		if round == 2 {
 			assert.Equal(t, int64(1), scripts.Load(), "round 2: requests before the release")
@@ -344,7 +343,26 @@ func TestFairWaitSoonAfterAWaitStartsSubscribed(t *testing.T) {
 			assert.Equal(t, int64(2), scripts.Load(), "round 1: the attempt, and a keep-alive when the subscription is confirmed")
 		}
 		require.NoError(t, held.Release(ctx))
-		requireObtained(t, got, 5*time.Second, "not granted the lock by the release")
+		var lease *Lease
+		select {
+		case lease = <-got:
+			require.NotNil(t, lease)
+		case <-time.After(5 * time.Second):
+			t.Fatal("not granted the lock by the release")
+		}
+		// Release it, and wait until l has read the release's message on
+		// its lingering subscription: read later, it would wake the next
+		// round's waiter after its attempt.
+		seen := waitsOf(l).register(channel, nil, "observer")
+		require.NotNil(t, seen)
+		<-seen.wake // subscribed: signalled at once
+		require.NoError(t, lease.Release(ctx))
+		select {
+		case <-seen.wake:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the release's message did not arrive")
+		}
+		seen.leave()
 	}
 	wait(1)
 	wait(2) // within channelLinger
