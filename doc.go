@@ -154,9 +154,9 @@
 // owns it; registering and leaving never wait for Redis. A connection is
 // opened when the first waiter arrives and closed 30 seconds after its last
 // channel was unsubscribed, so that a steady stream of waits does not
-// reconnect each time; Locker.Close closes it at once. When a Cluster slot moves, the
-// server ends its subscriptions, and they are made again on the slot's new
-// master. Sharded pub/sub (SSUBSCRIBE, SPUBLISH; Redis 7) is used where the
+// reconnect each time; Locker.Close closes it at once. When a Cluster slot
+// moves, the server ends its subscriptions, and they are made again on the
+// slot's new master. Sharded pub/sub (SSUBSCRIBE, SPUBLISH; Redis 7) is used where the
 // server has it, classic SUBSCRIBE and PUBLISH elsewhere. Plain waiters are
 // not queued: when a lock is released, all of its waiters wake and one of
 // them wins, most often the nearest: a waiter on a slow link can starve.
@@ -169,10 +169,9 @@
 // stays subscribed for a second after the last fair wait on it ended, and a
 // holder that waits in line again right after its work saves that
 // keep-alive); the attempt joins the lock's queue, ordered by the server's
-// clock. While it waits, the waiter keeps its
-// entry alive every 500ms, or every third of its TTL if that is shorter, and
-// an entry not kept alive for 2 seconds (its waiter crashed, or was paused)
-// is skipped. A release does not just delete the lock: in the same script it
+// clock. While it waits, the waiter keeps its entry alive every 500ms, or
+// every third of its TTL if that is shorter, and an entry not kept alive for
+// 2 seconds (its waiter crashed, or was paused) is skipped. A release does not just delete the lock: in the same script it
 // sets the lock to the first live waiter's token, with that waiter's TTL and
 // owner, issues its fence, and publishes "granted <token> <fence>". The
 // waiter holds the lock when the message arrives and returns without another
