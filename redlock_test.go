@@ -575,14 +575,16 @@ func TestRedlockReleaseReportsADoubleGrant(t *testing.T) {
 
 	name := uniqueName(t)
 	var bFence int64
+	// WithWait: a first attempt that a loaded machine fails (A dials with a
+	// 100ms timeout) is tried again; it changes nothing else here.
 	err = a.RunWithLock(ctx, name, func(ctx context.Context, lease *Lease) error {
 		e.srvs[1].Restart() // A's lock lost on node 1: A now holds {0} only
-		bl, err := b.Acquire(ctx, name)
+		bl, err := b.Acquire(ctx, name, WithWait(2*time.Second))
 		require.NoError(t, err, "B gets {1, 2}: a quorum")
 		bFence = bl.Fence()
 		return nil // A's work returns well before its deadline (TTL 3s)
-	})
-	require.NotZero(t, bFence)
+	}, WithWait(2*time.Second))
+	require.NotZero(t, bFence, "A's work did not run: %v", err)
 	// B held a quorum while A's work ran: mutual exclusion was broken.
 	require.ErrorIs(t, err, ErrLost, "A's RunWithLock reports the loss")
 }
