@@ -83,7 +83,9 @@
 //
 // Otherwise, for cut and awk, one lock a line, tab-separated, without a
 // header: name, owner, TTL in milliseconds (-1: no expiry), fence,
-// waiters. With --json, one document (see JSON). It exits 0 when no lock
+// waiters. Waiters are counted as fencelock.LockInfo's: Lockers subscribed
+// to the lock's releases, a Locker whose fair wait ended less than a
+// second ago included. With --json, one document (see JSON). It exits 0 when no lock
 // is held too, and 1 when a lock could not be read (after printing the
 // others).
 //
