@@ -241,16 +241,22 @@
 // the token on every node, so that a grant still on its way to a slow node
 // cannot take the lock after it.
 //
-// Fences stay ordered without trusting clocks. Acquisition has two phases:
-// every node grants the lock and returns its fence counter and its TIME;
-// the fence is one more than the largest counter of the granting quorum,
-// and at least the largest TIME; then it is written to the counter
-// (max(counter, fence)) and to the lock's value on a quorum, on each node
-// only while the lock is still this lease's there, before Acquire returns.
-// Any two quorums share a node, so an Acquire that begins after another
-// has returned reads, on that node, a counter at least the other's fence,
-// and gets a greater one. This costs one more round trip than New (two in
-// parallel per node, instead of one).
+// Fences stay ordered without trusting clocks. Each node keeps a fence
+// counter. Every node that grants the lock counts its counter on in the same
+// script (one more than it was; the node's TIME in microseconds where it has
+// none) and stores the new value with the lock; the fence is the largest
+// value of the granting quorum. Where fewer than a quorum of them counted to
+// that fence (their counters had drifted apart: a node restarted empty, an
+// attempt that got only some nodes), a second round writes it to the
+// counters that are behind (max(counter, fence)) and to the lock's value, on
+// each node only while the lock is still this lease's there, until a quorum
+// has it. Either way a quorum's counters are at least the fence before
+// Acquire returns. Any two quorums share a node, so an Acquire that begins
+// after another has returned counts on, on that node, from at least the
+// other's fence, and gets a greater one. Nodes whose counters agree (the
+// usual case: a release reaches every node, and so does the next grant)
+// count in step, so fences go up by one and the second round is not needed;
+// the acquisition then takes one round trip, as on one deployment.
 //
 // What it rests on, and what breaks it:
 //
@@ -260,9 +266,11 @@
 //	                                                                                  is held (it grants the lock again),
 //	                                                                                  clocks faster than the drift allowance
 //	fences ordered with the acquisitions       the nodes keeping their data:          a node of both quorums restarted
-//	                                           counters live for FenceRetention       without persistence: then only the
-//	                                           after the last acquisition             TIME floor orders fences, which rests
-//	                                                                                  on the nodes' clocks not stepping back
+//	                                           counters live for FenceRetention       without persistence: its counter starts
+//	                                           after the last acquisition             again from its TIME, which orders fences
+//	                                                                                  only while its clock is ahead of the
+//	                                                                                  lost counter (one TIME, plus one per
+//	                                                                                  acquisition since)
 //	a paused or cut-off holder's writes        the resource checking the fence        nothing the lock controls
 //	rejected
 //

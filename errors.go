@@ -174,7 +174,7 @@ func classify(err error) errClass {
 		}
 		return classMisconfigured
 	}
-	if errors.Is(err, errReply) {
+	if errors.Is(err, errReply) || errors.Is(err, errCounterAtMax) {
 		return classMisconfigured
 	}
 	return classUnavailable

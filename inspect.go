@@ -17,7 +17,11 @@ type LockInfo struct {
 	TTL   time.Duration // left on the server; 0 when not held, -1 when the lock has no expiry
 	Fence int64         // the fence of the current holding; 0 when not held
 	// LastFence is the last fence issued for the name, kept for
-	// FenceRetention after its last acquisition; 0 when none is kept.
+	// FenceRetention after its last acquisition; 0 when none is kept. On a
+	// Redlock it is the largest value a quorum of the answering nodes'
+	// counters reached: every fence issued after Inspect is greater; when a
+	// node did not answer, or attempts without a quorum counted nodes on,
+	// it can be below or above the last fence issued.
 	LastFence int64
 	// Waiters is how many Lockers wait for the lock's release (subscribed
 	// to its channel). Several waiting Acquire calls of one Locker count
@@ -163,9 +167,10 @@ func (q *quorum) inspect(ctx context.Context, key, fenceKey string, waiters bool
 	})
 	defer reads.stop()
 	var (
-		out     holding
-		errs    []error
-		byToken = map[string][]holding{}
+		out      holding
+		errs     []error
+		byToken  = map[string][]holding{}
+		counters []int64
 	)
 	for range q.nodes {
 		r, more := reads.next()
@@ -176,7 +181,7 @@ func (q *quorum) inspect(ctx context.Context, key, fenceKey string, waiters bool
 			errs = append(errs, r.err)
 			continue
 		}
-		out.counter = max(out.counter, r.h.counter)
+		counters = append(counters, r.h.counter)
 		out.waiters = max(out.waiters, r.h.waiters)
 		if token, _, _ := parseValue(r.h.value); r.h.value != "" {
 			byToken[token] = append(byToken[token], r.h)
@@ -185,16 +190,27 @@ func (q *quorum) inspect(ctx context.Context, key, fenceKey string, waiters bool
 	if err := ctx.Err(); err != nil {
 		return holding{}, err
 	}
-	if len(errs) > len(q.nodes)-q.n {
-		return holding{}, &quorumError{class: classify(errors.Join(errs...)), errs: errs,
-			msg: fmt.Sprintf("%d of %d nodes answered, %d needed", len(q.nodes)-len(errs), len(q.nodes), q.n)}
+	if len(counters) < q.n { // errors, or nodes that did not answer in time
+		class := classUnavailable
+		if len(errs) > 0 {
+			class = classify(errors.Join(errs...))
+		}
+		return holding{}, &quorumError{class: class, errs: errs,
+			msg: fmt.Sprintf("%d of %d nodes answered, %d needed", len(counters), len(q.nodes), q.n)}
 	}
+	// The q-th largest counter: a quorum's counters are at least the last
+	// fence issued, and an attempt may have counted a minority further.
+	slices.Sort(counters)
+	out.counter = counters[len(counters)-q.n]
 	for _, hs := range byToken {
 		if len(hs) < q.n {
 			continue
 		}
-		// Held while a quorum keeps it: the q-th longest TTL.
+		// Held while a quorum keeps it: the q-th longest TTL. Its fence is
+		// the one a quorum stored with it; a node that granted it after
+		// the quorum did may store the value its own counter reached.
 		pttls := make([]time.Duration, 0, len(hs))
+		fences := map[int64]int{}
 		best := hs[0]
 		for _, h := range hs {
 			p := h.pttl
@@ -202,8 +218,9 @@ func (q *quorum) inspect(ctx context.Context, key, fenceKey string, waiters bool
 				p = time.Duration(1<<63 - 1)
 			}
 			pttls = append(pttls, p)
-			if _, f, _ := parseValue(h.value); f > 0 {
-				best = h // a node with the fence written (phase 2)
+			_, f, _ := parseValue(h.value)
+			if fences[f]++; fences[f] == q.n {
+				best = h
 			}
 		}
 		slices.Sort(pttls)

@@ -2,6 +2,7 @@ package fencelock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -155,18 +156,23 @@ func (r *results[T]) stop() { r.timer.Stop() }
 
 // nodeGrant is one node's reply to redlock_grant.lua.
 type nodeGrant struct {
-	node    int
-	ok      bool
-	pttl    time.Duration // the holder's, when busy
-	owner   string        // the holder's, when busy
-	counter int64         // the node's fence counter
-	time    int64         // the node's TIME, microseconds
-	err     error
+	node  int
+	ok    bool
+	pttl  time.Duration // the holder's, when busy
+	owner string        // the holder's, when busy
+	fence int64         // stored with the lock on this node, when ok
+	err   error
 }
 
+// errCounterAtMax is the grant script's refusal to count on a fence counter
+// at its maximum (or not a number).
+var errCounterAtMax = errors.New("the fence counter is at its maximum (9223372036854775807) or not a number: delete it; fences go on from the servers' time")
+
+// grant runs redlock_grant.lua on the node: an attempt's phase 1 with fence
+// 0, a repair with the lease's fence otherwise.
 func (d *deployment) grant(ctx context.Context, lease *Lease, ttl time.Duration, fence int64) nodeGrant {
 	reply, err := d.run(ctx, grantScript, false, lease.keyArgs[:keyCounter+1], lease.tokenArg,
-		ttlMillis(ttl), strconv.FormatInt(fence, 10), lease.ownerArg)
+		ttlMillis(ttl), strconv.FormatInt(fence, 10), lease.ownerArg, d.l.retentionMillis)
 	if err != nil { // with Options.Replicas, too few replicas count as no grant
 		return nodeGrant{err: err}
 	}
@@ -176,13 +182,10 @@ func (d *deployment) grant(ctx context.Context, lease *Lease, ttl time.Duration,
 		flag, _ = arr[0].(int64)
 	}
 	switch {
-	case flag == 1 && len(arr) == 3:
-		c, _ := arr[1].(string)
-		t, _ := arr[2].(string)
-		counter, err1 := strconv.ParseInt(c, 10, 64)
-		now, err2 := strconv.ParseInt(t, 10, 64)
-		if err1 == nil && err2 == nil {
-			return nodeGrant{ok: true, counter: counter, time: now}
+	case flag == 1 && len(arr) == 2:
+		f, _ := arr[1].(string)
+		if fence, err := strconv.ParseInt(f, 10, 64); err == nil {
+			return nodeGrant{ok: true, fence: fence}
 		}
 	case flag == 0 && len(arr) == 3:
 		pttl, isInt := arr[1].(int64)
@@ -192,23 +195,30 @@ func (d *deployment) grant(ctx context.Context, lease *Lease, ttl time.Duration,
 		}
 	case flag == 2 && len(arr) == 1:
 		return nodeGrant{err: errRetired}
+	case flag == 3 && len(arr) == 1:
+		return nodeGrant{err: errCounterAtMax}
 	}
 	return nodeGrant{err: fmt.Errorf("%w from the grant script: %v", errReply, reply)}
 }
 
-// acquire takes the lock on a quorum and issues its fence, in two phases:
+// acquire takes the lock on a quorum and issues its fence:
 //
-//  1. every node grants the lock (SET NX) and returns its fence counter and
-//     its TIME;
-//  2. the fence, one more than the largest counter of the granting quorum
-//     and at least the largest TIME, is written to the counter
-//     (max(counter, fence)) and to the lock's value on a quorum, on each
-//     node only while the lock is still this token's there.
+//  1. every node grants the lock (SET NX) and counts its fence counter on
+//     (one more than it was, or the node's TIME where it has none), storing
+//     the new value with the lock; the fence is the largest value of the
+//     granting nodes;
+//  2. where fewer than a quorum of them counted to the fence (their counters
+//     had drifted apart: a node restarted empty, an attempt that got only
+//     some nodes), it is written to the counters that are behind
+//     (max(counter, fence)) and to the lock's value, on each node only while
+//     the lock is still this token's there, until a quorum has it.
 //
-// Any two quorums share a node, so an acquisition that begins after this
-// one has returned reads a counter at least this fence in phase 1, and gets
-// a greater one (see the package documentation for what this rests on).
-// The lease exists when phase 2 reached a quorum within the validity.
+// Either way a quorum's counters are at least the fence when the lease is
+// returned. Any two quorums share a node, so an acquisition that begins
+// after this one has returned counts on from at least this fence there,
+// and gets a greater one (see the package documentation for what this
+// rests on). The lease exists when a quorum has the fence within the
+// validity.
 func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 	validity := lease.ttl - drift(lease.ttl)
 	start := q.l.clock.Now()
@@ -283,21 +293,31 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 		return q.refused(lease, ok, busy, failed, answered)
 	}
 
-	// Phase 2.
-	var fence, maxCounter, maxTime int64
+	// The fence: the largest the granting nodes counted to. Phase 2 writes
+	// it where a node counted to less, and is waited for only until a
+	// quorum has it; nodes that counted in step (the usual case) need none.
+	var fence int64
 	for _, g := range ok {
-		maxCounter, maxTime = max(maxCounter, g.counter), max(maxTime, g.time)
+		fence = max(fence, g.fence)
 	}
-	if maxCounter == math.MaxInt64 {
-		q.retire(lease, nil)
-		return attempt{retire: true, err: &quorumError{class: classMisconfigured,
-			msg: "the fence counters are at their maximum (9223372036854775807): delete them; fences go on from the servers' time"}}
-	}
-	fence = max(maxCounter+1, maxTime)
 	fenceArg := strconv.FormatInt(fence, 10)
-	granted := make([]bool, len(q.nodes))
+	behind := make([]bool, len(q.nodes))
+	var recorded, lagging int
 	for _, g := range ok {
-		granted[g.node] = true
+		if g.fence == fence {
+			recorded++
+		} else {
+			behind[g.node] = true
+			lagging++
+		}
+	}
+	if lagging == 0 {
+		if !q.l.clock.Now().Before(start.Add(validity)) {
+			q.retire(lease, nil)
+			return attempt{retire: true, err: &quorumError{class: classUnavailable,
+				msg: fmt.Sprintf("a quorum granted the lock after its validity %v", validity)}}
+		}
+		return attempt{ok: true, fence: fence}
 	}
 	type set struct {
 		node int
@@ -305,7 +325,7 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 		err  error
 	}
 	sets := each(ctx, q, start.Add(validity).Sub(q.l.clock.Now()), false, func(ctx context.Context, i int, d *deployment) set {
-		if !granted[i] {
+		if !behind[i] {
 			return set{node: i}
 		}
 		reply, err := d.run(ctx, setFenceScript, false, []any{lease.keyArgs[keyLock], lease.keyArgs[keyCounter]}, lease.tokenArg,
@@ -313,9 +333,11 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 		return set{node: i, ok: err == nil && reply == int64(1), err: err}
 	})
 	defer sets.stop()
-	var recorded int
 	var errs []error
 	for range q.nodes {
+		if recorded >= q.n {
+			break
+		}
 		s, more := sets.next()
 		if !more {
 			break
@@ -324,9 +346,6 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 			recorded++
 		} else if s.err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", q.nodes[s.node].name, s.err))
-		}
-		if recorded >= q.n {
-			break
 		}
 	}
 	if err := ctx.Err(); err != nil {

@@ -1,6 +1,7 @@
 -- redlock_fence: record the fence issued to a Redlock lease on one node
--- (phase 2 of NewRedlock's acquisition), while the lease holds the lock
--- there.
+-- whose counter was behind it (phase 2 of NewRedlock's acquisition, needed
+-- only when the granting nodes' counters had drifted apart), while the
+-- lease holds the lock there.
 --
 -- KEYS[1]  lock key, whose value is "<token> <fence> <owner>"
 -- KEYS[2]  fence counter

@@ -1,5 +1,5 @@
--- redlock_grant: take the lock on one node of a Redlock quorum, and report
--- what the fence must exceed (phase 1 of NewRedlock's acquisition). Also
+-- redlock_grant: take the lock on one node of a Redlock quorum and count
+-- this node's fence counter on (phase 1 of NewRedlock's acquisition). Also
 -- puts the lock back on a node that lost it while the lease holds a quorum
 -- (a repair, with the lease's fence).
 --
@@ -8,18 +8,27 @@
 -- KEYS[3]  fence counter, lock:{name}:fence
 -- ARGV[1]  token            random, unique per attempt
 -- ARGV[2]  ttl              milliseconds
--- ARGV[3]  fence            stored with the lock: "0" until phase 2
---                           (redlock_fence.lua) has issued it
+-- ARGV[3]  fence            "0" for an attempt: the counter is counted on
+--                           and its new value stored with the lock; for a
+--                           repair, the lease's fence, stored with the lock
+--                           and raised into the counter (max)
 -- ARGV[4]  owner            who takes the lock, stored with it
+-- ARGV[5]  fence retention  milliseconds the counter is kept
+--
+-- An attempt's counter is one more than it was, or, where it does not
+-- exist (never written, expired after the retention, or lost in a restart
+-- without persistence), this node's TIME in microseconds. Nothing is
+-- written when the counter cannot be counted on (at its maximum, or not a
+-- number).
 --
 -- Returns
---   {1, counter, time}  the lock is ours (taken now, or already: a resent
---                       request), with this node's fence counter ("0"
---                       when it has none) and its TIME in microseconds,
---                       both decimal strings
---   {0, pttl, owner}    another token holds it (owner as it stored it)
---   {2}                 this token is retired (released, or its attempt
---                       given up): a late request must not take the lock
+--   {1, fence}       the lock is ours (taken now, or already: a resent
+--                    request), with the fence stored with it here, a
+--                    decimal string (Lua numbers are doubles)
+--   {0, pttl, owner} another token holds it (owner as it stored it)
+--   {2}              this token is retired (released, or its attempt given
+--                    up): a late request must not take the lock
+--   {3}              the counter is at its maximum or not a number
 
 if redis.call('EXISTS', KEYS[2]) == 1 then
 	return {2}
@@ -30,8 +39,33 @@ if held then
 		return {0, redis.call('PTTL', KEYS[1]), string.match(held, '^%S+ %S+ (.*)$') or ''}
 	end
 	redis.call('PEXPIRE', KEYS[1], ARGV[2])
-else
-	redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4], 'PX', ARGV[2])
+	return {1, string.match(held, '^%S+ (%S+)')}
 end
-local t = redis.call('TIME')
-return {1, redis.call('GET', KEYS[3]) or '0', t[1] .. string.rep('0', 6 - #t[2]) .. t[2]}
+
+local fence = ARGV[3]
+if fence == '0' then
+	local ok, n = pcall(redis.call, 'INCR', KEYS[3])
+	if not ok then
+		return {3}
+	end
+	if n == 1 then
+		-- No counter here: start it from the clock.
+		local t = redis.call('TIME')
+		fence = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+		redis.call('SET', KEYS[3], fence, 'PX', ARGV[5])
+	else
+		if n < 9007199254740992 then
+			fence = string.format('%.0f', n)
+		else
+			fence = redis.call('GET', KEYS[3]) -- exact beyond 2^53
+		end
+		redis.call('PEXPIRE', KEYS[3], ARGV[5])
+	end
+else
+	local c = redis.call('GET', KEYS[3])
+	if not c or #c < #fence or (#c == #fence and c < fence) then
+		redis.call('SET', KEYS[3], fence, 'PX', ARGV[5])
+	end
+end
+redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. fence .. ' ' .. ARGV[4], 'PX', ARGV[2])
+return {1, fence}

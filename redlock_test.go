@@ -3,6 +3,7 @@ package fencelock
 import (
 	"context"
 	"errors"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -345,6 +346,19 @@ func TestRedlockFenceOrderRestsOnTheIntersection(t *testing.T) {
 		b := acquireOn(t, e, l, name, 0)
 		assert.Greater(t, b.Fence(), a.Fence(), "node 1 kept A's fence in its counter")
 	})
+	t.Run("the intersection counted to less than the fence", func(t *testing.T) {
+		// A is granted by nodes 0 and 1, whose counters disagree: node 0
+		// counts to A's fence, node 1 to less, so phase 2 must raise node
+		// 1's counter before A is returned. Node 0 is then wiped, and B
+		// reads only node 1's counter of A's quorum.
+		e, l, name, fenceKey := setup(t)
+		require.NoError(t, e.admins[0].Set(ctx, fenceKey, ahead+10, 0).Err())
+		a := acquireOn(t, e, l, name, 2)
+		assert.Equal(t, ahead+11, a.Fence())
+		require.NoError(t, e.admins[0].FlushAll(ctx).Err())
+		b := acquireOn(t, e, l, name, 0)
+		assert.Greater(t, b.Fence(), a.Fence(), "node 1's counter was raised to A's fence")
+	})
 	t.Run("the intersection lost its data", func(t *testing.T) {
 		e, l, name, _ := setup(t)
 		a := acquireOn(t, e, l, name, 2)
@@ -355,6 +369,90 @@ func TestRedlockFenceOrderRestsOnTheIntersection(t *testing.T) {
 		assert.Less(t, b.Fence(), a.Fence(), "no node of B's quorum knew A's fence")
 		t.Logf("A's fence %d, B's fence %d (the servers' time)", a.Fence(), b.Fence())
 	})
+}
+
+func TestRedlockFenceOneRoundWhenCountersAgree(t *testing.T) {
+	// Nodes whose counters agree count on in step: each fence is one more
+	// than the last, and an acquire+release is one script call per node
+	// each way, with no phase 2.
+	const start = int64(1) << 50
+	e := newRedlockEnv(t, 5, nil)
+	l := e.locker(t, nil)
+	warm, err := l.Acquire(ctx, uniqueName(t)+"-warm") // loads the scripts
+	require.NoError(t, err)
+	require.NoError(t, warm.Release(ctx))
+	name := uniqueName(t)
+	_, fenceKey := l.keys(name)
+	for _, a := range e.admins {
+		require.NoError(t, a.Set(ctx, fenceKey, start, 0).Err())
+		require.NoError(t, a.ConfigResetStat(ctx).Err())
+	}
+	const n = 10
+	for i := range n {
+		lease, err := l.Acquire(ctx, name)
+		require.NoError(t, err)
+		assert.Equal(t, start+int64(i)+1, lease.Fence())
+		require.NoError(t, lease.Release(ctx))
+		// Release returns once a quorum released; the next grant must not
+		// overtake a release still on its way to a node (it would find
+		// the node busy, which would leave that node's counter behind).
+		require.Eventually(t, func() bool { return e.holders(t, lease.Key(), lease.Token()) == 0 },
+			time.Second, time.Millisecond)
+	}
+	var calls int64
+	for i, a := range e.admins {
+		for _, cmd := range []string{"evalsha", "eval"} {
+			calls += commandCalls(t, a, cmd)
+		}
+		got, err := a.Get(ctx, fenceKey).Int64()
+		require.NoError(t, err)
+		assert.Equal(t, start+n, got, "node %d's counter", i)
+	}
+	assert.Equal(t, int64(2*n*len(e.admins)), calls, "a grant and a release per node and acquisition")
+}
+
+// commandCalls returns how many times the server ran cmd since its stats
+// were reset (INFO commandstats).
+func commandCalls(t *testing.T, c *redis.Client, cmd string) int64 {
+	t.Helper()
+	info, err := c.Info(ctx, "commandstats").Result()
+	require.NoError(t, err)
+	for line := range strings.Lines(info) {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
+			n, _, _ := strings.Cut(rest, ",")
+			calls, err := strconv.ParseInt(n, 10, 64)
+			require.NoError(t, err)
+			return calls
+		}
+	}
+	return 0
+}
+
+func TestRedlockFenceCountersAtTheirMaximum(t *testing.T) {
+	e := newRedlockEnv(t, 3, nil)
+	l := e.locker(t, nil)
+	name := uniqueName(t)
+	_, fenceKey := l.keys(name)
+	for _, a := range e.admins {
+		require.NoError(t, a.Set(ctx, fenceKey, math.MaxInt64-1, 0).Err())
+	}
+	last, err := l.Acquire(ctx, name)
+	require.NoError(t, err)
+	assert.Equal(t, int64(math.MaxInt64), last.Fence(), "the last fence there is, exact beyond 2^53")
+	require.NoError(t, last.Release(ctx))
+
+	_, err = l.Acquire(ctx, name)
+	require.ErrorIs(t, err, ErrMisconfigured, "no fence left to issue")
+	assert.NotErrorIs(t, err, ErrUnavailable)
+	assert.Contains(t, err.Error(), "maximum")
+	for i, a := range e.admins {
+		n, err := a.Exists(ctx, last.Key()).Result()
+		require.NoError(t, err)
+		assert.Zero(t, n, "node %d: no lock is taken without a fence", i)
+		got, err := a.Get(ctx, fenceKey).Result()
+		require.NoError(t, err)
+		assert.Equal(t, strconv.FormatInt(math.MaxInt64, 10), got, "node %d's counter is unchanged", i)
+	}
 }
 
 func TestRedlockReleaseWakesWaiters(t *testing.T) {

@@ -474,7 +474,7 @@ func testR4(t *testing.T) {
 			i+1, b.v.W, b.v.Fence, b.heldQuorum, b.cut, b.restart, len(d))
 		if next := nextGrant(secs, s); next != nil {
 			byCounters := max(b.counters[0], b.counters[1]) + 1
-			note += fmt.Sprintf("; next grant: worker %d, fence %d (+%s)", next.W, next.Fence, ms(time.Duration(next.Fence-b.v.Fence)*time.Microsecond))
+			note += fmt.Sprintf("; next grant: worker %d, fence %d (%+d)", next.W, next.Fence, next.Fence-b.v.Fence)
 			if next.Fence > b.v.Fence {
 				ordered++
 			}
@@ -483,7 +483,7 @@ func testR4(t *testing.T) {
 				counterOrdered++
 				note += ", greater"
 			} else {
-				note += fmt.Sprintf(", %s behind the holder's (the TIME floor ordered it)", ms(time.Duration(b.v.Fence-byCounters)*time.Microsecond))
+				note += fmt.Sprintf(", %d behind the holder's (the restarted node's counter, started again from its TIME, ordered it)", b.v.Fence-byCounters)
 			}
 		}
 		if s.FWrite != nil {
