@@ -25,6 +25,17 @@ type section struct {
 	Done   *event // done
 }
 
+// at is the wall time (µs) of the grant: one node's fence is its server's
+// TIME at the grant, on the host clock the workers' wall times are read
+// from; a Redlock fence counts up by one, and its worker reports when the
+// reply that made the quorum arrived instead (no earlier than the grant).
+func (s *section) at() int64 {
+	if s.Acq != nil && s.Acq.Granted > 0 {
+		return s.Acq.Granted
+	}
+	return s.Fence
+}
+
 // beliefEnd is the wall time (µs) at which the holder stopped believing it
 // held the lock: its context was cancelled or its work returned.
 func (s *section) beliefEnd() int64 {
@@ -282,10 +293,8 @@ func analyze(events []event, counter, highest int64, ttl time.Duration, name str
 	byFence := slices.Clone(acqOrder)
 	slices.SortFunc(byFence, func(a, b *section) int { return cmp.Compare(a.Fence, b.Fence) })
 	for i, x := range byFence {
-		// The fence is the server's TIME at the grant (µs), on the host
-		// clock the workers' wall times are read from.
 		for _, y := range byFence[:i] {
-			if y.W != x.W && y.beliefEnd() > x.Fence {
+			if y.W != x.W && y.beliefEnd() > x.at() {
 				f.DoubleGrants++
 				f.doubles = append(f.doubles, [2]*section{y, x})
 				break
@@ -302,9 +311,9 @@ func analyze(events []event, counter, highest int64, ttl time.Duration, name str
 		}
 		l := loss{sec: s, lag: time.Duration(s.Cancel.LagUS) * time.Microsecond}
 		// A lease never renewed expires on the server TTL after the
-		// acquire script ran, which the fence (its TIME) dates.
+		// acquire script ran (at).
 		l.renewed = s.Done == nil || s.Done.RenewOK > 0
-		l.expiry = time.Duration(s.Fence-s.Cancel.Wall)*time.Microsecond + ttl
+		l.expiry = time.Duration(s.at()-s.Cancel.Wall)*time.Microsecond + ttl
 		if !l.renewed {
 			if f.ExpiryLate == 0 && f.ExpiryMin == 0 || l.expiry < f.ExpiryMin {
 				f.ExpiryMin = l.expiry
@@ -323,7 +332,7 @@ func analyze(events []event, counter, highest int64, ttl time.Duration, name str
 		f.AfterCancel += l.afterCancel
 		if i+1 < len(byFence) {
 			l.next = byFence[i+1]
-			l.margin = time.Duration(l.next.Fence-s.Cancel.Wall) * time.Microsecond
+			l.margin = time.Duration(l.next.at()-s.Cancel.Wall) * time.Microsecond
 			f.MarginMin = min(f.MarginMin, l.margin)
 			if l.margin <= 0 {
 				f.LateCancels++
@@ -368,7 +377,7 @@ func analyze(events []event, counter, highest int64, ttl time.Duration, name str
 	for i := 1; i < len(byFence); i++ {
 		y, x := byFence[i-1], byFence[i]
 		if y.Done != nil && y.Cancel == nil && !y.Done.Lost && y.Done.WorkEnd > 0 {
-			f.MaxHandover = max(f.MaxHandover, time.Duration(x.Fence-y.Done.WorkEnd)*time.Microsecond)
+			f.MaxHandover = max(f.MaxHandover, time.Duration(x.at()-y.Done.WorkEnd)*time.Microsecond)
 		}
 	}
 	return f, secs
@@ -442,7 +451,7 @@ func describeDoubles(f figures) string {
 		}
 		y, x := d[0], d[1]
 		fmt.Fprintf(&b, "  double grant: at %s worker %d (fence %d) got the lock while worker %d (fence %d) still believed it held it, for another %s",
-			time.UnixMicro(x.Fence).Format("15:04:05.000"), x.W, x.Fence, y.W, y.Fence, ms(time.Duration(y.beliefEnd()-x.Fence)*time.Microsecond))
+			time.UnixMicro(x.at()).Format("15:04:05.000"), x.W, x.Fence, y.W, y.Fence, ms(time.Duration(y.beliefEnd()-x.at())*time.Microsecond))
 		if y.Done != nil && y.Done.Err != "" {
 			fmt.Fprintf(&b, " (its RunWithLock: %s)", strings.ReplaceAll(y.Done.Err, "\n", "; "))
 		}

@@ -125,7 +125,7 @@ func (r *redlockRig) counter(n int) int64 {
 func grantsDuring(secs []*section, s *section) []*section {
 	var out []*section
 	for _, x := range secs {
-		if x.Acq != nil && x.W != s.W && x.Fence > s.Fence && x.Fence < s.beliefEnd() {
+		if x.Acq != nil && x.W != s.W && x.Fence > s.Fence && x.at() < s.beliefEnd() {
 			out = append(out, x)
 		}
 	}
@@ -421,7 +421,7 @@ func testR4(t *testing.T) {
 		b := bare{restart: (2 + round) % nNodes, cut: []int{(3 + round) % nNodes, (4 + round) % nNodes}}
 		r.setLinks(v, b.cut, blackHole)
 		cutAt := wallMicros(time.Now())
-		mine := func(ev event) bool { return ev.W == v && ev.Fence > cutAt }
+		mine := func(ev event) bool { return ev.W == v && ev.Granted > cutAt }
 
 		var mu sync.Mutex
 		var once sync.Once

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -196,8 +197,9 @@ func (w *worker) attempt(ctx context.Context, seq int) {
 func (w *worker) section(ctx context.Context, seq int, lease *fencelock.Lease) error {
 	fence := lease.Fence()
 	now := time.Now()
+	granted := w.hook.granted(lease.Token(), len(w.clients)/2+1)
 	w.call(request{Op: "acquired", W: w.id, Seq: seq, Fence: fence,
-		Wall: wallMicros(now), Deadline: wallMicros(w.clock.realAt(lease.Deadline()))})
+		Wall: wallMicros(now), Deadline: wallMicros(w.clock.realAt(lease.Deadline())), Granted: granted})
 
 	// Report the cancellation the moment it is seen, with how long after the
 	// lease's local deadline it came.
@@ -217,7 +219,7 @@ func (w *worker) section(ctx context.Context, seq int, lease *fencelock.Lease) e
 	}()
 	defer func() { close(stop); <-watched }()
 
-	r := w.call(request{Op: "ubegin", W: w.id, Seq: seq, Fence: fence})
+	r := w.call(request{Op: "ubegin", W: w.id, Seq: seq, Fence: fence, Granted: granted})
 	hold := w.cfg.Hold
 	if r.Hold > 0 {
 		hold = r.Hold
@@ -227,7 +229,7 @@ func (w *worker) section(ctx context.Context, seq int, lease *fencelock.Lease) e
 		time.Sleep(w.cfg.StopDelay)
 		return errAborted
 	}
-	w.call(request{Op: "commit", W: w.id, Seq: seq, Fence: fence}) // may be paused here
+	w.call(request{Op: "commit", W: w.id, Seq: seq, Fence: fence, Granted: granted}) // may be paused here
 	fr := w.call(request{Op: "fwrite", W: w.id, Seq: seq, Fence: fence})
 	w.call(request{Op: "uend", W: w.id, Seq: seq, Fence: fence,
 		Value: r.Value + 1, Wrote: true, FWrote: true, Acked: fr.Accepted})
@@ -289,12 +291,17 @@ func (c scaledClock) realAt(t time.Time) time.Time {
 // which a renewal that reached a quorum sends to a node that lost the lock
 // (restarted empty), and those sent after Release.
 //
+// On a Redlock worker it also dates each acquisition: Redlock fences count
+// up by one and do not date the grant, as one node's (its server's TIME)
+// do, so the hook records when each node's grant reply arrived, and the
+// checker dates the grant by the reply that made the quorum (no earlier
+// than the grant).
+//
 // It recognises the extend script by its arguments (EVALSHA/EVAL with one
 // key and two arguments, the second an integer TTL), which no other script
-// of the library has; and the grant script by its three keys and three
-// arguments, the last the fence, "0" for an acquisition and the lease's
-// fence for a repair (on a Redlock worker only: New's acquire script has as
-// many keys and arguments).
+// of the library has; and the grant script by its three keys and five
+// arguments, the third the fence, "0" for an acquisition and the lease's
+// fence for a repair (on a Redlock worker only).
 type renewHook struct {
 	redlock             bool // a Redlock worker; set before the first command
 	afterRelease        atomic.Int64
@@ -308,6 +315,20 @@ type renewals struct {
 	ok, fail          int
 	repairs, repaired int // repairs sent, and those that put the lock back
 	released          bool
+	grants            []int64 // Redlock: wall µs of each grant reply to an acquisition
+}
+
+// granted returns when the q-th grant reply for token's acquisition
+// arrived (wall µs), or 0 when fewer came (not a Redlock worker).
+func (h *renewHook) granted(token string, q int) int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	g := slices.Clone(h.lease(token).grants)
+	if len(g) < q {
+		return 0
+	}
+	slices.Sort(g)
+	return g[q-1]
 }
 
 var _ redis.Hook = (*renewHook)(nil)
@@ -341,8 +362,17 @@ func (h *renewHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 func (h *renewHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if h.redlock {
-			if token, ok := repairToken(cmd); ok {
+			if token, repair, ok := grantToken(cmd); ok && repair {
 				return h.repair(ctx, next, cmd, token)
+			} else if ok {
+				err := next(ctx, cmd)
+				if reply, _ := cmd.(*redis.Cmd).Slice(); err == nil && len(reply) > 0 && reply[0] == int64(1) {
+					at := wallMicros(time.Now())
+					h.mu.Lock()
+					h.lease(token).grants = append(h.lease(token).grants, at)
+					h.mu.Unlock()
+				}
+				return err
 			}
 		}
 		token, ok := extendToken(cmd)
@@ -393,26 +423,27 @@ func (h *renewHook) repair(ctx context.Context, next redis.ProcessHook, cmd redi
 	return err
 }
 
-// repairToken returns the token of a Redlock repair: a grant script call
-// whose fence argument is not "0".
-func repairToken(cmd redis.Cmder) (string, bool) {
+// grantToken returns the token of a Redlock grant script call, and whether
+// it is a repair (its fence argument is not "0").
+func grantToken(cmd redis.Cmder) (token string, repair, ok bool) {
 	if _, isCmd := cmd.(*redis.Cmd); !isCmd {
-		return "", false
+		return "", false, false
 	}
 	args := cmd.Args()
-	if len(args) != 9 || (cmd.Name() != "evalsha" && cmd.Name() != "eval") {
-		return "", false
+	if len(args) != 11 || (cmd.Name() != "evalsha" && cmd.Name() != "eval") {
+		return "", false, false
 	}
-	if fmt.Sprint(args[2]) != "3" || fmt.Sprint(args[8]) == "0" {
-		return "", false
+	if fmt.Sprint(args[2]) != "3" {
+		return "", false, false
 	}
+	repair = fmt.Sprint(args[8]) != "0"
 	switch token := args[6].(type) {
 	case string:
-		return token, true
+		return token, repair, true
 	case []byte:
-		return string(token), true
+		return string(token), repair, true
 	}
-	return "", false
+	return "", false, false
 }
 
 // extendToken returns the token of an extend script call.
