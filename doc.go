@@ -44,8 +44,10 @@
 // NULL), and the write must check the rows it changed: 0 rows means a newer
 // holder came first.
 //
-// A fence is a positive int64 (store it as BIGINT). For each lock name it is
-// max(previous fence + 1, server time in microseconds since the Unix epoch).
+// A fence is a positive int64 (store it as BIGINT). For each lock name, on
+// one deployment (New), it is max(previous fence + 1, server time in
+// microseconds since the Unix epoch); a Redlock's fences count up by one
+// from counters on its nodes (see Redlock below).
 // The previous fence is kept in the counter key KeyPrefix+"{"+name+"}:fence"
 // for Options.FenceRetention (default 1h) after the name's last acquisition,
 // then the key expires: a service locking order:<id> does not grow Redis by a
@@ -70,7 +72,8 @@
 // and returns the fence issued to that token, which the lock's value keeps:
 // "<token> <fence> <owner>" (Options.Owner or WithOwner). When the counter
 // is at the largest int64, the acquisition fails with ErrMisconfigured and
-// takes no lock: a fence is never issued twice.
+// takes no lock: a fence is never issued twice (on a Redlock, when the
+// nodes that refuse so leave no quorum).
 //
 // # Keys
 //

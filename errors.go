@@ -174,7 +174,7 @@ func classify(err error) errClass {
 		}
 		return classMisconfigured
 	}
-	if errors.Is(err, errReply) || errors.Is(err, errCounterAtMax) {
+	if errors.Is(err, errReply) {
 		return classMisconfigured
 	}
 	return classUnavailable

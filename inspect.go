@@ -207,11 +207,15 @@ func (q *quorum) inspect(ctx context.Context, key, fenceKey string, waiters bool
 			continue
 		}
 		// Held while a quorum keeps it: the q-th longest TTL. Its fence is
-		// the one a quorum stored with it; a node that granted it after
-		// the quorum did may store the value its own counter reached.
+		// the one most of its nodes store (a quorum stored it before
+		// Acquire returned; a node that granted it after the quorum, or
+		// was behind, stores the value its own counter reached until the
+		// lease's fence is written there, in the background), the larger
+		// on a tie.
 		pttls := make([]time.Duration, 0, len(hs))
 		fences := map[int64]int{}
-		best := hs[0]
+		var best holding
+		var bestFence int64
 		for _, h := range hs {
 			p := h.pttl
 			if p < 0 {
@@ -219,8 +223,9 @@ func (q *quorum) inspect(ctx context.Context, key, fenceKey string, waiters bool
 			}
 			pttls = append(pttls, p)
 			_, f, _ := parseValue(h.value)
-			if fences[f]++; fences[f] == q.n {
-				best = h
+			fences[f]++
+			if n, bn := fences[f], fences[bestFence]; best.value == "" || n > bn || (n == bn && f > bestFence) {
+				best, bestFence = h, f
 			}
 		}
 		slices.Sort(pttls)

@@ -2,7 +2,6 @@ package fencelock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -164,10 +163,6 @@ type nodeGrant struct {
 	err   error
 }
 
-// errCounterAtMax is the grant script's refusal to count on a fence counter
-// at its maximum (or not a number).
-var errCounterAtMax = errors.New("the fence counter is at its maximum (9223372036854775807) or not a number: delete it; fences go on from the servers' time")
-
 // grant runs redlock_grant.lua on the node: an attempt's phase 1 with fence
 // 0, a repair with the lease's fence otherwise.
 func (d *deployment) grant(ctx context.Context, lease *Lease, ttl time.Duration, fence int64) nodeGrant {
@@ -182,7 +177,7 @@ func (d *deployment) grant(ctx context.Context, lease *Lease, ttl time.Duration,
 		flag, _ = arr[0].(int64)
 	}
 	switch {
-	case flag == 1 && len(arr) == 2:
+	case flag == 1 && len(arr) == 3:
 		f, _ := arr[1].(string)
 		if fence, err := strconv.ParseInt(f, 10, 64); err == nil {
 			return nodeGrant{ok: true, fence: fence}
@@ -195,8 +190,6 @@ func (d *deployment) grant(ctx context.Context, lease *Lease, ttl time.Duration,
 		}
 	case flag == 2 && len(arr) == 1:
 		return nodeGrant{err: errRetired}
-	case flag == 3 && len(arr) == 1:
-		return nodeGrant{err: errCounterAtMax}
 	}
 	return nodeGrant{err: fmt.Errorf("%w from the grant script: %v", errReply, reply)}
 }
@@ -317,6 +310,7 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 			return attempt{retire: true, err: &quorumError{class: classUnavailable,
 				msg: fmt.Sprintf("a quorum granted the lock after its validity %v", validity)}}
 		}
+		q.settle(lease, grants, len(q.nodes)-len(ok)-len(busy)-len(failed), fence, start.Add(validity))
 		return attempt{ok: true, fence: fence}
 	}
 	type set struct {
@@ -324,7 +318,8 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 		ok   bool
 		err  error
 	}
-	sets := each(ctx, q, start.Add(validity).Sub(q.l.clock.Now()), false, func(ctx context.Context, i int, d *deployment) set {
+	// Detached: a caller that gives up must not leave a node behind.
+	sets := each(ctx, q, start.Add(validity).Sub(q.l.clock.Now()), true, func(ctx context.Context, i int, d *deployment) set {
 		if !behind[i] {
 			return set{node: i}
 		}
@@ -357,7 +352,36 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 			msg:  fmt.Sprintf("the fence reached %d of %d nodes within the lock's validity %v", recorded, len(q.nodes), validity),
 			errs: errs}}
 	}
+	q.settle(lease, grants, len(q.nodes)-len(ok)-len(busy)-len(failed), fence, start.Add(validity))
 	return attempt{ok: true, fence: fence}
+}
+
+// settle writes the fence, in the background, to the nodes whose grants
+// came after the quorum's were read (pending is how many replies were not
+// read): each stored the value its own counter reached, which may differ
+// from the lease's fence, so that every node holding the lease stores its
+// fence (Inspect reports it) and counters agree again. It stops at end, the
+// lease's validity; a node it misses keeps a counter at least the value it
+// stored, which no ordering needs to be higher.
+func (q *quorum) settle(lease *Lease, grants *results[nodeGrant], pending int, fence int64, end time.Time) {
+	if pending == 0 {
+		return
+	}
+	fenceArg := strconv.FormatInt(fence, 10)
+	q.l.bg.add()
+	go func() {
+		defer q.l.bg.finish()
+		for range pending {
+			g := <-grants.ch // every node's call sends its result, within its timeout
+			if !g.ok || g.fence == fence || !q.l.clock.Now().Before(end) {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), end.Sub(q.l.clock.Now()))
+			_, _ = q.nodes[g.node].run(ctx, setFenceScript, false, []any{lease.keyArgs[keyLock], lease.keyArgs[keyCounter]},
+				lease.tokenArg, fenceArg, q.l.retentionMillis)
+			cancel()
+		}
+	}()
 }
 
 // refused is the outcome of an attempt that got no quorum: busy when enough

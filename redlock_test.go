@@ -455,6 +455,75 @@ func TestRedlockFenceCountersAtTheirMaximum(t *testing.T) {
 	}
 }
 
+func TestRedlockLateGrantStoresTheLeaseFence(t *testing.T) {
+	// Node 2 answers 100ms late and its counter is ahead: its grant, read
+	// after the quorum's, stores the value its own counter reached. The
+	// lease's fence is then written there too, so every node holding the
+	// lease stores it, and Inspect reports it with a node of the quorum
+	// paused.
+	const ahead = int64(1) << 60
+	e := newRedlockEnv(t, 3, nil)
+	proxy := redistest.StartProxy(t, e.srvs[2].Addr)
+	proxy.SetLatency(50 * time.Millisecond)
+	slow := redis.NewClient(&redis.Options{Addr: proxy.Addr})
+	t.Cleanup(func() { _ = slow.Close() })
+	l, err := NewRedlock([]redis.UniversalClient{e.clients[0], e.clients[1], slow}, &Options{ReleaseTimeout: time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	name := uniqueName(t)
+	_, fenceKey := l.keys(name)
+	for i, a := range e.admins {
+		c := ahead
+		if i == 2 {
+			c += 100
+		}
+		require.NoError(t, a.Set(ctx, fenceKey, c, 0).Err())
+	}
+	lease, err := l.Acquire(ctx, name, WithTTL(10*time.Second))
+	require.NoError(t, err)
+	assert.Equal(t, ahead+1, lease.Fence(), "nodes 0 and 1 made the quorum")
+	want := lease.Token() + " " + strconv.FormatInt(lease.Fence(), 10) + " " + l.opts.Owner
+	require.Eventually(t, func() bool { return e.admins[2].Get(ctx, lease.Key()).Val() == want },
+		2*time.Second, 5*time.Millisecond, "the late node stores the lease's fence")
+
+	e.srvs[0].Pause()
+	t.Cleanup(e.srvs[0].Resume)
+	info, err := l.Inspect(ctx, name)
+	require.NoError(t, err)
+	assert.True(t, info.Held)
+	assert.Equal(t, lease.Fence(), info.Fence)
+	assert.Equal(t, lease.Fence(), info.LastFence, "the q-th largest counter")
+	e.srvs[0].Resume()
+	require.NoError(t, lease.Release(ctx))
+}
+
+func TestRedlockNodeOutOfMemoryIsNotMisconfigured(t *testing.T) {
+	// The lock is held by A on nodes 0 and 1; node 2 is out of memory, so
+	// it refuses the grant's first write. B's attempt gets nodes 3 and 4:
+	// busy, with a quorum of nodes answering; a node out of memory (as one
+	// read-only during a failover) is a node down, not a misconfiguration,
+	// so B waits instead of giving up.
+	e := newRedlockEnv(t, 5, nil)
+	a := e.locker(t, nil)
+	name := uniqueName(t)
+	held, err := a.Acquire(ctx, name, WithTTL(10*time.Second))
+	require.NoError(t, err)
+	for _, admin := range e.admins[2:] {
+		require.NoError(t, admin.Del(ctx, held.Key()).Err())
+	}
+	require.NoError(t, e.admins[2].ConfigSet(ctx, "maxmemory", "1").Err())
+	t.Cleanup(func() { _ = e.admins[2].ConfigSet(ctx, "maxmemory", "0").Err() })
+
+	b := e.locker(t, nil)
+	start := time.Now()
+	_, err = b.Acquire(ctx, name, WithWait(300*time.Millisecond))
+	require.ErrorIs(t, err, ErrNotObtained, "busy, not refused")
+	assert.NotErrorIs(t, err, ErrMisconfigured)
+	assert.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond, "it waited")
+	require.NoError(t, e.admins[2].ConfigSet(ctx, "maxmemory", "0").Err())
+	_ = held.Release(ctx) // ErrNotHeld: held on two nodes of five
+}
+
 func TestRedlockReleaseWakesWaiters(t *testing.T) {
 	e := newRedlockEnv(t, 3, nil)
 	l := e.locker(t, slowPolling)

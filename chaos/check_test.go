@@ -25,10 +25,10 @@ type section struct {
 	Done   *event // done
 }
 
-// at is the wall time (µs) of the grant: one node's fence is its server's
-// TIME at the grant, on the host clock the workers' wall times are read
-// from; a Redlock fence counts up by one, and its worker reports when the
-// reply that made the quorum arrived instead (no earlier than the grant).
+// at is the wall time (µs) of the grant, on the host clock the workers'
+// wall times are read from: one node's fence is its server's TIME at the
+// grant; a Redlock fence counts up by one, and its worker reports the TIME
+// at which the q-th node granted it instead.
 func (s *section) at() int64 {
 	if s.Acq != nil && s.Acq.Granted > 0 {
 		return s.Acq.Granted
@@ -338,7 +338,7 @@ func analyze(events []event, counter, highest int64, ttl time.Duration, name str
 				f.LateCancels++
 			}
 			for _, ev := range []*event{s.FWrite, s.End} {
-				if ev != nil && (ev.Op == "fwrite" || ev.Wrote) && ev.TWall > l.next.Fence {
+				if ev != nil && (ev.Op == "fwrite" || ev.Wrote) && ev.TWall > l.next.at() {
 					l.writesAfter++
 				}
 			}

@@ -41,7 +41,7 @@ type request struct {
 
 	Wall     int64  `json:"wall,omitempty"`     // the worker's wall clock at the event, µs since the epoch
 	Deadline int64  `json:"deadline,omitempty"` // acquired, cancel: the lease's Deadline in real wall µs
-	Granted  int64  `json:"granted,omitempty"`  // acquired, ubegin, commit, Redlock: wall µs when the quorum's last grant reply arrived (the grant came no later)
+	Granted  int64  `json:"granted,omitempty"`  // acquired, ubegin, commit, Redlock: when a quorum held the lock (the q-th earliest grant's server TIME, µs)
 	LagUS    int64  `json:"lag,omitempty"`      // cancel: real µs from the lease's Deadline to the cancellation
 	Cause    string `json:"cause,omitempty"`    // cancel: context.Cause
 	Lost     bool   `json:"lost,omitempty"`     // cancel: the cause matches ErrLost; done: the error does

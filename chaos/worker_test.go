@@ -293,9 +293,9 @@ func (c scaledClock) realAt(t time.Time) time.Time {
 //
 // On a Redlock worker it also dates each acquisition: Redlock fences count
 // up by one and do not date the grant, as one node's (its server's TIME)
-// do, so the hook records when each node's grant reply arrived, and the
-// checker dates the grant by the reply that made the quorum (no earlier
-// than the grant).
+// do, so the hook records the TIME each node's grant reply carries (when
+// that node granted), and the acquisition is dated by the q-th earliest:
+// when a quorum held the lock.
 //
 // It recognises the extend script by its arguments (EVALSHA/EVAL with one
 // key and two arguments, the second an integer TTL), which no other script
@@ -315,11 +315,11 @@ type renewals struct {
 	ok, fail          int
 	repairs, repaired int // repairs sent, and those that put the lock back
 	released          bool
-	grants            []int64 // Redlock: wall µs of each grant reply to an acquisition
+	grants            []int64 // Redlock: each node's TIME (µs) when it granted an acquisition
 }
 
-// granted returns when the q-th grant reply for token's acquisition
-// arrived (wall µs), or 0 when fewer came (not a Redlock worker).
+// granted returns when the q-th node granted token's acquisition (its
+// server's TIME, µs), or 0 when fewer did (not a Redlock worker).
 func (h *renewHook) granted(token string, q int) int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -366,11 +366,13 @@ func (h *renewHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 				return h.repair(ctx, next, cmd, token)
 			} else if ok {
 				err := next(ctx, cmd)
-				if reply, _ := cmd.(*redis.Cmd).Slice(); err == nil && len(reply) > 0 && reply[0] == int64(1) {
-					at := wallMicros(time.Now())
-					h.mu.Lock()
-					h.lease(token).grants = append(h.lease(token).grants, at)
-					h.mu.Unlock()
+				if reply, _ := cmd.(*redis.Cmd).Slice(); err == nil && len(reply) == 3 && reply[0] == int64(1) {
+					s, _ := reply[2].(string)
+					if at, perr := strconv.ParseInt(s, 10, 64); perr == nil {
+						h.mu.Lock()
+						h.lease(token).grants = append(h.lease(token).grants, at)
+						h.mu.Unlock()
+					}
 				}
 				return err
 			}
