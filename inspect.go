@@ -39,8 +39,9 @@ type LockInfo struct {
 // nodes agree on, and the longest TTL for which a quorum keeps it.
 //
 // It returns ErrInvalid for a bad name, ErrUnavailable or ErrMisconfigured
-// when Redis could not answer, or an error matching ctx.Err() when ctx
-// ended first.
+// when Redis could not answer (on a Redlock, when fewer than a quorum of
+// nodes answered, each within Options.ReleaseTimeout), or an error matching
+// ctx.Err() when ctx ended first.
 func (l *Locker) Inspect(ctx context.Context, name string) (LockInfo, error) {
 	if err := l.usable(); err != nil {
 		return LockInfo{}, err

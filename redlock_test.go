@@ -633,6 +633,29 @@ func TestRedlockInspect(t *testing.T) {
 	_ = lease.Release(ctx)
 }
 
+func TestRedlockInspectNeedsAQuorumOfAnswers(t *testing.T) {
+	// Two nodes of three hung: one answer cannot say whether a quorum
+	// holds the lock, so Inspect is unavailable (by ReleaseTimeout), not
+	// "not held".
+	e := newRedlockEnv(t, 3, nil)
+	l := e.locker(t, &Options{ReleaseTimeout: 200 * time.Millisecond})
+	name := uniqueName(t)
+	lease, err := l.Acquire(ctx, name)
+	require.NoError(t, err)
+	e.srvs[1].Pause()
+	e.srvs[2].Pause()
+	t.Cleanup(e.srvs[1].Resume)
+	t.Cleanup(e.srvs[2].Resume)
+	start := time.Now()
+	_, err = l.Inspect(ctx, name)
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.Contains(t, err.Error(), "1 of 3 nodes answered, 2 needed")
+	assert.Less(t, time.Since(start), time.Second, "bounded by ReleaseTimeout")
+	e.srvs[1].Resume()
+	e.srvs[2].Resume()
+	require.NoError(t, lease.Release(ctx))
+}
+
 // A lease held on a bare quorum {0, 1, 4} (common under contention), then
 // node 4 dies: 4 of 5 nodes are up and the holder still believes it holds
 // the lock. Another Locker with FailOpen is refused by nodes 0 and 1 (busy),
