@@ -377,10 +377,15 @@ func TestRedlockFenceOneRoundWhenCountersAgree(t *testing.T) {
 	// each way, with no phase 2.
 	const start = int64(1) << 50
 	e := newRedlockEnv(t, 5, nil)
-	l := e.locker(t, nil)
-	warm, err := l.Acquire(ctx, uniqueName(t)+"-warm") // loads the scripts
+	// A first Locker loads the scripts; Close waits for its background
+	// calls (grants and releases still on their way to the last nodes, the
+	// fence written to late nodes), so that none is counted below.
+	first := e.locker(t, nil)
+	warm, err := first.Acquire(ctx, uniqueName(t)+"-warm")
 	require.NoError(t, err)
 	require.NoError(t, warm.Release(ctx))
+	require.NoError(t, first.Close())
+	l := e.locker(t, nil)
 	name := uniqueName(t)
 	_, fenceKey := l.keys(name)
 	for _, a := range e.admins {
@@ -392,13 +397,17 @@ func TestRedlockFenceOneRoundWhenCountersAgree(t *testing.T) {
 		lease, err := l.Acquire(ctx, name)
 		require.NoError(t, err)
 		assert.Equal(t, start+int64(i)+1, lease.Fence())
+		// Acquire returns once a quorum granted, and Release once a quorum
+		// released: a release must not overtake a grant still on its way
+		// to a node, nor the next grant a release (the node would refuse
+		// it, and its counter would fall behind).
+		require.Eventually(t, func() bool { return e.holders(t, lease.Key(), lease.Token()) == len(e.admins) },
+			time.Second, time.Millisecond)
 		require.NoError(t, lease.Release(ctx))
-		// Release returns once a quorum released; the next grant must not
-		// overtake a release still on its way to a node (it would find
-		// the node busy, which would leave that node's counter behind).
 		require.Eventually(t, func() bool { return e.holders(t, lease.Key(), lease.Token()) == 0 },
 			time.Second, time.Millisecond)
 	}
+	require.NoError(t, l.Close()) // every call has reached its node
 	var calls int64
 	for i, a := range e.admins {
 		for _, cmd := range []string{"evalsha", "eval"} {
