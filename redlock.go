@@ -360,9 +360,9 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 // came after the quorum's were read (pending is how many replies were not
 // read): each stored the value its own counter reached, which may differ
 // from the lease's fence, so that every node holding the lease stores its
-// fence (Inspect reports it) and counters agree again. It stops at end, the
-// lease's validity; a node it misses keeps a counter at least the value it
-// stored, which no ordering needs to be higher.
+// fence (Inspect reports it) and a counter behind it is raised to it (one
+// ahead stays ahead). It stops at end, the lease's validity; no ordering
+// rests on it: a quorum had the fence before Acquire returned.
 func (q *quorum) settle(lease *Lease, grants *results[nodeGrant], pending int, fence int64, end time.Time) {
 	if pending == 0 {
 		return
