@@ -73,6 +73,16 @@ func waitSubscribed(t *testing.T, srv *redistest.Server, name string) {
 		10*time.Second, time.Millisecond, "the waiter's subscription")
 }
 
+// waitInLine starts a fair Acquire of name on l in the background and
+// returns once it is in the lock's line and its channel is subscribed.
+func waitInLine(t *testing.T, e *env, l *Locker, name string, opts ...Option) <-chan acquired {
+	t.Helper()
+	got := acquireInBackground(t, l, name, append([]Option{WithFair()}, opts...)...)
+	waitQueued(t, e.admin, name, 1)
+	waitSubscribed(t, e.srv, name)
+	return got
+}
+
 func lockerFor(t *testing.T, c redis.UniversalClient, opts *Options) *Locker {
 	t.Helper()
 	l, err := New(c, opts)
@@ -939,9 +949,7 @@ func TestFairFailingAttemptsArePaced(t *testing.T) {
 	name := uniqueName(t)
 	_, err := holders.Acquire(ctx, name, WithTTL(time.Minute))
 	require.NoError(t, err)
-	got := acquireInBackground(t, l, name, WithFair(), WithWait(3*time.Second), WithTTL(time.Minute))
-	waitQueued(t, e.admin, name, 1)
-	waitSubscribed(t, e.srv, name)
+	got := waitInLine(t, e, l, name, WithWait(3*time.Second), WithTTL(time.Minute))
 	var attempts, keeps atomic.Int32
 	e.hook.set(func(_ context.Context, cmd redis.Cmder) error {
 		switch scriptName(cmd) {
@@ -974,9 +982,7 @@ func TestFairGrantWhileKeepAliveInFlight(t *testing.T) {
 	name := uniqueName(t)
 	holder, err := holders.Acquire(ctx, name, WithTTL(time.Minute))
 	require.NoError(t, err)
-	got := acquireInBackground(t, l, name, WithFair(), WithWait(time.Minute), WithTTL(time.Minute))
-	waitQueued(t, e.admin, name, 1)
-	waitSubscribed(t, e.srv, name)
+	got := waitInLine(t, e, l, name, WithWait(time.Minute), WithTTL(time.Minute))
 	unblock := make(chan struct{})
 	held := make(chan struct{}, 1)
 	e.hook.set(func(_ context.Context, cmd redis.Cmder) error {
@@ -1021,9 +1027,7 @@ func TestFairKeepAliveEveryThirdOfTheTTL(t *testing.T) {
 			name := uniqueName(t)
 			_, err := l.Acquire(ctx, name, WithTTL(time.Minute))
 			require.NoError(t, err)
-			got := acquireInBackground(t, l, name, WithFair(), WithWait(time.Minute), WithTTL(tc.ttl))
-			waitQueued(t, e.admin, name, 1)
-			waitSubscribed(t, e.srv, name)
+			got := waitInLine(t, e, l, name, WithWait(time.Minute), WithTTL(tc.ttl))
 			time.Sleep(100 * time.Millisecond) // past the keep-alive sent on the subscription's confirmation
 			var keeps atomic.Int32
 			e.hook.set(func(_ context.Context, cmd redis.Cmder) error {
