@@ -463,6 +463,15 @@ func TestRedlockFenceCountersAtTheirMaximum(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(math.MaxInt64), last.Fence(), "the last fence there is, exact beyond 2^53")
 	require.NoError(t, last.Release(ctx))
+	// Release returns once a quorum deleted the lock; the last node's
+	// release goes on in the background. Wait for it, so what is found
+	// below is what the failed Acquire left.
+	for i, a := range e.admins {
+		require.Eventually(t, func() bool {
+			n, err := a.Exists(ctx, last.Key()).Result()
+			return err == nil && n == 0
+		}, 2*time.Second, time.Millisecond, "node %d released the last lease", i)
+	}
 
 	_, err = l.Acquire(ctx, name)
 	require.ErrorIs(t, err, ErrMisconfigured, "no fence left to issue")
