@@ -37,8 +37,13 @@ type backend interface {
 	// it from the lease, which the keep-alive's goroutine must not).
 	queue(ctx context.Context, lease *Lease, ttl time.Duration, mode string) (queueReply, error)
 	// register adds a waiter for the releases of the lock at key; with a
-	// token, a fair waiter that also gets the grants made to it.
-	register(key, token string) *waiter
+	// token, a fair waiter that also gets the grants made to it; with a
+	// line, an Acquire in a Redlock line (see line; a deployment has none).
+	register(key, token string, ln *line) *waiter
+	// leaveLine takes lease's Acquire, which gave up, out of its Redlock
+	// line, and retires lease's token on the line's node (see line); a
+	// deployment has no line.
+	leaveLine(ctx context.Context, lease *Lease) error
 	// wakeSpread is how long waiters woken together spread their next
 	// attempts over; 0 where the first attempt wins atomically.
 	wakeSpread() time.Duration
@@ -62,6 +67,11 @@ type attempt struct {
 	// that back in the background and retiring the token, so the next try
 	// needs a new one.
 	retire bool
+	// lined: busy, and the attempt's Acquire is in the line of a Redlock
+	// quorum's first node, whose releases name who tries next; ahead is how
+	// many are ahead of it there (see line).
+	lined bool
+	ahead int64
 }
 
 // A deployment is one Redis deployment: a server, a Sentinel-managed
@@ -266,6 +276,12 @@ func isReplicaShort(err error) bool {
 }
 
 func (d *deployment) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
+	return d.releaseIn(ctx, lease, mode, "")
+}
+
+// releaseIn is release that also takes the call lineID out of the node's
+// Redlock line, in the same script ("" for none; see line).
+func (d *deployment) releaseIn(ctx context.Context, lease *Lease, mode, lineID string) (int64, error, error) {
 	markerTTL := d.l.releaseTimeoutMillis
 	if mode != modeRelease {
 		// A late attempt is refused for as long as its lock would live.
@@ -275,17 +291,22 @@ func (d *deployment) release(ctx context.Context, lease *Lease, mode string) (in
 	if d.dbTag != "" {
 		channel = d.channel(lease.keys[keyLock])
 	}
-	reply, err := evalScript(ctx, d.client, releaseScript, false, lease.keyArgs[:],
-		[]any{lease.tokenArg, channel, mode, markerTTL, d.l.retentionMillis}).Result()
+	argv := []any{lease.tokenArg, channel, mode, markerTTL, d.l.retentionMillis}
+	if lineID != "" {
+		argv = append(argv, lineID)
+	}
+	reply, err := evalScript(ctx, d.client, releaseScript, false, lease.keyArgs[:], argv).Result()
 	if err != nil {
 		return 0, nil, err
 	}
 	return decodeRelease(reply)
 }
 
-func (d *deployment) register(key, token string) *waiter {
-	return d.waits.register(d.channel(key), nil, token)
+func (d *deployment) register(key, token string, _ *line) *waiter {
+	return d.waits.register(d.channel(key), nil, token, nil, false)
 }
+
+func (d *deployment) leaveLine(context.Context, *Lease) error { return nil }
 
 func (d *deployment) wakeSpread() time.Duration { return 0 }
 

@@ -89,7 +89,10 @@
 //     attempts cannot take the lock;
 //   - with fair waiters only, the line: the same plus ":q" (a sorted set of
 //     their tokens by arrival) and ":qi" (a hash of each one's entry), kept
-//     for 2 seconds after the last waiter's last keep-alive.
+//     for 2 seconds after the last waiter's last keep-alive; on a Redlock's
+//     first node, the same two keys hold its line of waiting Acquire calls
+//     (see Redlock), kept for max(1s, 4 × MaxRetryBackoff) after the last
+//     attempt of a call in it.
 //
 // Because the lock keys expire, a maxmemory policy of volatile-lru,
 // volatile-lfu, volatile-random or volatile-ttl evicts them first when Redis
@@ -225,24 +228,48 @@
 //
 // NewRedlock keeps each lock on N independent Redis deployments (typically
 // 5) and holds it when a quorum, N/2+1, granted it within its validity: TTL
-// minus the time the grants took minus the drift allowance. The lease is
-// the same as New's: Deadline is the request's start + TTL − drift, the
-// watchdog renews on every node and needs a quorum, Release goes to every
-// node and reports the lease held (nil) only if it still held the lock on a
-// quorum (on fewer, another may have held a quorum meanwhile: ErrNotHeld,
-// and RunWithLock reports a loss), a release on any node wakes the waiters. Calls to the nodes run in
-// parallel, each bounded, so that a hung node holds nothing up; a minority
-// down or hung is not an outage: ErrUnavailable, and FailOpen, only when
-// fewer than a quorum of nodes answer; an attempt waits for a hung minority
-// only a little longer than the quorum took to answer. A renewal puts the
-// lock back on nodes that lost it (restarted empty) or never got it, where
-// they are free, while the lease still holds a quorum: a lease does not
-// shrink to a bare quorum, and a failed minority does not cost it the lock
-// while a quorum of other nodes is free. An attempt that got no quorum gives back what it took at once
-// and the next attempt uses a new token, so that this clean-up never
-// touches what a later attempt was granted; releases and clean-ups retire
-// the token on every node, so that a grant still on its way to a slow node
-// cannot take the lock after it.
+// minus the time the grants took minus the drift allowance. The lease is the
+// same as New's: Deadline is the request's start + TTL − drift, the watchdog
+// renews on every node and needs a quorum, Release goes to every node and
+// reports the lease held (nil) only if it still held the lock on a quorum
+// (on fewer, another may have held a quorum meanwhile: ErrNotHeld, and
+// RunWithLock reports a loss). Calls to the nodes run in parallel, each
+// bounded, so that a hung node holds nothing up; a minority down or hung is
+// not an outage: ErrUnavailable, and FailOpen, only when fewer than a quorum
+// of nodes answer; an attempt waits for a hung minority only a little longer
+// than the quorum took to answer. A renewal puts the lock back on nodes that
+// lost it (restarted empty) or never got it, where they are free, while the
+// lease still holds a quorum: a lease does not shrink to a bare quorum, and
+// a failed minority does not cost it the lock while a quorum of other nodes
+// is free. An attempt that got no quorum gives back what it took at once and
+// the next attempt uses a new token, so that this clean-up never touches
+// what a later attempt was granted; releases and clean-ups retire the token
+// on every node, so that a grant still on its way to a slow node cannot take
+// the lock after it.
+//
+// Waiters wait in line on the first node (the first client given to
+// NewRedlock: give them in the same order in every process). A waiting
+// Acquire's attempt that finds the lock held there joins that node's line,
+// or keeps its place in it, in the same script; the attempt that gets the
+// lock there, or the lease's release, takes the call out. A release on the
+// first node publishes "next" with the first live call in line, and only
+// that call tries: on one deployment the first attempt after a release wins
+// atomically, but on a quorum every woken waiter's attempt costs a call to
+// every node, and waiters woken together split the nodes' votes. A waiter in
+// line hears only the first node; it wakes when it is named, when the line
+// is empty at a release, when its subscription there is confirmed and no one
+// was ahead of it, when its connection there breaks (messages may have been
+// lost: every waiter on it tries), when the holder's TTL runs out, or after
+// a pause of MaxRetryBackoff/2 to MaxRetryBackoff (a lost message, or a
+// named call that is gone), whichever comes first. The line orders wake-ups,
+// not grants: any attempt may take a free lock, and a call whose attempt got
+// the first node but no quorum is out of line until its next attempt finds
+// the lock held there. A call that gives up leaves the line, in the
+// background; a crashed process's entry expires after max(1s, 4 ×
+// MaxRetryBackoff), and until then each release that names it waits for the
+// others' pauses. When the first node does not answer, a waiter is out of
+// line and listens on every node, and a release on any node wakes it, as on
+// one deployment.
 //
 // Fences stay ordered without trusting clocks. Each node keeps a fence
 // counter. Every node that grants the lock counts its counter on in the same

@@ -127,7 +127,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 		joined     bool             // the queue has (or may have) an entry of this token
 		trust      = true           // a grant message for this token is current
 		attemptNow = true
-		w          = l.b.register(lease.keys[keyLock], lease.token)
+		w          = l.b.register(lease.keys[keyLock], lease.token, nil)
 	)
 	defer func() {
 		if w != nil {
@@ -161,7 +161,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 		if w != nil {
 			w.leave()
 		}
-		w = l.b.register(lease.keys[keyLock], lease.token)
+		w = l.b.register(lease.keys[keyLock], lease.token, nil)
 	}
 	giveUp := func() (*Lease, error) {
 		if joined || unsure {

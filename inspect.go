@@ -26,10 +26,10 @@ type LockInfo struct {
 	// Waiters is how many Lockers wait for the lock's release (subscribed
 	// to its channel). Several waiting Acquire calls of one Locker count
 	// once; waits that poll (after Close, or without pub/sub permissions)
-	// are not counted; a Locker whose last fair wait (WithFair) for the
-	// lock ended less than a second ago still counts, even if that wait
-	// took the lock (its subscription lingers, so that its next fair wait
-	// starts subscribed).
+	// are not counted; a Locker whose last fair wait (WithFair), or last
+	// wait in a Redlock's line, for the lock ended less than a second ago
+	// still counts, even if that wait took the lock (its subscription
+	// lingers, so that its next wait starts subscribed).
 	Waiters int
 }
 

@@ -14,11 +14,15 @@ import (
 // use, and safe on a nil *Lease, which holds nothing: so a deferred Release
 // after a failed Acquire does no harm.
 type Lease struct {
-	locker   *Locker
-	name     string
-	keys     [nKeys]string // lock, token marker, fence counter, queue, queue entries: the scripts' KEYS
-	keyArgs  [nKeys]any    // keys, boxed once
-	fair     bool          // WithFair
+	locker  *Locker
+	name    string
+	keys    [nKeys]string // lock, token marker, fence counter, queue, queue entries: the scripts' KEYS
+	keyArgs [nKeys]any    // keys, boxed once
+	fair    bool          // WithFair
+	// line is the id of the waiting Acquire call the lease is an attempt
+	// of, in a Redlock line (see line in redlock.go); "" when it does not
+	// wait.
+	line     string
 	token    string
 	tokenArg any // token, boxed once for the scripts' ARGV
 	owner    string
@@ -429,6 +433,7 @@ const (
 	modeRelease       = "r"
 	modeAbandon       = "a"
 	modeQuorumRelease = "q"
+	modeQuorumAbandon = "b"
 )
 
 // runRelease runs the release script in mode; perr is set when the lock was

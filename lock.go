@@ -27,10 +27,11 @@ type Locker struct {
 	clock Clock
 	bg    tasks
 
-	releaseTimeoutMillis any // opts.ReleaseTimeout in ms, boxed once for the scripts' ARGV
-	retentionMillis      any // opts.FenceRetention in ms, boxed once
-	ownerArg             any // opts.Owner, boxed once
-	defaultTTLArg        any // opts.TTL in ms, boxed once
+	releaseTimeoutMillis any  // opts.ReleaseTimeout in ms, boxed once for the scripts' ARGV
+	retentionMillis      any  // opts.FenceRetention in ms, boxed once
+	ownerArg             any  // opts.Owner, boxed once
+	defaultTTLArg        any  // opts.TTL in ms, boxed once
+	lines                bool // waiting Acquire calls wait in a line (a Redlock's; see line)
 
 	publishWarned atomic.Bool // a failed wake-up was logged
 
@@ -362,6 +363,9 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 		w       *waiter // wake-ups on release, once the lock was found busy
 		wokeAt  time.Time
 	)
+	if wait > 0 && l.lines {
+		lease.line = lease.token // this call's id in the line
+	}
 	defer func() {
 		if w != nil {
 			w.leave()
@@ -369,7 +373,9 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 	}()
 	giveUp := func() (*Lease, error) {
 		if unsure {
-			l.abandon(lease)
+			l.abandon(lease) // out of line too
+		} else if lease.line != "" {
+			l.leaveLine(lease)
 		}
 		ctxE := ctxErr(ctx)
 		if log.Enabled(ctx, slog.LevelDebug) {
@@ -455,7 +461,7 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 			// the backend gives that back in the background. Try again
 			// with a new token, which that clean-up cannot touch.
 			next := l.newLease(lease.name, lease.ttl)
-			next.owner, next.ownerArg = lease.owner, lease.ownerArg
+			next.owner, next.ownerArg, next.line = lease.owner, lease.ownerArg, lease.line
 			lease = next
 			unsure = false
 		}
@@ -467,14 +473,36 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 		if w == nil && busy {
 			// Wake-ups from now on: the subscription is made in the
 			// background, and its confirmation wakes w for another try, so
-			// that a release before it is not missed.
-			w = l.b.register(lease.keys[keyLock], "")
+			// that a release before it is not missed. On a Redlock whose
+			// first node found the lock busy, the call is in that node's
+			// line, and waits to be named there (see line).
+			var ln *line
+			if a.lined {
+				ln = &line{id: lease.line}
+				ln.in.Store(true) // before its subscription's confirmation
+				ln.first.Store(a.ahead == 0)
+			}
+			w = l.b.register(lease.keys[keyLock], "", ln)
 		}
 		var wake <-chan struct{}
+		lined := a.lined && w != nil && w.line != nil
 		if w != nil {
 			wake = w.wake
+			if w.line != nil {
+				w.line.in.Store(lined)
+				w.line.first.Store(lined && a.ahead == 0)
+				if !lined {
+					w.line.widen(w)
+				}
+			}
 		}
 		sleep := min(bo.next(), waitEnd.Sub(now))
+		if lined {
+			// A release names the next in line; this pause is for a
+			// message lost, or one naming an Acquire that is gone.
+			m := l.opts.MaxRetryBackoff
+			sleep = min(m/2+mathrand.N(m/2+1), waitEnd.Sub(now))
+		}
 		if busy && a.pttl >= 0 && a.pttl < sleep {
 			sleep = max(a.pttl, time.Millisecond) // the holder's lock expires first
 		}
@@ -489,7 +517,8 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 		case <-wake:
 			t.Stop()
 			wokeAt = l.clock.Now()
-			if spread := l.b.wakeSpread(); spread > 0 {
+			named := w.line != nil && w.line.named.Swap(false)
+			if spread := l.b.wakeSpread(); spread > 0 && !named { // woken by name: alone
 				t := l.clock.NewTimer(mathrand.N(spread + 1))
 				select {
 				case <-ctx.Done():
@@ -509,6 +538,18 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 			st.waited += l.clock.Now().Sub(slept)
 		}
 	}
+}
+
+// leaveLine takes a waiting Acquire that gives up out of its Redlock line
+// (see line), in the background, so that releases stop naming it, and
+// retires its last token there, so that an attempt still on its way does
+// not put it back. It tries once: an entry left behind expires by itself.
+func (l *Locker) leaveLine(lease *Lease) {
+	l.bg.goBackground(func(<-chan struct{}) {
+		ctx, cancel := context.WithTimeout(context.Background(), l.opts.ReleaseTimeout)
+		defer cancel()
+		_ = l.b.leaveLine(ctx, lease)
+	})
 }
 
 // abandon makes what the attempts of an Acquire that gave up may have done

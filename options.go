@@ -41,7 +41,11 @@ type Options struct {
 	MinRetryBackoff time.Duration
 
 	// MaxRetryBackoff caps the pause between two attempts of an Acquire that
-	// waits. It must not be smaller than MinRetryBackoff. Default 256ms.
+	// waits. It must not be smaller than MinRetryBackoff. Default 256ms. On
+	// a Redlock, an Acquire in line (see Redlock in the package
+	// documentation) pauses between half and all of MaxRetryBackoff between
+	// attempts, as releases name it when its turn comes, and its entry in
+	// the line lives max(1s, 4 × MaxRetryBackoff) after its last attempt.
 	MaxRetryBackoff time.Duration
 
 	// ReleaseTimeout bounds the Redis calls that give a lock back: Release,

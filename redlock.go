@@ -52,7 +52,7 @@ func NewRedlock(clients []redis.UniversalClient, opts *Options) (*Locker, error)
 		return nil, err
 	}
 	l := newLocker(o)
-	q := &quorum{l: l, n: len(clients)/2 + 1}
+	q := &quorum{l: l, n: len(clients)/2 + 1, entryTTL: ttlMillis(lineEntryTTL(o.MaxRetryBackoff))}
 	for i, c := range clients {
 		d := newDeployment(l, c)
 		d.name = "node " + strconv.Itoa(i)
@@ -61,6 +61,7 @@ func NewRedlock(clients []redis.UniversalClient, opts *Options) (*Locker, error)
 		}
 		q.nodes = append(q.nodes, d)
 	}
+	l.lines = true
 	l.b = q
 	return l, nil
 }
@@ -74,6 +75,7 @@ type quorum struct {
 	n     int // how many nodes make a quorum
 
 	answerTime atomic.Int64 // how long a quorum took to answer a grant, lately (a moving average, ns)
+	entryTTL   any          // how long a line entry lives without an attempt (see lineEntryTTL), milliseconds, boxed
 }
 
 var _ backend = (*quorum)(nil)
@@ -160,17 +162,30 @@ type nodeGrant struct {
 	pttl  time.Duration // the holder's, when busy
 	owner string        // the holder's, when busy
 	fence int64         // stored with the lock on this node, when ok
+	ahead int64         // when busy: how many are ahead of the attempt's call in the node's line; -1: not in it
 	err   error
 }
 
 // grant runs redlock_grant.lua on the node: an attempt's phase 1 with fence
-// 0, a repair with the lease's fence otherwise.
-func (d *deployment) grant(ctx context.Context, lease *Lease, ttl time.Duration, fence int64) nodeGrant {
-	reply, err := d.run(ctx, grantScript, false, lease.keyArgs[:keyCounter+1], lease.tokenArg,
-		ttlMillis(ttl), strconv.FormatInt(fence, 10), lease.ownerArg, d.l.retentionMillis)
-	if err != nil { // with Options.Replicas, too few replicas count as no grant
+// 0, a repair with the lease's fence otherwise. With a line id, the attempt
+// joins (or keeps its place in) the node's line when the lock is busy, and
+// leaves it when it is granted (see line).
+func (d *deployment) grant(ctx context.Context, lease *Lease, ttl time.Duration, fence int64, lineID string, entryTTL any) nodeGrant {
+	reply, err := d.run(ctx, grantScript, false, lease.keyArgs[:], lease.tokenArg,
+		ttlMillis(ttl), strconv.FormatInt(fence, 10), lease.ownerArg, d.l.retentionMillis, lineID, entryTTL)
+	if err != nil {
+		// With Options.Replicas, too few replicas count as no grant; a
+		// busy answer (which wrote only the line) stands.
+		if g := decodeGrant(reply); isReplicaShort(err) && g.err == nil && !g.ok {
+			return g
+		}
 		return nodeGrant{err: err}
 	}
+	return decodeGrant(reply)
+}
+
+// decodeGrant decodes redlock_grant.lua's reply.
+func decodeGrant(reply any) nodeGrant {
 	arr, _ := reply.([]any)
 	flag := int64(-1)
 	if len(arr) > 0 {
@@ -182,11 +197,16 @@ func (d *deployment) grant(ctx context.Context, lease *Lease, ttl time.Duration,
 		if fence, err := strconv.ParseInt(f, 10, 64); err == nil {
 			return nodeGrant{ok: true, fence: fence}
 		}
-	case flag == 0 && len(arr) == 3:
+	case flag == 0 && (len(arr) == 3 || len(arr) == 4):
 		pttl, isInt := arr[1].(int64)
 		owner, isStr := arr[2].(string)
-		if isInt && isStr {
-			return nodeGrant{pttl: time.Duration(pttl) * time.Millisecond, owner: owner}
+		g := nodeGrant{pttl: time.Duration(pttl) * time.Millisecond, owner: owner, ahead: -1}
+		inLine := true
+		if len(arr) == 4 {
+			g.ahead, inLine = arr[3].(int64)
+		}
+		if isInt && isStr && inLine {
+			return g
 		}
 	case flag == 2 && len(arr) == 1:
 		return nodeGrant{err: errRetired}
@@ -217,7 +237,11 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 	start := q.l.clock.Now()
 	// A grant after the validity is of no use.
 	grants := each(ctx, q, validity, false, func(ctx context.Context, i int, d *deployment) nodeGrant {
-		g := d.grant(ctx, lease, lease.ttl, 0)
+		lineID := ""
+		if i == 0 {
+			lineID = lease.line // the line is kept on the first node
+		}
+		g := d.grant(ctx, lease, lease.ttl, 0, lineID, q.entryTTL)
 		g.node = i
 		if g.ok {
 			lease.held.Or(1 << i)
@@ -417,14 +441,14 @@ func (q *quorum) refused(lease *Lease, ok, busy, failed []nodeGrant, answered []
 	}
 	spare := len(q.nodes) - q.n // how many nodes a quorum can do without
 	if len(busy) > spare {
-		return q.busyVerdict(busy, retire)
+		return q.busyVerdict(busy, retire, lease.line != "")
 	}
 	// Unavailable only when fewer than a quorum of nodes could answer: a
 	// minority down is not an outage. Otherwise the lock is held, on the
 	// nodes that answered busy and perhaps on those that did not.
 	reachable := len(ok) + len(busy) + misconfigured
 	if reachable >= q.n && len(busy) > 0 && misconfigured == 0 {
-		return q.busyVerdict(busy, retire)
+		return q.busyVerdict(busy, retire, lease.line != "")
 	}
 	class := classUnavailable
 	if misconfigured > 0 && reachable >= q.n {
@@ -443,12 +467,19 @@ func (q *quorum) refused(lease *Lease, ok, busy, failed []nodeGrant, answered []
 	return attempt{retire: retire, err: &quorumError{class: class, msg: msg, errs: errs}}
 }
 
-// busyVerdict is a busy attempt's outcome: the holder's owner, and the time
+// busyVerdict is a busy attempt's outcome: the holder's owner, the time
 // until the lock is free on a quorum (when this many of the busy nodes have
-// let it expire).
-func (q *quorum) busyVerdict(busy []nodeGrant, retire bool) attempt {
+// let it expire), and, for an attempt with a line id (inLine), whether the
+// first node found it busy: the attempt's Acquire is then in that node's
+// line.
+func (q *quorum) busyVerdict(busy []nodeGrant, retire, inLine bool) attempt {
+	var lined bool
+	ahead := int64(-1)
 	pttls := make([]time.Duration, 0, len(busy))
 	for _, g := range busy {
+		if g.node == 0 && inLine && g.ahead >= 0 {
+			lined, ahead = true, g.ahead
+		}
 		if g.pttl < 0 {
 			g.pttl = math.MaxInt64 // no expiry
 		}
@@ -460,7 +491,7 @@ func (q *quorum) busyVerdict(busy []nodeGrant, retire bool) attempt {
 	if pttl == math.MaxInt64 {
 		pttl = -1
 	}
-	return attempt{pttl: pttl, owner: busy[0].owner, retire: retire}
+	return attempt{pttl: pttl, owner: busy[0].owner, retire: retire, lined: lined, ahead: ahead}
 }
 
 // retire gives back, in the background, what an attempt without a quorum
@@ -484,7 +515,8 @@ func (q *quorum) retire(lease *Lease, nodes []int) {
 			q.l.bg.add()
 			go func() {
 				defer q.l.bg.finish()
-				code, _, err := d.release(ctx, lease, modeAbandon)
+				// The call goes on waiting: it keeps its place in line.
+				code, _, err := d.release(ctx, lease, modeQuorumAbandon)
 				out <- rel{code, err}
 			}()
 		}
@@ -533,7 +565,7 @@ func (q *quorum) extend(ctx context.Context, lease *Lease, ttl time.Duration, re
 	exts := each(ctx, q, ttl-drift(ttl), true, func(ctx context.Context, i int, d *deployment) ext {
 		code, err := d.extend(ctx, lease, ttl, renewal)
 		if err == nil && code == 0 && repair {
-			if g := d.grant(ctx, lease, ttl, fence); g.ok {
+			if g := d.grant(ctx, lease, ttl, fence, "", q.entryTTL); g.ok {
 				code = 1
 			} else if g.err == nil {
 				code = -1 // taken meanwhile
@@ -587,8 +619,11 @@ func (q *quorum) extend(ctx context.Context, lease *Lease, ttl time.Duration, re
 }
 
 func (q *quorum) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
-	if mode == modeRelease {
+	switch mode {
+	case modeRelease:
 		mode = modeQuorumRelease // retire the token everywhere: a grant still in flight to a slow node must not take the lock
+	case modeAbandon:
+		mode = modeQuorumAbandon // the nodes' lines are no fair queues: nothing is handed over
 	}
 	type rel struct {
 		node      int
@@ -597,7 +632,11 @@ func (q *quorum) release(ctx context.Context, lease *Lease, mode string) (int64,
 	}
 	// Every node gets the release, also after the result is known.
 	rels := each(ctx, q, q.l.opts.ReleaseTimeout, true, func(ctx context.Context, i int, d *deployment) rel {
-		code, perr, err := d.release(ctx, lease, mode)
+		lineID := ""
+		if i == 0 {
+			lineID = lease.line // the lease's Acquire, or one that gave up, is out of line
+		}
+		code, perr, err := d.releaseIn(ctx, lease, mode, lineID)
 		return rel{node: i, code: code, perr: perr, err: err}
 	})
 	defer rels.stop()
@@ -662,16 +701,80 @@ func (q *quorum) release(ctx context.Context, lease *Lease, mode string) (int64,
 	return 0, nil, &quorumError{class: classUnavailable, msg: msg, errs: errs}
 }
 
-func (q *quorum) register(key, token string) *waiter {
+func (q *quorum) leaveLine(ctx context.Context, lease *Lease) error {
+	_, _, err := q.nodes[0].releaseIn(ctx, lease, modeQuorumAbandon, lease.line)
+	return err
+}
+
+// A line is a waiting Acquire's place in the line of a Redlock quorum's
+// first node. Every waiting Acquire on a Redlock has an id (its first
+// attempt's token); its attempts that find the lock held there join the
+// line, or keep their place, and the one that gets the lock there leaves
+// it (redlock_grant.lua). A release there names the first live entry
+// ("next <id>", release.lua), and only that Acquire tries: without the
+// line, every waiter would try on every release, a call to every node each,
+// and all but one in vain.
+//
+// The line orders wake-ups, nothing else: any attempt may take a free
+// lock, and no release waits for the one it names. When a message is lost
+// or names an Acquire that is gone (its process died: an Acquire that gives
+// up leaves the line), the others try when their pause ends, at most
+// MaxRetryBackoff; an entry nobody keeps alive expires after lineEntryTTL.
+// When the first node cannot be reached, no one is in line, and every
+// release wakes every waiter, as on one deployment.
+type line struct {
+	id    string
+	in    atomic.Bool // the Acquire's last attempt found the lock held on the line's node, which kept its entry
+	first atomic.Bool // and found no one ahead of it there
+	named atomic.Bool // a release named it since (set by the notifier)
+
+	// Set by quorum.register, for widen; only the Acquire's goroutine
+	// uses them.
+	q          *quorum
+	key, token string
+	widened    bool
+}
+
+// widen registers w, the Acquire's waiter on the line's node, on the other
+// nodes too, once: the Acquire is out of line, and any node's release may
+// be the one it needs.
+func (ln *line) widen(w *waiter) {
+	if ln.widened {
+		return
+	}
+	ln.widened = true
+	for _, d := range ln.q.nodes[1:] {
+		if o := d.waits.register(d.channel(ln.key), w.wake, ln.token, ln, false); o != nil {
+			w.also = append(w.also, o)
+		}
+	}
+}
+
+// lineEntryTTL is how long a line entry lives after its Acquire's last
+// attempt: long enough for the pause of an Acquire in line (at most
+// maxBackoff, Options.MaxRetryBackoff) and the attempt that follows it.
+func lineEntryTTL(maxBackoff time.Duration) time.Duration {
+	return max(time.Second, 4*maxBackoff)
+}
+
+// register adds a waiter on every node; with a line, on the line's node
+// only (its releases name who is next; the others' would wake it in vain),
+// until line.widen adds the others.
+func (q *quorum) register(key, token string, ln *line) *waiter {
+	if ln != nil {
+		ln.q, ln.key, ln.token = q, key, token
+		d := q.nodes[0]
+		return d.waits.register(d.channel(key), nil, token, ln, true)
+	}
 	var first *waiter
 	for _, d := range q.nodes {
 		var wake chan struct{}
 		if first != nil {
 			wake = first.wake
 		}
-		w := d.waits.register(d.channel(key), wake, token)
+		w := d.waits.register(d.channel(key), wake, token, nil, false)
 		switch {
-		case w == nil:
+		case w == nil: // closed
 		case first == nil:
 			first = w
 		default:

@@ -6,6 +6,9 @@
 -- KEYS[1]  lock key, whose value is "<token> <fence> <owner>"
 -- KEYS[2]  token marker, lock:{name}:t:<token> (see release.lua)
 -- KEYS[3]  fence counter, lock:{name}:fence
+-- KEYS[4]  line, lock:{name}:q: waiting Acquire calls by when they joined
+--          (TIME, microseconds)
+-- KEYS[5]  line entries, lock:{name}:qi: each one's expiry (milliseconds)
 -- ARGV[1]  token            random, unique per attempt
 -- ARGV[2]  ttl              milliseconds
 -- ARGV[3]  fence            "0" for an attempt: the counter is counted on
@@ -14,6 +17,16 @@
 --                           and raised into the counter (max)
 -- ARGV[4]  owner            who takes the lock, stored with it
 -- ARGV[5]  fence retention  milliseconds the counter is kept
+-- ARGV[6]  line id          "" for none; on the line's node (the quorum's
+--                           first), the id of the waiting Acquire call
+--                           this attempt is part of
+-- ARGV[7]  entry ttl        milliseconds a line entry lives unless the
+--                           call's next attempt comes (its Locker's)
+--
+-- The line orders wake-ups only (release.lua names its first live entry):
+-- an attempt that finds the lock held joins it, or keeps its place and
+-- entry alive; one that gets the lock here leaves it. Nothing here waits
+-- for it: any attempt may take a free lock.
 --
 -- An attempt's counter is one more than it was, or, where it does not
 -- exist (never written, expired after the retention, or lost in a restart
@@ -29,6 +42,9 @@
 --                     strings (Lua numbers are doubles); the time dates the
 --                     grant for diagnostics (the chaos suite's checker)
 --   {0, pttl, owner}  another token holds it (owner as it stored it)
+--   {0, pttl, owner, ahead}
+--                     the same, with a line id: the attempt's call is in
+--                     line, with this many entries ahead of it
 --   {2}               this token is retired (released, or its attempt
 --                     given up): a late request must not take the lock
 
@@ -43,6 +59,23 @@ end
 local held = redis.call('GET', KEYS[1])
 if held then
 	if string.sub(held, 1, #ARGV[1] + 1) ~= ARGV[1] .. ' ' then
+		if ARGV[6] ~= '' then
+			local t = redis.call('TIME')
+			if not redis.call('ZSCORE', KEYS[4], ARGV[6]) then
+				redis.call('ZADD', KEYS[4], t[1] .. string.rep('0', 6 - #t[2]) .. t[2], ARGV[6])
+			end
+			local expiry = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[7])
+			redis.call('HSET', KEYS[5], ARGV[6], string.format('%.0f', expiry))
+			-- The keys live as long as their longest-lived entry (Lockers
+			-- may keep entries for different times): only ever extended.
+			for k = 4, 5 do
+				if redis.call('PTTL', KEYS[k]) < tonumber(ARGV[7]) then
+					redis.call('PEXPIRE', KEYS[k], ARGV[7])
+				end
+			end
+			return {0, redis.call('PTTL', KEYS[1]), string.match(held, '^%S+ %S+ (.*)$') or '',
+				redis.call('ZRANK', KEYS[4], ARGV[6])}
+		end
 		return {0, redis.call('PTTL', KEYS[1]), string.match(held, '^%S+ %S+ (.*)$') or ''}
 	end
 	redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -71,4 +104,8 @@ else
 	end
 end
 redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. fence .. ' ' .. ARGV[4], 'PX', ARGV[2])
+if ARGV[6] ~= '' then
+	redis.call('ZREM', KEYS[4], ARGV[6])
+	redis.call('HDEL', KEYS[5], ARGV[6])
+end
 return {1, fence, now()}

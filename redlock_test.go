@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -556,28 +557,399 @@ func TestRedlockNodeOutOfMemoryIsNotMisconfigured(t *testing.T) {
 	_ = held.Release(ctx) // ErrNotHeld: held on two nodes of five
 }
 
-func TestRedlockReleaseWakesWaiters(t *testing.T) {
-	e := newRedlockEnv(t, 3, nil)
-	l := e.locker(t, slowPolling)
+// process returns a Redlock Locker over clients of its own, as another
+// process would have, and the hooks of those clients (calls counts the
+// commands each sent).
+func (e *redlockEnv) process(t *testing.T, opts *Options) (*Locker, []*faultHook) {
+	t.Helper()
+	var clients []redis.UniversalClient
+	var hooks []*faultHook
+	for _, srv := range e.srvs {
+		c := srv.Client(nil)
+		h := &faultHook{}
+		c.AddHook(h)
+		t.Cleanup(func() { _ = c.Close() })
+		clients = append(clients, c)
+		hooks = append(hooks, h)
+	}
+	l, err := NewRedlock(clients, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	return l, hooks
+}
+
+// lineOf returns the members of the Redlock line of the lock at key on the
+// node of admin, first first.
+func lineOf(t *testing.T, admin *redis.Client, key string) []string {
+	t.Helper()
+	m, err := admin.ZRange(ctx, key+":q", 0, -1).Result()
+	require.NoError(t, err)
+	return m
+}
+
+// holding returns a Locker over e's nodes, the test's lock name, and a
+// lease of it that Locker holds for a minute.
+func (e *redlockEnv) holding(t *testing.T) (*Locker, string, *Lease) {
+	t.Helper()
+	l := e.locker(t, nil)
 	name := uniqueName(t)
 	held, err := l.Acquire(ctx, name, WithTTL(time.Minute))
 	require.NoError(t, err)
-	got := waitInBackground(l, name)
+	return l, name, held
+}
+
+// requireLine waits until the line of the lock at key on node 0 has n
+// calls in it.
+func (e *redlockEnv) requireLine(t *testing.T, key string, n int, msgAndArgs ...any) {
+	t.Helper()
+	require.Eventually(t, func() bool { return len(lineOf(t, e.admins[0], key)) == n },
+		5*time.Second, time.Millisecond, msgAndArgs...)
+}
+
+// requireSubscribers waits until n Lockers subscribe to the channel of the
+// lock at key on node i.
+func (e *redlockEnv) requireSubscribers(t *testing.T, i int, key string, n int, msg string) {
+	t.Helper()
 	require.Eventually(t, func() bool {
-		n := 0
-		for _, a := range e.admins {
-			m, err := a.PubSubShardNumSub(ctx, held.Key()).Result()
-			if err == nil && m[held.Key()] == 1 {
-				n++
-			}
+		m, err := e.admins[i].PubSubShardNumSub(ctx, key).Result()
+		return err == nil && m[key] == int64(n)
+	}, 5*time.Second, time.Millisecond, msg)
+}
+
+// A holder is a waitAndHold in the background.
+type holder struct {
+	got     chan *Lease
+	release chan struct{}
+	done    chan error
+}
+
+// waitAndHold waits for the lock in the background, up to a minute, sends
+// the lease on got when it has it, and releases it when release is closed
+// or ctx ends; done gets the outcome.
+func waitAndHold(ctx context.Context, l *Locker, name string) *holder {
+	h := &holder{got: make(chan *Lease, 1), release: make(chan struct{}), done: make(chan error, 1)}
+	go func() {
+		lease, err := l.Acquire(ctx, name, WithWait(time.Minute))
+		if err != nil {
+			h.done <- err
+			return
 		}
-		return n == 3
-	}, 5*time.Second, time.Millisecond, "the waiter subscribes on every node")
-	time.Sleep(20 * time.Millisecond)
+		h.got <- lease
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+		}
+		h.done <- lease.Release(context.Background())
+	}()
+	return h
+}
+
+// finish releases the lease h holds, and checks the outcome.
+func (h *holder) finish(t *testing.T) {
+	t.Helper()
+	close(h.release)
+	require.NoError(t, <-h.done)
+}
+
+func (h *holder) obtained(t *testing.T, within time.Duration, msg string) *Lease {
+	t.Helper()
+	select {
+	case lease := <-h.got:
+		return lease
+	case err := <-h.done:
+		t.Fatalf("%s: %v", msg, err)
+	case <-time.After(within):
+		t.Fatalf("%s: not obtained within %v", msg, within)
+	}
+	return nil
+}
+
+func TestRedlockReleaseWakesTheNextInLine(t *testing.T) {
+	// Three waiters, each a process of its own, join the first node's line
+	// in turn. A release wakes the first in line alone: the others make no
+	// attempt until their turn, and each turn comes by the release (their
+	// pauses are 10-20s, the lock's TTL a minute). Before the line, every
+	// release woke every waiter, and each tried.
+	e := newRedlockEnv(t, 3, nil)
+	l, name, held := e.holding(t)
+	var waiters []*holder
+	// grants[i] counts the scripts waiter i sent to node 1: one per
+	// attempt, until it holds the lock.
+	grants := make([]atomic.Int64, 3)
+	for i := range 3 {
+		wl, h := e.process(t, slowPolling)
+		h[1].set(func(_ context.Context, cmd redis.Cmder) error {
+			if cmd.Name() == "evalsha" || cmd.Name() == "eval" {
+				grants[i].Add(1)
+			}
+			return nil
+		}, nil)
+		waiters = append(waiters, waitAndHold(ctx, wl, name))
+		e.requireLine(t, held.Key(), i+1, "waiter %d joins the line", i)
+	}
+	members := lineOf(t, e.admins[0], held.Key())
+	e.requireSubscribers(t, 0, held.Key(), 3, "the three subscribe on the line's node")
+	for i := 1; i < 3; i++ {
+		m, err := e.admins[i].PubSubShardNumSub(ctx, held.Key()).Result()
+		require.NoError(t, err)
+		assert.Zero(t, m[held.Key()], "node %d: a waiter in line does not hear its releases", i)
+	}
+	attempts := func(i int) int64 { return grants[i].Load() }
+	time.Sleep(50 * time.Millisecond) // confirmations: only the first in line tries again on its own
+	before := []int64{attempts(0), attempts(1), attempts(2)}
+	assert.Equal(t, []int64{1, 1}, before[1:], "behind the first, the confirmation of a subscription wakes no one")
+
 	released := time.Now()
 	require.NoError(t, held.Release(ctx))
-	requireObtained(t, got, 5*time.Second, "not woken by the release (backoff 10-20s, TTL 1 minute)")
-	assert.Less(t, time.Since(released), 5*time.Second)
+	for turn := range 3 {
+		waiters[turn].obtained(t, 5*time.Second, "woken by name")
+		assert.Less(t, time.Since(released), 5*time.Second, "turn %d: by the release, not a pause", turn)
+		time.Sleep(100 * time.Millisecond) // a waiter woken in vain would try meanwhile
+		for later := turn + 1; later < 3; later++ {
+			assert.Equal(t, before[later], attempts(later), "turn %d: waiter %d made no attempt", turn, later)
+		}
+		assert.Eventually(t, func() bool { // node 0 may answer after the quorum
+			return slices.Equal(members[turn+1:], lineOf(t, e.admins[0], held.Key()))
+		}, 2*time.Second, time.Millisecond, "turn %d: the lease's call left the line, the others kept their places", turn)
+		released = time.Now()
+		waiters[turn].finish(t)
+	}
+	assert.Eventually(t, func() bool {
+		n, err := e.admins[0].Exists(ctx, held.Key()+":q", held.Key()+":qi").Result()
+		return err == nil && n == 0
+	}, 2*time.Second, time.Millisecond, "no line is left behind")
+	info, err := l.Inspect(ctx, name)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, info.Waiters, 1, "the last waiter's subscription lingers, as LockInfo says")
+}
+
+func TestRedlockLineEntriesExpire(t *testing.T) {
+	// An entry lives max(1s, 4 × MaxRetryBackoff) after its call's last
+	// attempt, and the line's keys as long as their last entry. A waiter
+	// cut off from the first node leaves an entry nobody keeps alive: it
+	// expires.
+	e := newRedlockEnv(t, 3, nil)
+	l := e.locker(t, nil)
+	for _, tc := range []struct {
+		maxBackoff, entryTTL time.Duration
+	}{{100 * time.Millisecond, time.Second}, {500 * time.Millisecond, 2 * time.Second}} {
+		t.Run(tc.maxBackoff.String(), func(t *testing.T) {
+			name := uniqueName(t)
+			held, err := l.Acquire(ctx, name, WithTTL(time.Minute))
+			require.NoError(t, err)
+			defer held.Release(ctx)
+			key := held.Key()
+			wl, hooks := e.process(t, &Options{MaxRetryBackoff: tc.maxBackoff})
+			wctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			waitAndHold(wctx, wl, name)
+			e.requireLine(t, key, 1, "the waiter joins the line")
+			within := func(d time.Duration) bool { return d > tc.entryTTL-time.Second/2 && d <= tc.entryTTL }
+			for _, k := range []string{":q", ":qi"} {
+				pttl, err := e.admins[0].PTTL(ctx, key+k).Result()
+				require.NoError(t, err)
+				assert.True(t, within(pttl), "%s expires after %v: %v", k, tc.entryTTL, pttl)
+			}
+			expiry, err := e.admins[0].HGet(ctx, key+":qi", lineOf(t, e.admins[0], key)[0]).Int64()
+			require.NoError(t, err)
+			assert.True(t, within(time.Until(time.UnixMilli(expiry))), "the entry expires after %v", tc.entryTTL)
+			cut := errors.New("test: cut off")
+			hooks[0].set(func(context.Context, redis.Cmder) error { return cut }, nil)
+			if tc.entryTTL > time.Second {
+				// A Locker whose entries live 1s joins: the keys still
+				// live as long as the first entry, which nothing keeps
+				// alive any more.
+				sl, _ := e.process(t, &Options{MaxRetryBackoff: 100 * time.Millisecond})
+				waitAndHold(wctx, sl, name)
+				e.requireLine(t, key, 2, "the second waiter joins the line")
+				pttl, err := e.admins[0].PTTL(ctx, key+":q").Result()
+				require.NoError(t, err)
+				assert.Greater(t, pttl, time.Second, "a shorter entry does not shorten the line")
+			}
+			cancel() // the cut-off waiter's leave does not arrive
+			e.requireLine(t, key, 0, "the entries expire")
+		})
+	}
+}
+
+func TestRedlockAbandonKeepsTheLine(t *testing.T) {
+	// An Acquire that gives up with an attempt's outcome unknown abandons
+	// it on every node: on the first, the line is not a fair queue, and
+	// nothing is handed over to it, nor taken out of it.
+	e := newRedlockEnv(t, 3, nil)
+	_, _, held := e.holding(t)
+	key := held.Key()
+	live := time.Now().Add(time.Minute).UnixMilli()
+	for i, m := range []string{"a", "b"} {
+		require.NoError(t, e.admins[0].ZAdd(ctx, key+":q", redis.Z{Score: float64(i + 1), Member: m}).Err())
+		require.NoError(t, e.admins[0].HSet(ctx, key+":qi", m, live).Err())
+	}
+	code, _, err := held.runRelease(ctx, modeAbandon)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), code, "the lock was deleted")
+	require.Eventually(t, func() bool { return e.admins[0].Exists(ctx, key).Val() == 0 },
+		2*time.Second, time.Millisecond, "node 0 deleted the lock") // Release returns on a quorum
+	assert.Equal(t, []string{"a", "b"}, lineOf(t, e.admins[0], key), "the line is left as it was")
+}
+
+func TestRedlockOutOfLineListensEverywhere(t *testing.T) {
+	// The first node lost the lock (restarted empty): a waiter's attempt
+	// gets that node, not a quorum, and gives it back. It is not in line,
+	// and listens on every node; the holder's release wakes it.
+	e := newRedlockEnv(t, 3, nil)
+	_, name, held := e.holding(t)
+	require.NoError(t, e.admins[0].Del(ctx, held.Key()).Err())
+	wl, _ := e.process(t, slowPolling)
+	w := waitAndHold(ctx, wl, name)
+	e.requireSubscribers(t, 2, held.Key(), 1, "the waiter listens on the other nodes")
+	assert.Empty(t, lineOf(t, e.admins[0], held.Key()), "not in line")
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, held.Release(ctx))
+	w.obtained(t, 5*time.Second, "woken by a release on the other nodes (pauses 10-20s)")
+	w.finish(t)
+}
+
+func TestRedlockBusyStandsWithoutReplicas(t *testing.T) {
+	// With Options.Replicas, an attempt's busy answer is a fact whatever
+	// the replicas did: busy (ErrNotObtained), not ErrUnavailable. The
+	// nodes here have no replica.
+	e := newRedlockEnv(t, 3, nil)
+	name := uniqueName(t)
+	l := e.locker(t, &Options{Replicas: 1, ReplicaTimeout: 20 * time.Millisecond})
+	key, _ := l.keys(name)
+	for _, a := range e.admins {
+		require.NoError(t, a.Set(ctx, key, "other 1 someone", time.Minute).Err())
+	}
+	_, err := l.Acquire(ctx, name, WithWait(100*time.Millisecond))
+	require.ErrorIs(t, err, ErrNotObtained)
+	assert.NotErrorIs(t, err, ErrUnavailable)
+}
+
+func TestRedlockInLineWakesAfterAPauseWhenNotNamed(t *testing.T) {
+	// The first entry's call is gone (its process died a moment ago): a
+	// release names it, and the waiter behind it tries after its pause,
+	// at most MaxRetryBackoff, not the lock's TTL (a minute).
+	e := newRedlockEnv(t, 3, nil)
+	_, name, held := e.holding(t)
+	key := held.Key()
+	require.NoError(t, e.admins[0].ZAdd(ctx, key+":q", redis.Z{Score: 1, Member: "dead"}).Err())
+	require.NoError(t, e.admins[0].HSet(ctx, key+":qi", "dead", time.Now().Add(time.Minute).UnixMilli()).Err())
+	wl, _ := e.process(t, &Options{MinRetryBackoff: 200 * time.Millisecond, MaxRetryBackoff: 400 * time.Millisecond})
+	w := waitAndHold(ctx, wl, name)
+	e.requireLine(t, key, 2, "the waiter joins the line behind the dead entry")
+	require.NoError(t, held.Release(ctx))
+	w.obtained(t, 2*time.Second, "after its pause")
+	w.finish(t)
+}
+
+func TestRedlockInLineTriesWhenTheHoldersTTLRunsOut(t *testing.T) {
+	// The holder never releases (its process died): the lock expires after
+	// its TTL, and nothing is published. The waiter in line tries then,
+	// not after its pause (10-20s).
+	e := newRedlockEnv(t, 3, nil)
+	l := e.locker(t, nil)
+	name := uniqueName(t)
+	held, err := l.Acquire(ctx, name, WithTTL(500*time.Millisecond))
+	require.NoError(t, err)
+	wl, _ := e.process(t, slowPolling)
+	w := waitAndHold(ctx, wl, name)
+	e.requireLine(t, held.Key(), 1, "the waiter is in line")
+	w.obtained(t, 5*time.Second, "when the holder's TTL ran out")
+	w.finish(t)
+}
+
+func TestRedlockEmptyLineReleaseWakesWhoWasInIt(t *testing.T) {
+	// The waiter's entry is gone (expired while its process was paused,
+	// say): the release finds the line empty and publishes "released" on
+	// the first node, which wakes it at once (its pauses are 10-20s).
+	e := newRedlockEnv(t, 3, nil)
+	_, name, held := e.holding(t)
+	wl, _ := e.process(t, slowPolling)
+	w := waitAndHold(ctx, wl, name)
+	e.requireLine(t, held.Key(), 1, "the waiter is in line")
+	e.requireSubscribers(t, 0, held.Key(), 1, "the waiter listens on the line's node")
+	require.NoError(t, e.admins[0].Del(ctx, held.Key()+":q", held.Key()+":qi").Err())
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, held.Release(ctx))
+	w.obtained(t, 5*time.Second, "woken by the release")
+	w.finish(t)
+}
+
+func TestRedlockLineNodeDownEveryReleaseWakes(t *testing.T) {
+	// Without the first node there is no line: a waiter subscribes on the
+	// other nodes, and their releases wake it.
+	e := newRedlockEnv(t, 3, &redis.Options{MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	_, name, held := e.holding(t)
+	e.srvs[0].Kill()
+	wl, _ := e.process(t, slowPolling)
+	w := waitAndHold(ctx, wl, name)
+	e.requireSubscribers(t, 1, held.Key(), 1, "the waiter subscribes on the other nodes")
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, held.Release(ctx))
+	w.obtained(t, 5*time.Second, "woken by a release on the other nodes (pauses 10-20s)")
+	w.finish(t)
+}
+
+func TestRedlockLineNodeLostWhileInLine(t *testing.T) {
+	// A waiter in line hears only the line's node. When that node goes
+	// away, the waiter tries at once (its subscription broke), is out of
+	// line, subscribes on the others and is woken by their releases.
+	e := newRedlockEnv(t, 3, &redis.Options{MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	_, name, held := e.holding(t)
+	wl, _ := e.process(t, slowPolling)
+	w := waitAndHold(ctx, wl, name)
+	e.requireLine(t, held.Key(), 1, "the waiter is in line")
+	e.requireSubscribers(t, 0, held.Key(), 1, "the waiter listens on the line's node")
+	e.srvs[0].Kill()
+	e.requireSubscribers(t, 1, held.Key(), 1, "the waiter subscribes on the other nodes")
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, held.Release(ctx))
+	w.obtained(t, 5*time.Second, "woken by a release on the other nodes (pauses 10-20s)")
+	w.finish(t)
+}
+
+func TestRedlockLineSkipsWhoIsGone(t *testing.T) {
+	e := newRedlockEnv(t, 3, nil)
+	_, name, held := e.holding(t)
+	key := held.Key()
+
+	// A process that died in line: its entry, first, expired.
+	past := time.Now().Add(-time.Second).UnixMilli()
+	require.NoError(t, e.admins[0].ZAdd(ctx, key+":q", redis.Z{Score: 1, Member: "dead"}).Err())
+	require.NoError(t, e.admins[0].HSet(ctx, key+":qi", "dead", past).Err())
+	// A waiter that gave up: its Acquire leaves the line.
+	gl, _ := e.process(t, slowPolling)
+	gctx, giveUp := context.WithCancel(ctx)
+	gone := waitAndHold(gctx, gl, name)
+	e.requireLine(t, key, 2, "the second waiter joins the line")
+	wl, _ := e.process(t, slowPolling)
+	w := waitAndHold(ctx, wl, name)
+	e.requireLine(t, key, 3, "the third waiter joins the line")
+	giveUp()
+	require.ErrorIs(t, <-gone.done, context.Canceled)
+	e.requireLine(t, key, 2, "the Acquire that gave up leaves the line")
+
+	time.Sleep(50 * time.Millisecond)
+	require.NoError(t, held.Release(ctx))
+	w.obtained(t, 5*time.Second, "named by the release past the expired entry (pauses 10-20s)")
+	assert.Empty(t, lineOf(t, e.admins[0], key), "the expired entry was pruned")
+	w.finish(t)
+}
+
+func TestRedlockReleaseTakesItsCallOutOfLine(t *testing.T) {
+	// The lease was granted by nodes 1 and 2 while node 0 was another's:
+	// its attempt joined node 0's line. Its release takes it out, so that
+	// no later release names a call that is over.
+	e := newRedlockEnv(t, 3, nil)
+	l := e.locker(t, nil)
+	name := uniqueName(t)
+	key, _ := l.keys(name)
+	require.NoError(t, e.admins[0].Set(ctx, key, "other 1 someone", time.Minute).Err())
+	lease, err := l.Acquire(ctx, name, WithWait(time.Second))
+	require.NoError(t, err)
+	require.Len(t, lineOf(t, e.admins[0], key), 1, "node 0 was busy: the attempt joined its line")
+	require.NoError(t, lease.Release(ctx)) // returns when nodes 1 and 2 answered
+	e.requireLine(t, key, 0, "the release took its call out of the line")
 }
 
 func TestRedlockFailOpenOnlyWithoutAQuorum(t *testing.T) {

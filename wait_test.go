@@ -356,7 +356,7 @@ func TestFairWaitSoonAfterAWaitStartsSubscribed(t *testing.T) {
 		// Release it, and wait until l has read the release's message on
 		// its lingering subscription: read later, it would wake the next
 		// round's waiter after its attempt.
-		seen := waitsOf(l).register(channel, nil, "observer")
+		seen := waitsOf(l).register(channel, nil, "observer", nil, false)
 		require.NotNil(t, seen)
 		<-seen.wake // subscribed: signalled at once
 		require.NoError(t, lease.Release(ctx))

@@ -299,7 +299,7 @@ func (c scaledClock) realAt(t time.Time) time.Time {
 //
 // It recognises the extend script by its arguments (EVALSHA/EVAL with one
 // key and two arguments, the second an integer TTL), which no other script
-// of the library has; and the grant script by its three keys and five
+// of the library has; and the grant script by its five keys and seven
 // arguments, the third the fence, "0" for an acquisition and the lease's
 // fence for a repair (on a Redlock worker only).
 type renewHook struct {
@@ -432,14 +432,14 @@ func grantToken(cmd redis.Cmder) (token string, repair, ok bool) {
 		return "", false, false
 	}
 	args := cmd.Args()
-	if len(args) != 11 || (cmd.Name() != "evalsha" && cmd.Name() != "eval") {
+	if len(args) != 15 || (cmd.Name() != "evalsha" && cmd.Name() != "eval") {
 		return "", false, false
 	}
-	if fmt.Sprint(args[2]) != "3" {
+	if fmt.Sprint(args[2]) != "5" {
 		return "", false, false
 	}
-	repair = fmt.Sprint(args[8]) != "0"
-	switch token := args[6].(type) {
+	repair = fmt.Sprint(args[10]) != "0"
+	switch token := args[8].(type) {
 	case string:
 		return token, repair, true
 	case []byte:
