@@ -50,6 +50,11 @@ type backend interface {
 	// honoursDeadlines reports whether go-redis stops every call at its
 	// context's deadline (ContextTimeoutEnabled on every client).
 	honoursDeadlines() bool
+	// acquireStops reports whether acquire returns as soon as its context
+	// ends, whatever the clients' options (a Redlock's node calls run on
+	// goroutines of their own, and it stops reading them then): Acquire
+	// then needs no goroutine of its own to return by the context's end.
+	acquireStops() bool
 	// close closes the waiters' subscriptions and waits for their
 	// goroutines.
 	close()
@@ -311,5 +316,7 @@ func (d *deployment) leaveLine(context.Context, *Lease) error { return nil }
 func (d *deployment) wakeSpread() time.Duration { return 0 }
 
 func (d *deployment) honoursDeadlines() bool { return d.deadlines }
+
+func (d *deployment) acquireStops() bool { return false }
 
 func (d *deployment) close() { d.waits.close() }

@@ -400,7 +400,7 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 		dials := l.dialFailures.Load()
 		var a attempt
 		done := true
-		if ctx.Done() == nil { // nothing to return early for
+		if ctx.Done() == nil || l.b.acquireStops() { // nothing to return early for, or it does
 			a = l.b.acquire(ctx, lease)
 		} else {
 			a, done = call(l, ctx.Done(), nil, func() attempt { return l.b.acquire(ctx, lease) }, nil)

@@ -784,6 +784,8 @@ func (q *quorum) register(key, token string, ln *line) *waiter {
 	return first
 }
 
+func (q *quorum) acquireStops() bool { return true }
+
 func (q *quorum) honoursDeadlines() bool {
 	for _, d := range q.nodes {
 		if !d.deadlines {
