@@ -91,8 +91,9 @@
 //     their tokens by arrival) and ":qi" (a hash of each one's entry), kept
 //     for 2 seconds after the last waiter's last keep-alive; on a Redlock's
 //     first node, the same two keys hold its line of waiting Acquire calls
-//     (see Redlock), kept for max(1s, 4 × MaxRetryBackoff) after the last
-//     attempt of a call in it.
+//     (see Redlock), each entry live for max(1s, 4 × MaxRetryBackoff) of
+//     its Locker after its call's last attempt, the keys as long as their
+//     longest-lived entry.
 //
 // Because the lock keys expire, a maxmemory policy of volatile-lru,
 // volatile-lfu, volatile-random or volatile-ttl evicts them first when Redis
