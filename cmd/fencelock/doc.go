@@ -72,9 +72,9 @@
 // *), sorted by name. Lock keys are found with SCAN ... MATCH
 // <prefix>{<PATTERN>} (never KEYS, which blocks the server), on every
 // master of a Cluster; the fence counters (<prefix>{<name>}:fence), token
-// markers (<prefix>{<name>}:t:<token>) and fair lines (:q, :qi) next to them
-// are not locks and are not listed. Each lock is then read with
-// Locker.Inspect.
+// markers (<prefix>{<name>}:t:<token>) and the lines of fair and Redlock
+// waiters (:q, :qi) next to them are not locks and are not listed. Each
+// lock is then read with Locker.Inspect.
 //
 // On a terminal (stdout is a character device) it prints a table:
 //

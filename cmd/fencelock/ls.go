@@ -174,7 +174,8 @@ func (s *session) scan(ctx context.Context, pattern string) ([]string, error) {
 
 // nameOf returns the lock name of a lock key, KeyPrefix+"{"+name+"}";
 // false for a fence counter (":fence"), a token marker (":t:<token>"), a
-// fair line (":q", ":qi") or a key that is not the library's.
+// line of fair or Redlock waiters (":q", ":qi") or a key that is not the
+// library's.
 func (s *session) nameOf(key string) (string, bool) {
 	rest, ok := strings.CutPrefix(key, s.prefix+"{")
 	if !ok {
