@@ -1037,6 +1037,38 @@ func TestRedlockInspect(t *testing.T) {
 	_ = lease.Release(ctx)
 }
 
+func TestRedlockInspectReportsTheFenceMostHoldersStore(t *testing.T) {
+	// Four of five nodes hold the lock for one token; they store two
+	// fences (a node that granted after the quorum stores its own until
+	// the lease's is written there). Inspect reports the one most of them
+	// store, the larger on a tie.
+	e := newRedlockEnv(t, 5, nil)
+	l := e.locker(t, nil)
+	name := uniqueName(t)
+	key, _ := l.keys(name)
+	for _, tc := range []struct {
+		fences []int64 // per node; 0: not held there
+		want   int64
+	}{
+		{[]int64{7, 9, 7, 9, 0}, 9},
+		{[]int64{9, 7, 9, 7, 0}, 9},
+		{[]int64{7, 7, 9, 7, 0}, 7},
+		{[]int64{0, 9, 7, 7, 7}, 7},
+	} {
+		for i, f := range tc.fences {
+			if f == 0 {
+				require.NoError(t, e.admins[i].Del(ctx, key).Err())
+				continue
+			}
+			require.NoError(t, e.admins[i].Set(ctx, key, "tok "+strconv.FormatInt(f, 10)+" pod", time.Minute).Err())
+		}
+		info, err := l.Inspect(ctx, name)
+		require.NoError(t, err)
+		require.True(t, info.Held)
+		assert.Equal(t, tc.want, info.Fence, "fences %v", tc.fences)
+	}
+}
+
 func TestRedlockInspectNeedsAQuorumOfAnswers(t *testing.T) {
 	// Two nodes of three hung: one answer cannot say whether a quorum
 	// holds the lock, so Inspect is unavailable (by ReleaseTimeout), not
