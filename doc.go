@@ -248,6 +248,18 @@
 // on every node, so that a grant still on its way to a slow node cannot take
 // the lock after it.
 //
+// The first node also decides splits. When attempts arrive together (a
+// waiter that a release named, and one that just began, say), each node
+// grants the lock to whichever comes first, and neither may get a quorum.
+// An attempt that got the first node but too few others, and could still
+// get a quorum from the nodes that found the lock held, asks those nodes
+// again, up to three times, a round-trip time apart and within half its
+// validity: the other attempts, which do not have the first node, give
+// their nodes back at once, and a release on its way frees its own. Only
+// the attempt that holds the first node asks again, so a split ends with
+// that attempt holding the lock, or, when the nodes stay held, with no one
+// (the first node given back with the rest).
+//
 // Waiters wait in line on the first node (the first client given to
 // NewRedlock: give them in the same order in every process). A waiting
 // Acquire's attempt that finds the lock held there joins that node's line,

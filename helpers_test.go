@@ -89,7 +89,7 @@ func scriptName(cmd redis.Cmder) string {
 	body, _ := args[1].(string)
 	switch cmd.Name() {
 	case "evalsha", "eval":
-		for name, s := range map[string]*redis.Script{"acquire": acquireScript, "release": releaseScript, "extend": extendScript, "queue": queueScript} {
+		for name, s := range map[string]*redis.Script{"acquire": acquireScript, "release": releaseScript, "extend": extendScript, "queue": queueScript, "redlock_grant": grantScript} {
 			if body == s.Hash() || body == scriptSource(s) {
 				return name
 			}
@@ -108,6 +108,8 @@ func scriptSource(s *redis.Script) string {
 		return extendLua
 	case queueScript:
 		return queueLua
+	case grantScript:
+		return grantLua
 	}
 	return ""
 }

@@ -307,7 +307,10 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 			}
 		}
 		grace.Stop()
-		return q.refused(lease, ok, busy, failed, answered)
+		ok, busy, failed = q.decideSplit(ctx, lease, start, validity, ok, busy, failed)
+		if len(ok) < q.n {
+			return q.refused(lease, ok, busy, failed, answered)
+		}
 	}
 
 	// The fence: the largest the granting nodes counted to. Phase 2 writes
@@ -378,6 +381,72 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 	}
 	q.settle(lease, grants, len(q.nodes)-len(ok)-len(busy)-len(failed), fence, start.Add(validity))
 	return attempt{ok: true, fence: fence}
+}
+
+// decideSplit asks the nodes that found the lock held again, a few times
+// shortly after, when the attempt got the first node but too few others
+// and could still get a quorum: the first node decides a split. Another
+// attempt that holds the others without the first node gets no quorum
+// either and gives them back, and a release on its way frees them; the
+// attempt that has the first node takes them then. Attempts without the
+// first node do not ask again, so at most one attempt does.
+func (q *quorum) decideSplit(ctx context.Context, lease *Lease, start time.Time, validity time.Duration, ok, busy, failed []nodeGrant) ([]nodeGrant, []nodeGrant, []nodeGrant) {
+	first := slices.ContainsFunc(ok, func(g nodeGrant) bool { return g.node == 0 })
+	for round := 0; first && round < 3 && len(ok) < q.n && len(ok)+len(busy) >= q.n; round++ {
+		pause := max(200*time.Microsecond, time.Duration(q.answerTime.Load()))
+		if q.l.clock.Now().Add(pause).Sub(start) > validity/2 {
+			break
+		}
+		t := q.l.clock.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ok, busy, failed
+		case <-t.C:
+		}
+		ask := make([]bool, len(q.nodes))
+		for _, g := range busy {
+			ask[g.node] = true
+		}
+		n := len(busy)
+		busy = nil
+		again := each(ctx, q, max(5*time.Millisecond, 2*time.Duration(q.answerTime.Load())), false, func(ctx context.Context, i int, d *deployment) nodeGrant {
+			if !ask[i] {
+				return nodeGrant{node: -1}
+			}
+			g := d.grant(ctx, lease, lease.ttl, 0, "", q.entryTTL)
+			g.node = i
+			if g.ok {
+				lease.held.Or(1 << i)
+			}
+			return g
+		})
+		for got := 0; got < n; {
+			g, more := again.next()
+			if !more {
+				break
+			}
+			switch {
+			case g.node < 0:
+				continue
+			case g.ok:
+				ok = append(ok, g)
+			case g.err != nil:
+				failed = append(failed, g)
+			default:
+				busy = append(busy, g)
+			}
+			ask[g.node] = false
+			got++
+		}
+		again.stop()
+		for i, unanswered := range ask {
+			if unanswered { // it may grant it yet: cleaned up if the attempt fails
+				failed = append(failed, nodeGrant{node: i, err: fmt.Errorf("no answer to the grant asked again: %w", context.DeadlineExceeded)})
+			}
+		}
+	}
+	return ok, busy, failed
 }
 
 // settle writes the fence, in the background, to the nodes whose grants

@@ -1214,3 +1214,118 @@ func TestRedlockReleaseReportsADoubleGrant(t *testing.T) {
 	// B held a quorum while A's work ran: mutual exclusion was broken.
 	require.ErrorIs(t, err, ErrLost, "A's RunWithLock reports the loss")
 }
+
+// heldElsewhere makes nodes hold the lock at key for another token, and
+// returns a hook for those nodes' clients that gives the lock back on all
+// of them, once, when each has answered a grant script (busy, then).
+func (e *redlockEnv) heldElsewhere(t *testing.T, key string, nodes ...int) func(context.Context, redis.Cmder) error {
+	t.Helper()
+	for _, i := range nodes {
+		require.NoError(t, e.admins[i].Set(ctx, key, "another 1 someone", time.Minute).Err())
+	}
+	var answered atomic.Int64
+	return func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == "redlock_grant" {
+			if answered.Add(1) == int64(len(nodes)) {
+				for _, i := range nodes {
+					require.NoError(t, e.admins[i].Del(ctx, key).Err())
+				}
+			}
+		}
+		return nil
+	}
+}
+
+func TestRedlockFirstNodeDecidesASplit(t *testing.T) {
+	// An attempt that got the first node and one other finds the other
+	// three held by another (a release on its way, an attempt that lost the
+	// first node and gives them back). It asks those three again, shortly
+	// after, and gets them: a split ends with a winner. Before, the attempt
+	// gave up, and neither side held the lock.
+	e := newRedlockEnv(t, 5, nil)
+	l := e.locker(t, nil)
+	name := uniqueName(t)
+	key := "lock:{" + name + "}"
+	giveBack := e.heldElsewhere(t, key, 2, 3, 4)
+	for i := 2; i < 5; i++ {
+		e.hooks[i].set(nil, giveBack)
+	}
+	lease, err := l.Acquire(ctx, name)
+	require.NoError(t, err, "asked again, nodes 2-4 grant it")
+	assert.Equal(t, 5, e.holders(t, key, lease.token))
+	require.NoError(t, lease.Release(ctx))
+}
+
+func TestRedlockOnlyTheFirstNodesHolderAsksAgain(t *testing.T) {
+	// The same split, with the first node held by another: the attempt does
+	// not ask again (had it, nodes 1-4 would have made a quorum), so that
+	// two attempts of a split never both hold on; it gives back what it got.
+	e := newRedlockEnv(t, 5, nil)
+	l := e.locker(t, nil)
+	name := uniqueName(t)
+	key := "lock:{" + name + "}"
+	require.NoError(t, e.admins[0].Set(ctx, key, "another 1 someone", time.Minute).Err())
+	giveBack := e.heldElsewhere(t, key, 3, 4)
+	var grants [5]atomic.Int64
+	for i, h := range e.hooks {
+		h.set(nil, func(c context.Context, cmd redis.Cmder) error {
+			if scriptName(cmd) == "redlock_grant" {
+				grants[i].Add(1)
+			}
+			if i >= 3 {
+				return giveBack(c, cmd)
+			}
+			return nil
+		})
+	}
+	_, err := l.Acquire(ctx, name)
+	require.ErrorIs(t, err, ErrNotObtained)
+	for i := range grants {
+		assert.Equal(t, int64(1), grants[i].Load(), "node %d: one grant, not asked again", i)
+	}
+	require.Eventually(t, func() bool {
+		n := 0
+		for _, a := range e.admins {
+			n += int(a.Exists(ctx, key).Val())
+		}
+		return n == 1
+	}, 5*time.Second, 10*time.Millisecond,
+		"nodes 1 and 2 given back: only node 0 (another's) holds it")
+}
+
+func TestRedlockSplitAskedAgainCleansUpWhatItCannotSee(t *testing.T) {
+	// Asked again, node 2 grants the lock but its answer never comes (the
+	// call ends at its timeout); nodes 3 and 4 stay held. The attempt gets
+	// no quorum, and gives back nodes 0, 1 and 2: the grant it did not see
+	// too.
+	e := newRedlockEnv(t, 5, nil)
+	l := e.locker(t, nil)
+	name := uniqueName(t)
+	key := "lock:{" + name + "}"
+	for i := 2; i < 5; i++ {
+		require.NoError(t, e.admins[i].Set(ctx, key, "another 1 someone", time.Minute).Err())
+	}
+	var grants atomic.Int64
+	e.hooks[2].set(nil, func(c context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) != "redlock_grant" {
+			return nil
+		}
+		if grants.Add(1) == 1 {
+			require.NoError(t, e.admins[2].Del(ctx, key).Err()) // free when asked again
+			return nil
+		}
+		<-c.Done() // granted, and the answer lost
+		return c.Err()
+	})
+	_, err := l.Acquire(ctx, name)
+	require.ErrorIs(t, err, ErrNotObtained)
+	assert.GreaterOrEqual(t, grants.Load(), int64(2), "node 2 asked again")
+	require.Eventually(t, func() bool {
+		for i, a := range e.admins {
+			if n := a.Exists(ctx, key).Val(); n != map[bool]int64{true: 1, false: 0}[i >= 3] {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, 10*time.Millisecond, "nodes 0-2 given back, 3 and 4 still another's")
+}
