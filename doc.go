@@ -265,10 +265,13 @@
 // Acquire's attempt that finds the lock held there joins that node's line,
 // or keeps its place in it, in the same script; the attempt that gets the
 // lock there, or the lease's release, takes the call out. A release on the
-// first node publishes "next" with the first live call in line, and only
-// that call tries: on one deployment the first attempt after a release wins
-// atomically, but on a quorum every woken waiter's attempt costs a call to
-// every node, and waiters woken together split the nodes' votes. A waiter in
+// first node publishes "next" with the first live call in line, on a
+// channel of that call's Locker (the lock's channel plus ":n:" and a tag
+// the Locker drew, which its calls' ids in line begin with), so that one
+// Locker hears it and not every waiting one; and only that call tries: on
+// one deployment the first attempt after a release wins atomically, but on
+// a quorum every woken waiter's attempt costs a call to every node, and
+// waiters woken together split the nodes' votes. A waiter in
 // line hears only the first node; it wakes when it is named, when the line
 // is empty at a release, when its subscription there is confirmed and no one
 // was ahead of it, when its connection there breaks (messages may have been

@@ -27,11 +27,12 @@ type Locker struct {
 	clock Clock
 	bg    tasks
 
-	releaseTimeoutMillis any  // opts.ReleaseTimeout in ms, boxed once for the scripts' ARGV
-	retentionMillis      any  // opts.FenceRetention in ms, boxed once
-	ownerArg             any  // opts.Owner, boxed once
-	defaultTTLArg        any  // opts.TTL in ms, boxed once
-	lines                bool // waiting Acquire calls wait in a line (a Redlock's; see line)
+	releaseTimeoutMillis any    // opts.ReleaseTimeout in ms, boxed once for the scripts' ARGV
+	retentionMillis      any    // opts.FenceRetention in ms, boxed once
+	ownerArg             any    // opts.Owner, boxed once
+	defaultTTLArg        any    // opts.TTL in ms, boxed once
+	lines                bool   // waiting Acquire calls wait in a line (a Redlock's; see line)
+	lineTag              string // names this Locker's calls in a line, and the channel their turns are announced on
 
 	publishWarned atomic.Bool // a failed wake-up was logged
 
@@ -364,7 +365,7 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 		wokeAt  time.Time
 	)
 	if wait > 0 && l.lines {
-		lease.line = lease.token // this call's id in the line
+		lease.line = l.lineTag + "." + lease.token // this call's id in the line
 	}
 	defer func() {
 		if w != nil {

@@ -2,6 +2,8 @@ package fencelock
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"math"
 	"slices"
@@ -62,6 +64,9 @@ func NewRedlock(clients []redis.UniversalClient, opts *Options) (*Locker, error)
 		q.nodes = append(q.nodes, d)
 	}
 	l.lines = true
+	var tag [4]byte
+	_, _ = rand.Read(tag[:])
+	l.lineTag = hex.EncodeToString(tag[:])
 	l.b = q
 	return l, nil
 }
@@ -776,13 +781,15 @@ func (q *quorum) leaveLine(ctx context.Context, lease *Lease) error {
 }
 
 // A line is a waiting Acquire's place in the line of a Redlock quorum's
-// first node. Every waiting Acquire on a Redlock has an id (its first
-// attempt's token); its attempts that find the lock held there join the
-// line, or keep their place, and the one that gets the lock there leaves
-// it (redlock_grant.lua). A release there names the first live entry
-// ("next <id>", release.lua), and only that Acquire tries: without the
-// line, every waiter would try on every release, a call to every node each,
-// and all but one in vain.
+// first node. Every waiting Acquire on a Redlock has an id (its Locker's
+// line tag, a dot, and its first attempt's token); its attempts that find
+// the lock held there join the line, or keep their place, and the one that
+// gets the lock there leaves it (redlock_grant.lua). A release there names
+// the first live entry ("next <id>", release.lua), on the named call's
+// Locker's turn channel, and only that Acquire tries: without the line,
+// every waiter would try on every release, a call to every node each, and
+// all but one in vain; on the lock's channel, every waiting Locker would
+// hear every turn.
 //
 // The line orders wake-ups, nothing else: any attempt may take a free
 // lock, and no release waits for the one it names. When a message is lost
@@ -828,12 +835,20 @@ func lineEntryTTL(maxBackoff time.Duration) time.Duration {
 
 // register adds a waiter on every node; with a line, on the line's node
 // only (its releases name who is next; the others' would wake it in vain),
-// until line.widen adds the others.
+// on the lock's channel and on this Locker's turn channel, until line.widen
+// adds the others. A call out of line when it registers hears the other
+// nodes' releases: should it join the line later, those wake it.
 func (q *quorum) register(key, token string, ln *line) *waiter {
+	home := q.nodes[0]
 	if ln != nil {
 		ln.q, ln.key, ln.token = q, key, token
-		d := q.nodes[0]
-		return d.waits.register(d.channel(key), nil, token, ln, true)
+		w := home.waits.register(home.channel(key), nil, token, ln, true)
+		if w != nil {
+			if o := home.waits.register(q.turnChannel(key), w.wake, token, ln, true); o != nil {
+				w.also = append(w.also, o)
+			}
+		}
+		return w
 	}
 	var first *waiter
 	for _, d := range q.nodes {
@@ -851,6 +866,14 @@ func (q *quorum) register(key, token string, ln *line) *waiter {
 		}
 	}
 	return first
+}
+
+// turnChannel is the channel on which the first node's releases name this
+// Locker's calls in the line of the lock at key ("next <id>", release.lua):
+// the lock's channel plus ":n:" and the Locker's line tag, the part of the
+// call's id before the dot. Only the named call's Locker hears it.
+func (q *quorum) turnChannel(key string) string {
+	return q.nodes[0].channel(key) + ":n:" + q.l.lineTag
 }
 
 func (q *quorum) acquireStops() bool { return true }

@@ -1329,3 +1329,44 @@ func TestRedlockSplitAskedAgainCleansUpWhatItCannotSee(t *testing.T) {
 		return true
 	}, 5*time.Second, 10*time.Millisecond, "nodes 0-2 given back, 3 and 4 still another's")
 }
+
+func TestRedlockTurnIsAnnouncedToItsLockerAlone(t *testing.T) {
+	// Two waiters, each a process of its own, in line. A release names the
+	// first on its Locker's own channel: the other Locker's connection, and
+	// everyone on the lock's channel, hear nothing. Before, every Locker
+	// waiting for the lock heard every turn: eight waiters, eight messages
+	// and wake-ups per release, instead of one.
+	e := newRedlockEnv(t, 3, nil)
+	_, name, held := e.holding(t)
+	var lockers []*Locker
+	var waiters []*holder
+	for i := range 2 {
+		wl, _ := e.process(t, slowPolling)
+		lockers = append(lockers, wl)
+		waiters = append(waiters, waitAndHold(ctx, wl, name))
+		e.requireLine(t, held.Key(), i+1, "waiter %d joins the line", i)
+	}
+	channels := []string{held.Key(), held.Key() + ":n:" + lockers[0].lineTag, held.Key() + ":n:" + lockers[1].lineTag}
+	for i, ch := range channels[1:] {
+		e.requireSubscribers(t, 0, ch, 1, "waiter "+strconv.Itoa(i)+"'s Locker listens on its own channel")
+	}
+	sub := e.admins[0].SSubscribe(ctx, channels...)
+	defer sub.Close()
+	for range channels {
+		_, err := sub.Receive(ctx) // confirmations
+		require.NoError(t, err)
+	}
+	require.NoError(t, held.Release(ctx))
+	first := waiters[0].obtained(t, 5*time.Second, "woken by name")
+	msg, err := sub.ReceiveTimeout(ctx, time.Second)
+	require.NoError(t, err)
+	m, ok := msg.(*redis.Message)
+	require.True(t, ok, "a message: %v", msg)
+	assert.Equal(t, channels[1], m.Channel, "on the named call's Locker's channel")
+	assert.Equal(t, "next "+first.line, m.Payload)
+	_, err = sub.ReceiveTimeout(ctx, 200*time.Millisecond)
+	assert.Error(t, err, "nothing else: not on the lock's channel, not to the other Locker")
+	waiters[0].finish(t)
+	waiters[1].obtained(t, 5*time.Second, "the second's turn, on its channel")
+	waiters[1].finish(t)
+}

@@ -35,7 +35,10 @@
 -- the lock when the message arrives. On a node of a Redlock quorum ('q'),
 -- the queue keys hold the node's line instead (redlock_grant.lua): nothing
 -- is handed over, and "next <id>" names the first live entry, whose
--- Acquire alone is woken by it. Otherwise "released" is published (except
+-- Acquire alone is woken by it; it is published on the channel plus
+-- ":n:" and the id's tag (the hex digits before its first dot, the named
+-- call's Locker's), which only that Locker hears, or on the channel itself
+-- for an id without one. Otherwise "released" is published (except
 -- for 'a' and 'b': an abandoned attempt's lock wakes nobody, so that
 -- contenders that split a Redlock quorum retry after their backoff).
 --
@@ -85,6 +88,7 @@ if code ~= 1 then
 end
 
 local message = 'released'
+local channel = ARGV[2]
 if ARGV[3] == 'q' then
 	-- A node of a Redlock quorum: name the first live entry of its line
 	-- (redlock_grant.lua), whose Acquire alone tries next.
@@ -98,6 +102,12 @@ if ARGV[3] == 'q' then
 			local expiry = tonumber(redis.call('HGET', KEYS[5], head))
 			if expiry and expiry >= nowMs then
 				message = 'next ' .. head
+				-- Heard by the named call's Locker alone, when the id
+				-- has its tag.
+				local tag = string.match(head, '^(%x+)%.')
+				if tag then
+					channel = ARGV[2] .. ':n:' .. tag
+				end
 				break
 			end
 			redis.call('ZREM', KEYS[4], head)
@@ -135,9 +145,9 @@ end
 if message == 'released' and ARGV[3] == 'a' then
 	return code
 end
-local ok, err = pcall(redis.call, 'SPUBLISH', ARGV[2], message)
+local ok, err = pcall(redis.call, 'SPUBLISH', channel, message)
 if not ok then
-	local ok2 = pcall(redis.call, 'PUBLISH', ARGV[2], message)
+	local ok2 = pcall(redis.call, 'PUBLISH', channel, message)
 	if not ok2 then
 		if type(err) == 'table' then err = err.err end
 		return {1, tostring(err)}
