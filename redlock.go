@@ -312,7 +312,7 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 			}
 		}
 		grace.Stop()
-		ok, busy, failed = q.decideSplit(ctx, lease, start, validity, ok, busy, failed)
+		ok, busy, failed = q.decideSplit(ctx, lease, start, validity, ok, busy, failed, answered)
 		if len(ok) < q.n {
 			return q.refused(lease, ok, busy, failed, answered)
 		}
@@ -394,12 +394,20 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 // attempt that holds the others without the first node gets no quorum
 // either and gives them back, and a release on its way frees them; the
 // attempt that has the first node takes them then. Attempts without the
-// first node do not ask again, so at most one attempt does.
-func (q *quorum) decideSplit(ctx context.Context, lease *Lease, start time.Time, validity time.Duration, ok, busy, failed []nodeGrant) ([]nodeGrant, []nodeGrant, []nodeGrant) {
-	first := slices.ContainsFunc(ok, func(g nodeGrant) bool { return g.node == 0 })
-	for round := 0; first && round < 3 && len(ok) < q.n && len(ok)+len(busy) >= q.n; round++ {
-		pause := max(200*time.Microsecond, time.Duration(q.answerTime.Load()))
-		if q.l.clock.Now().Add(pause).Sub(start) > validity/2 {
+// first node do not ask again, so at most one attempt does. Every answer
+// comes within half the validity. A node that does not answer in time
+// counts as busy still (its last answer), and as not answered, so that a
+// failed attempt gives it back (it may have granted the lock meanwhile).
+func (q *quorum) decideSplit(ctx context.Context, lease *Lease, start time.Time, validity time.Duration, ok, busy []nodeGrant, failed []nodeGrant, answered []bool) ([]nodeGrant, []nodeGrant, []nodeGrant) {
+	if !slices.ContainsFunc(ok, func(g nodeGrant) bool { return g.node == 0 }) {
+		return ok, busy, failed
+	}
+	end := start.Add(validity / 2)
+	for round := 0; round < 3 && len(ok) < q.n && len(ok)+len(busy) >= q.n; round++ {
+		answerTime := time.Duration(q.answerTime.Load())
+		pause := max(200*time.Microsecond, answerTime)
+		timeout := max(5*time.Millisecond, 2*answerTime)
+		if q.l.clock.Now().Add(pause + timeout).After(end) {
 			break
 		}
 		t := q.l.clock.NewTimer(pause)
@@ -409,13 +417,13 @@ func (q *quorum) decideSplit(ctx context.Context, lease *Lease, start time.Time,
 			return ok, busy, failed
 		case <-t.C:
 		}
+		asked := busy
 		ask := make([]bool, len(q.nodes))
-		for _, g := range busy {
+		for _, g := range asked {
 			ask[g.node] = true
 		}
-		n := len(busy)
 		busy = nil
-		again := each(ctx, q, max(5*time.Millisecond, 2*time.Duration(q.answerTime.Load())), false, func(ctx context.Context, i int, d *deployment) nodeGrant {
+		again := each(ctx, q, timeout, false, func(ctx context.Context, i int, d *deployment) nodeGrant {
 			if !ask[i] {
 				return nodeGrant{node: -1}
 			}
@@ -426,14 +434,15 @@ func (q *quorum) decideSplit(ctx context.Context, lease *Lease, start time.Time,
 			}
 			return g
 		})
-		for got := 0; got < n; {
+		for got := 0; got < len(asked); {
 			g, more := again.next()
 			if !more {
 				break
 			}
-			switch {
-			case g.node < 0:
+			if g.node < 0 {
 				continue
+			}
+			switch {
 			case g.ok:
 				ok = append(ok, g)
 			case g.err != nil:
@@ -442,12 +451,14 @@ func (q *quorum) decideSplit(ctx context.Context, lease *Lease, start time.Time,
 				busy = append(busy, g)
 			}
 			ask[g.node] = false
+			answered[g.node] = true
 			got++
 		}
 		again.stop()
-		for i, unanswered := range ask {
-			if unanswered { // it may grant it yet: cleaned up if the attempt fails
-				failed = append(failed, nodeGrant{node: i, err: fmt.Errorf("no answer to the grant asked again: %w", context.DeadlineExceeded)})
+		for _, g := range asked {
+			if ask[g.node] { // no answer: busy as it last said, and given back if the attempt fails
+				busy = append(busy, g)
+				answered[g.node] = false
 			}
 		}
 	}
@@ -836,8 +847,9 @@ func lineEntryTTL(maxBackoff time.Duration) time.Duration {
 // register adds a waiter on every node; with a line, on the line's node
 // only (its releases name who is next; the others' would wake it in vain),
 // on the lock's channel and on this Locker's turn channel, until line.widen
-// adds the others. A call out of line when it registers hears the other
-// nodes' releases: should it join the line later, those wake it.
+// adds the others. A call out of line when it registers also hears this
+// Locker's turn channel on the line's node: its later attempts may join
+// the line there, and be named.
 func (q *quorum) register(key, token string, ln *line) *waiter {
 	home := q.nodes[0]
 	if ln != nil {
@@ -863,6 +875,11 @@ func (q *quorum) register(key, token string, ln *line) *waiter {
 			first = w
 		default:
 			first.also = append(first.also, w)
+		}
+	}
+	if first != nil { // a later attempt may join the line: its turn is named on this Locker's channel
+		if o := home.waits.register(q.turnChannel(key), first.wake, token, nil, false); o != nil {
+			first.also = append(first.also, o)
 		}
 	}
 	return first

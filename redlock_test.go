@@ -1370,3 +1370,92 @@ func TestRedlockTurnIsAnnouncedToItsLockerAlone(t *testing.T) {
 	waiters[1].obtained(t, 5*time.Second, "the second's turn, on its channel")
 	waiters[1].finish(t)
 }
+
+func TestRedlockSplitAskedAgainSlowlyIsStillBusy(t *testing.T) {
+	// Nodes 1 and 2 are held by another, and answer a grant asked again too
+	// late. They said busy, and nothing since: the lock is held, not
+	// unavailable (1 of 3 nodes did not become an outage), and FailOpen
+	// does not run the work without it.
+	e := newRedlockEnv(t, 3, nil)
+	name := uniqueName(t)
+	key := "lock:{" + name + "}"
+	for i := 1; i < 3; i++ {
+		require.NoError(t, e.admins[i].Set(ctx, key, "another 1 someone", time.Minute).Err())
+		var grants atomic.Int64
+		e.hooks[i].set(func(context.Context, redis.Cmder) error { return nil }, func(_ context.Context, cmd redis.Cmder) error {
+			if scriptName(cmd) == "redlock_grant" && grants.Add(1) > 1 {
+				time.Sleep(50 * time.Millisecond) // the answer comes after the attempt stopped waiting
+			}
+			return nil
+		})
+	}
+	l := e.locker(t, nil)
+	_, err := l.Acquire(ctx, name)
+	require.ErrorIs(t, err, ErrNotObtained)
+	assert.NotErrorIs(t, err, ErrUnavailable)
+	assert.NotErrorIs(t, err, context.DeadlineExceeded)
+
+	open := e.locker(t, &Options{FailOpen: true})
+	ran := false
+	err = open.RunWithLock(ctx, name, func(context.Context, *Lease) error { ran = true; return nil })
+	require.ErrorIs(t, err, ErrNotObtained)
+	assert.False(t, ran, "the work did not run without the lock")
+	require.Eventually(t, func() bool { return e.admins[0].Exists(ctx, key).Val() == 0 }, 5*time.Second, 10*time.Millisecond,
+		"node 0 given back")
+}
+
+func TestRedlockOutOfLineWaiterHearsItsTurn(t *testing.T) {
+	// A waiter whose first busy answer came without the first node (its
+	// call there failed) waits out of line, on every node; its later
+	// attempts join the first node's line, and its turn is named on its
+	// Locker's channel there, which it listens to as well. Without it, a
+	// turn named before the other nodes' releases wake it is lost, and the
+	// line behind it waits for a pause.
+	e := newRedlockEnv(t, 3, nil)
+	_, name, held := e.holding(t)
+	wl, hooks := e.process(t, slowPolling)
+	var first atomic.Bool
+	hooks[0].set(func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == "redlock_grant" && first.CompareAndSwap(false, true) {
+			return errors.New("node 0 unreachable, once")
+		}
+		return nil
+	}, nil)
+	h := waitAndHold(ctx, wl, name)
+	for i := range 3 {
+		e.requireSubscribers(t, i, held.Key(), 1, "out of line: on every node's channel")
+	}
+	e.requireSubscribers(t, 0, held.Key()+":n:"+wl.lineTag, 1, "and on its turn channel on node 0")
+	require.NoError(t, held.Release(ctx))
+	h.obtained(t, 5*time.Second, "woken by the release")
+	h.finish(t)
+}
+
+func TestRedlockSplitAskedAgainOnlyWithinHalfTheValidity(t *testing.T) {
+	// The split of TestRedlockFirstNodeDecidesASplit with a 10ms TTL: half
+	// the validity (3.95ms) leaves no room for a pause and an answer's
+	// timeout (5ms at least), so the attempt does not ask again, and gives
+	// up at once.
+	e := newRedlockEnv(t, 5, nil)
+	l := e.locker(t, nil)
+	for range 3 { // scripts loaded, the time a quorum takes to answer learnt
+		warm, err := l.Acquire(ctx, uniqueName(t)+"-warm-up")
+		require.NoError(t, err)
+		require.NoError(t, warm.Release(ctx))
+	}
+	name := uniqueName(t)
+	key := "lock:{" + name + "}"
+	giveBack := e.heldElsewhere(t, key, 2, 3, 4)
+	var grants atomic.Int64
+	for i := 2; i < 5; i++ {
+		e.hooks[i].set(nil, func(c context.Context, cmd redis.Cmder) error {
+			if scriptName(cmd) == "redlock_grant" {
+				grants.Add(1)
+			}
+			return giveBack(c, cmd)
+		})
+	}
+	_, err := l.Acquire(ctx, name, WithTTL(10*time.Millisecond))
+	require.ErrorIs(t, err, ErrNotObtained)
+	assert.Equal(t, int64(3), grants.Load(), "nodes 2-4 asked once")
+}
