@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -372,14 +374,28 @@ func (h *dialCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 	return next
 }
 
-// closedAddr returns a loopback address where nothing listens.
+// closedAddr returns a loopback address where nothing listens: a port
+// bound by a socket that does not listen, until the test ends, so that
+// connections to it are refused and no other test's server or proxy can
+// take the port meanwhile (a port merely found free and closed can be
+// handed out again at once: seen as "EOF" instead of "connection refused").
 func closedAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
 	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	require.NoError(t, syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}))
+	sa, err := syscall.Getsockname(fd)
+	require.NoError(t, err)
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*syscall.SockaddrInet4).Port))
+}
+
+func TestClosedAddrIsRefusedAndReserved(t *testing.T) {
+	addr := closedAddr(t)
+	_, err := net.DialTimeout("tcp", addr, time.Second)
+	require.ErrorIs(t, err, syscall.ECONNREFUSED)
+	_, err = net.Listen("tcp", addr)
+	require.ErrorIs(t, err, syscall.EADDRINUSE, "no other test can listen there meanwhile")
 }
 
 // refusedClient returns a go-redis client, with go-redis's default options,
