@@ -398,7 +398,7 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 // comes within half the validity. A node that does not answer in time
 // counts as busy still (its last answer), and as not answered, so that a
 // failed attempt gives it back (it may have granted the lock meanwhile).
-func (q *quorum) decideSplit(ctx context.Context, lease *Lease, start time.Time, validity time.Duration, ok, busy []nodeGrant, failed []nodeGrant, answered []bool) ([]nodeGrant, []nodeGrant, []nodeGrant) {
+func (q *quorum) decideSplit(ctx context.Context, lease *Lease, start time.Time, validity time.Duration, ok, busy, failed []nodeGrant, answered []bool) ([]nodeGrant, []nodeGrant, []nodeGrant) {
 	if !slices.ContainsFunc(ok, func(g nodeGrant) bool { return g.node == 0 }) {
 		return ok, busy, failed
 	}
