@@ -281,11 +281,11 @@
 // not grants: any attempt may take a free lock, and a call whose attempt got
 // the first node but no quorum is out of line until its next attempt finds
 // the lock held there. A call that gives up leaves the line, in the
-// background; a crashed process's entry expires after max(1s, 4 ×
-// MaxRetryBackoff), and until then each release that names it waits for the
-// others' pauses. When the first node does not answer, a waiter is out of
-// line and listens on every node, and a release on any node wakes it, as on
-// one deployment.
+// background, and so does one whose Locker is closed (it polls then); a
+// crashed process's entry expires after max(1s, 4 × MaxRetryBackoff), and
+// until then each release that names it waits for the others' pauses. When
+// the first node does not answer, a waiter is out of line and listens on
+// every node, and a release on any node wakes it, as on one deployment.
 //
 // Fences stay ordered without trusting clocks. Each node keeps a fence
 // counter. Every node that grants the lock counts its counter on in the same

@@ -116,9 +116,11 @@ func (l *Locker) dialErrorSince(seen int64) error {
 // in flight is waited for, bounded by Options.ReleaseTimeout; one waiting to
 // try again is not retried (a lock it was for expires after its TTL).
 //
-// The Locker and its leases keep working after Close, but a later Acquire
-// that waits polls instead of being woken by releases. Close does not close
-// the Redis client. It always returns nil.
+// The Locker and its leases keep working after Close, but an Acquire that
+// waits polls instead of being woken by releases: a later one, and one
+// waiting when Close is called, which is woken to try at once (on a
+// Redlock, it leaves the line it waited in, where its turn would no longer
+// reach it). Close does not close the Redis client. It always returns nil.
 func (l *Locker) Close() error {
 	if l == nil || l.b == nil {
 		return nil
@@ -396,6 +398,22 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 	for {
 		if ctxErr(ctx) != nil {
 			return giveUp()
+		}
+		if w != nil && lease.line != "" && w.stopped() {
+			// Closed: no turn in a Redlock line would reach this call.
+			// It leaves the line, and polls out of it, with a new token
+			// (leaving retires the last one there).
+			w.leave()
+			w = nil
+			if unsure {
+				l.abandon(lease) // out of line too
+			} else {
+				l.leaveLine(lease)
+			}
+			unsure = false
+			next := l.newLease(lease.name, lease.ttl)
+			next.owner, next.ownerArg = lease.owner, lease.ownerArg
+			lease = next
 		}
 		start := l.clock.Now()
 		dials := l.dialFailures.Load()

@@ -1459,3 +1459,44 @@ func TestRedlockSplitAskedAgainOnlyWithinHalfTheValidity(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotObtained)
 	assert.Equal(t, int64(3), grants.Load(), "nodes 2-4 asked once")
 }
+
+func TestRedlockCloseTakesAWaiterOutOfLine(t *testing.T) {
+	// Close stops a Locker's wake-ups: a call of it waiting in line would
+	// never hear its turn, and each release that named it would wait for
+	// the others' pauses. It leaves the line at once and polls; the next
+	// in line is named by the release.
+	e := newRedlockEnv(t, 3, nil)
+	_, name, held := e.holding(t)
+	closing, hooks := e.process(t, slowPolling)
+	var grants atomic.Int64 // the closing Locker's grants answered
+	for _, h := range hooks {
+		h.set(nil, func(_ context.Context, cmd redis.Cmder) error {
+			if scriptName(cmd) == "redlock_grant" {
+				grants.Add(1)
+			}
+			return nil
+		})
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	gone := waitAndHold(wctx, closing, name)
+	e.requireLine(t, held.Key(), 1, "the first waiter joins the line")
+	other, _ := e.process(t, slowPolling)
+	next := waitAndHold(ctx, other, name)
+	e.requireLine(t, held.Key(), 2, "the second joins behind it")
+	e.requireSubscribers(t, 0, held.Key()+":n:"+closing.lineTag, 1, "the first listens for its turn")
+	time.Sleep(50 * time.Millisecond) // its confirmations handled: it sleeps its 20s pause
+
+	before := grants.Load()
+	require.NoError(t, closing.Close())
+	e.requireLine(t, held.Key(), 1, "the closed Locker's call left the line")
+	// Its next attempt, out of line, at once: had the release come first,
+	// it would have taken the free lock (as any attempt may).
+	require.Eventually(t, func() bool { return grants.Load() >= before+3 }, 5*time.Second, time.Millisecond,
+		"the closed Locker's call tries again, out of line")
+	require.NoError(t, held.Release(ctx))
+	next.obtained(t, 5*time.Second, "named by the release, not after its 20s pause")
+	next.finish(t)
+	cancel()
+	require.ErrorIs(t, <-gone.done, context.Canceled)
+}

@@ -176,6 +176,14 @@ func (w *waiter) leave() {
 	}
 }
 
+// stopped reports whether w's notifier was closed (Locker.Close): w hears
+// nothing more.
+func (w *waiter) stopped() bool {
+	w.n.mu.Lock()
+	defer w.n.mu.Unlock()
+	return w.n.closed
+}
+
 // wakesOnConfirmation reports whether w tries again when its subscription
 // is confirmed: a release before may have been missed. Not an Acquire in a
 // Redlock line with others ahead of it: a release before named one of
@@ -359,13 +367,19 @@ func (n *notifier) wake(h *hub, channel, payload string) {
 }
 
 // close shuts every hub down and waits for every goroutine of n; later waits
-// poll.
+// poll. The waiters are woken: no release will wake them any more (see
+// waiter.stopped).
 func (n *notifier) close() {
 	n.mu.Lock()
 	n.closed = true
 	for _, h := range n.hubs {
 		h.closed = true
 		h.kickLocked()
+	}
+	for _, cs := range n.channels {
+		for w := range cs.waiters {
+			w.signal()
+		}
 	}
 	n.mu.Unlock()
 	n.cancel()
