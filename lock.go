@@ -118,9 +118,11 @@ func (l *Locker) dialErrorSince(seen int64) error {
 //
 // The Locker and its leases keep working after Close, but an Acquire that
 // waits polls instead of being woken by releases: a later one, and one
-// waiting when Close is called, which is woken to try at once (on a
-// Redlock, it leaves the line it waited in, where its turn would no longer
-// reach it). Close does not close the Redis client. It always returns nil.
+// waiting when Close is called, which is woken to try at once. On a
+// Redlock such a call leaves the line it waited in, or that its first
+// attempt joined (its turn would no longer reach it), in the background of
+// the call itself: Close does not wait for Acquire calls in progress. Close
+// does not close the Redis client. It always returns nil.
 func (l *Locker) Close() error {
 	if l == nil || l.b == nil {
 		return nil
@@ -374,6 +376,20 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 			w.leave()
 		}
 	}()
+	// leaveClosed takes the call out of its Redlock line once its Locker is
+	// closed: no turn would reach it. It polls out of line from then on,
+	// with a new token (leaving retires the last one there).
+	leaveClosed := func() {
+		if unsure {
+			l.abandon(lease) // out of line too
+		} else {
+			l.leaveLine(lease)
+		}
+		unsure = false
+		next := l.newLease(lease.name, lease.ttl)
+		next.owner, next.ownerArg = lease.owner, lease.ownerArg
+		lease = next
+	}
 	giveUp := func() (*Lease, error) {
 		if unsure {
 			l.abandon(lease) // out of line too
@@ -400,20 +416,9 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 			return giveUp()
 		}
 		if w != nil && lease.line != "" && w.stopped() {
-			// Closed: no turn in a Redlock line would reach this call.
-			// It leaves the line, and polls out of it, with a new token
-			// (leaving retires the last one there).
 			w.leave()
 			w = nil
-			if unsure {
-				l.abandon(lease) // out of line too
-			} else {
-				l.leaveLine(lease)
-			}
-			unsure = false
-			next := l.newLease(lease.name, lease.ttl)
-			next.owner, next.ownerArg = lease.owner, lease.ownerArg
-			lease = next
+			leaveClosed()
 		}
 		start := l.clock.Now()
 		dials := l.dialFailures.Load()
@@ -502,6 +507,9 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 				ln.first.Store(a.ahead == 0)
 			}
 			w = l.b.register(lease.keys[keyLock], "", ln)
+			if w == nil && lease.line != "" { // closed: this call's first busy attempt joined the line
+				leaveClosed()
+			}
 		}
 		var wake <-chan struct{}
 		lined := a.lined && w != nil && w.line != nil

@@ -1500,3 +1500,39 @@ func TestRedlockCloseTakesAWaiterOutOfLine(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, <-gone.done, context.Canceled)
 }
+
+func TestRedlockClosedLockersNewCallLeavesTheLine(t *testing.T) {
+	// An Acquire that waits on a Locker already closed: its first attempt
+	// finds the lock held and joins the line, and, with no wake-ups to
+	// hear its turn by, it leaves at once and polls. The next in line is
+	// named by the release.
+	e := newRedlockEnv(t, 3, nil)
+	_, name, held := e.holding(t)
+	closed, hooks := e.process(t, slowPolling)
+	var grants atomic.Int64 // its grants answered
+	for _, h := range hooks {
+		h.set(nil, func(_ context.Context, cmd redis.Cmder) error {
+			if scriptName(cmd) == "redlock_grant" {
+				grants.Add(1)
+			}
+			return nil
+		})
+	}
+	require.NoError(t, closed.Close())
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	polling := waitAndHold(wctx, closed, name)
+	require.Eventually(t, func() bool { return grants.Load() >= 3 }, 5*time.Second, time.Millisecond, "its first attempt")
+	e.requireLine(t, held.Key(), 0, "it left the line its first attempt joined")
+	other, _ := e.process(t, slowPolling)
+	next := waitAndHold(ctx, other, name)
+	e.requireLine(t, held.Key(), 1, "the other joins it")
+	require.Equal(t, []string{}, slices.DeleteFunc(lineOf(t, e.admins[0], held.Key()), func(id string) bool {
+		return strings.HasPrefix(id, other.lineTag+".")
+	}), "only the other is in line")
+	require.NoError(t, held.Release(ctx))
+	next.obtained(t, 5*time.Second, "named by the release, not after its 20s pause")
+	next.finish(t)
+	cancel()
+	require.ErrorIs(t, <-polling.done, context.Canceled)
+}
