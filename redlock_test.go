@@ -1228,7 +1228,7 @@ func (e *redlockEnv) heldElsewhere(t *testing.T, key string, nodes ...int) func(
 		if scriptName(cmd) == "redlock_grant" {
 			if answered.Add(1) == int64(len(nodes)) {
 				for _, i := range nodes {
-					require.NoError(t, e.admins[i].Del(ctx, key).Err())
+					assert.NoError(t, e.admins[i].Del(ctx, key).Err()) // not require: a node's goroutine
 				}
 			}
 		}
@@ -1311,7 +1311,7 @@ func TestRedlockSplitAskedAgainCleansUpWhatItCannotSee(t *testing.T) {
 			return nil
 		}
 		if grants.Add(1) == 1 {
-			require.NoError(t, e.admins[2].Del(ctx, key).Err()) // free when asked again
+			assert.NoError(t, e.admins[2].Del(ctx, key).Err()) // free when asked again
 			return nil
 		}
 		<-c.Done() // granted, and the answer lost
@@ -1382,7 +1382,7 @@ func TestRedlockSplitAskedAgainSlowlyIsStillBusy(t *testing.T) {
 	for i := 1; i < 3; i++ {
 		require.NoError(t, e.admins[i].Set(ctx, key, "another 1 someone", time.Minute).Err())
 		var grants atomic.Int64
-		e.hooks[i].set(func(context.Context, redis.Cmder) error { return nil }, func(_ context.Context, cmd redis.Cmder) error {
+		e.hooks[i].set(nil, func(_ context.Context, cmd redis.Cmder) error {
 			if scriptName(cmd) == "redlock_grant" && grants.Add(1) > 1 {
 				time.Sleep(50 * time.Millisecond) // the answer comes after the attempt stopped waiting
 			}
