@@ -258,14 +258,7 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 	answered := make([]bool, len(q.nodes))
 	take := func(g nodeGrant) {
 		answered[g.node] = true
-		switch {
-		case g.ok:
-			ok = append(ok, g)
-		case g.err != nil:
-			failed = append(failed, g)
-		default:
-			busy = append(busy, g)
-		}
+		sortGrant(g, &ok, &busy, &failed)
 	}
 	// Collect until a quorum granted, a quorum is out of reach, or every
 	// node answered. Once a quorum of nodes has answered, the others get a
@@ -442,14 +435,7 @@ func (q *quorum) decideSplit(ctx context.Context, lease *Lease, start time.Time,
 			if g.node < 0 {
 				continue
 			}
-			switch {
-			case g.ok:
-				ok = append(ok, g)
-			case g.err != nil:
-				failed = append(failed, g)
-			default:
-				busy = append(busy, g)
-			}
+			sortGrant(g, &ok, &busy, &failed)
 			ask[g.node] = false
 			answered[g.node] = true
 			got++
@@ -463,6 +449,19 @@ func (q *quorum) decideSplit(ctx context.Context, lease *Lease, start time.Time,
 		}
 	}
 	return ok, busy, failed
+}
+
+// sortGrant adds a node's answer to a grant to those that granted it,
+// failed, or found the lock held.
+func sortGrant(g nodeGrant, ok, busy, failed *[]nodeGrant) {
+	switch {
+	case g.ok:
+		*ok = append(*ok, g)
+	case g.err != nil:
+		*failed = append(*failed, g)
+	default:
+		*busy = append(*busy, g)
+	}
 }
 
 // settle writes the fence, in the background, to the nodes whose grants

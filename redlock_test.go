@@ -1460,6 +1460,40 @@ func TestRedlockSplitAskedAgainOnlyWithinHalfTheValidity(t *testing.T) {
 	assert.Equal(t, int64(3), grants.Load(), "nodes 2-4 asked once")
 }
 
+// countGrants counts the grant scripts answered through hooks.
+func countGrants(hooks []*faultHook) *atomic.Int64 {
+	var n atomic.Int64
+	for _, h := range hooks {
+		h.set(nil, func(_ context.Context, cmd redis.Cmder) error {
+			if scriptName(cmd) == "redlock_grant" {
+				n.Add(1)
+			}
+			return nil
+		})
+	}
+	return &n
+}
+
+func TestRedlockFirstNodeAsksAgainAtMostThreeTimes(t *testing.T) {
+	// Nodes 2-4 stay held by another: the attempt that got nodes 0 and 1
+	// asks them again three times, then gives up (ErrNotObtained) and
+	// gives back what it got.
+	e := newRedlockEnv(t, 5, nil)
+	l := e.locker(t, nil)
+	name := uniqueName(t)
+	key := "lock:{" + name + "}"
+	for i := 2; i < 5; i++ {
+		require.NoError(t, e.admins[i].Set(ctx, key, "another 1 someone", time.Minute).Err())
+	}
+	grants := countGrants(e.hooks[2:])
+	_, err := l.Acquire(ctx, name)
+	require.ErrorIs(t, err, ErrNotObtained)
+	assert.Equal(t, int64(3*(1+3)), grants.Load(), "nodes 2-4: one grant, then three asked again")
+	require.Eventually(t, func() bool {
+		return e.admins[0].Exists(ctx, key).Val()+e.admins[1].Exists(ctx, key).Val() == 0
+	}, 5*time.Second, 10*time.Millisecond, "nodes 0 and 1 given back")
+}
+
 func TestRedlockCloseTakesAWaiterOutOfLine(t *testing.T) {
 	// Close stops a Locker's wake-ups: a call of it waiting in line would
 	// never hear its turn, and each release that named it would wait for
@@ -1468,15 +1502,7 @@ func TestRedlockCloseTakesAWaiterOutOfLine(t *testing.T) {
 	e := newRedlockEnv(t, 3, nil)
 	_, name, held := e.holding(t)
 	closing, hooks := e.process(t, slowPolling)
-	var grants atomic.Int64 // the closing Locker's grants answered
-	for _, h := range hooks {
-		h.set(nil, func(_ context.Context, cmd redis.Cmder) error {
-			if scriptName(cmd) == "redlock_grant" {
-				grants.Add(1)
-			}
-			return nil
-		})
-	}
+	grants := countGrants(hooks) // the closing Locker's grants answered
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	gone := waitAndHold(wctx, closing, name)
@@ -1509,15 +1535,7 @@ func TestRedlockClosedLockersNewCallLeavesTheLine(t *testing.T) {
 	e := newRedlockEnv(t, 3, nil)
 	_, name, held := e.holding(t)
 	closed, hooks := e.process(t, slowPolling)
-	var grants atomic.Int64 // its grants answered
-	for _, h := range hooks {
-		h.set(nil, func(_ context.Context, cmd redis.Cmder) error {
-			if scriptName(cmd) == "redlock_grant" {
-				grants.Add(1)
-			}
-			return nil
-		})
-	}
+	grants := countGrants(hooks) // its grants answered
 	require.NoError(t, closed.Close())
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -1535,4 +1553,24 @@ func TestRedlockClosedLockersNewCallLeavesTheLine(t *testing.T) {
 	next.finish(t)
 	cancel()
 	require.ErrorIs(t, <-polling.done, context.Canceled)
+}
+
+func TestRedlockUntaggedTurnIsNamedOnTheLocksChannel(t *testing.T) {
+	// A line id without a Locker's tag (written by an earlier version) is
+	// named on the lock's channel, where every waiting Locker listens.
+	e := newRedlockEnv(t, 3, nil)
+	_, _, held := e.holding(t)
+	key := held.Key()
+	require.NoError(t, e.admins[0].ZAdd(ctx, key+":q", redis.Z{Score: 1, Member: "a"}).Err())
+	require.NoError(t, e.admins[0].HSet(ctx, key+":qi", "a", time.Now().Add(time.Minute).UnixMilli()).Err())
+	sub := e.admins[0].SSubscribe(ctx, key)
+	defer sub.Close()
+	_, err := sub.Receive(ctx) // confirmation
+	require.NoError(t, err)
+	require.NoError(t, held.Release(ctx))
+	msg, err := sub.ReceiveTimeout(ctx, 2*time.Second)
+	require.NoError(t, err)
+	m, ok := msg.(*redis.Message)
+	require.True(t, ok, "a message: %v", msg)
+	assert.Equal(t, "next a", m.Payload)
 }

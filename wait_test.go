@@ -452,3 +452,39 @@ func TestOwnUnsubscriptionAfterResubscribing(t *testing.T) {
 	assert.NotContains(t, c.sent, ch, "ended by the server")
 	assert.False(t, subscribed(n, ch))
 }
+
+func TestCloseWakesAWaiter(t *testing.T) {
+	// Close ends the subscription a waiting Acquire listens on: the call is
+	// woken to try at once, and polls from then on, instead of sleeping
+	// out its pause (10-20s here) first.
+	e := newEnv(t, nil)
+	name := uniqueName(t)
+	held, err := e.locker(t, nil).Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+	defer held.Release(ctx)
+	var attempts atomic.Int64
+	h := &faultHook{}
+	h.set(nil, func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == "acquire" {
+			attempts.Add(1)
+		}
+		return nil
+	})
+	e.client.AddHook(h)
+	l := e.locker(t, slowPolling)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Acquire(wctx, name, WithWait(time.Minute))
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return pubsubClients(t, e) == 1 }, 5*time.Second, time.Millisecond, "the waiter subscribes")
+	time.Sleep(50 * time.Millisecond) // its confirmation's attempt made: it sleeps
+	before := attempts.Load()
+	require.NoError(t, l.Close())
+	require.Eventually(t, func() bool { return attempts.Load() > before }, 2*time.Second, time.Millisecond,
+		"woken by Close to try at once")
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+}
