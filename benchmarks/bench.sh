@@ -11,7 +11,8 @@
 #                            ContendedHandoff64 on one redis-server):
 #                            results/latest.txt, the bench-table section
 #   SUITE=redlock ./bench.sh only the Redlock suite (RedlockUncontended,
-#                            RedlockContended on 5 redis-servers):
+#                            RedlockContended, RedlockContendedProcs on 5
+#                            redis-servers):
 #                            results/redlock-latest.txt, the
 #                            bench-table:redlock section
 #   REV=cc2d0ba ./bench.sh   the library at a git revision (exported with git
@@ -40,8 +41,9 @@
 # fencelock-fair and raw-1ms, of 3.25 s each per implementation and round).
 #
 # The Redlock suite's rounds are one run of RedlockUncontended (pinned like
-# Uncontended; the 5 servers inherit the pinning) and one of
-# RedlockContended. It takes about a minute.
+# Uncontended; the 5 servers inherit the pinning), one of RedlockContended
+# and one of RedlockContendedProcs (its waiters are processes). It takes
+# about two minutes.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -130,7 +132,7 @@ fi
 
 if [ "$suite" != single ]; then
 	uncontended='^BenchmarkRedlockUncontended$'
-	contended='^BenchmarkRedlockContended$'
+	contended='^BenchmarkRedlockContended(Procs)?$'
 	{
 		echo "library: $library"
 		echo "load: before: $(cat /proc/loadavg)"

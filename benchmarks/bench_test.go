@@ -24,6 +24,8 @@ var (
 		"measured duration of BenchmarkContended per implementation (after a warm-up); raised to -benchtime when that is a longer duration")
 	shared = flag.Bool("shared", false,
 		"BenchmarkContended: the waiters share one instance of each implementation (one process) instead of one each")
+	procs = flag.Bool("procs", false,
+		"BenchmarkContended and BenchmarkRedlockContended: each waiter is a process of its own (the test binary run again), not a goroutine")
 	waitBound = flag.Duration("waitbound", 5*time.Second,
 		"longest one acquisition in BenchmarkContended may wait before it counts as a fail")
 	parallelism = flag.Int("parallelism", 8,

@@ -23,12 +23,13 @@ type contention struct {
 	waiters int           // goroutines competing for the lock
 	hold    time.Duration // inside the critical section
 	pause   time.Duration // after a release, before the next acquire; 0: none
+	procs   bool          // each waiter a process of its own (see contendProcs)
 }
 
 // contentionFlags is BenchmarkContended's contention: -waiters, -hold,
-// -pause.
+// -pause, -procs.
 func contentionFlags() contention {
-	return contention{waiters: *waiters, hold: *holdFor, pause: *pauseFor}
+	return contention{waiters: *waiters, hold: *holdFor, pause: *pauseFor, procs: *procs}
 }
 
 // BenchmarkContended runs -waiters goroutines, each with its own clients (as
@@ -81,9 +82,9 @@ func contended(b *testing.B, c contention) {
 	srv := startServer(b)
 	for _, d := range selected(b, contendedDrivers) {
 		b.Run(d.name, func(b *testing.B) {
-			sessions := waiterSessions(c.waiters, func() func() session { return d.open(b, srv.Addr) })
 			stats := newCmdStats(b, srv)
-			r := contend(b, sessions, d.name+":contended", measuredDuration(), c)
+			w := waiterSpec{suite: "single", impl: d.name, addrs: []string{srv.Addr}}
+			r := contend(b, w, d.name+":contended", measuredDuration(), c)
 			stats.logPer(b, r.sections(), "critical sections (warm-up and wind-down included)")
 			r.report(b)
 		})
@@ -137,106 +138,35 @@ type contendResult struct {
 	allocBytes uint64
 }
 
-// contend runs one waiter per session on key for warmup+window, each as c
-// says (c.waiters is len(sessions)), then stops them and waits for them
-// (bounded by -waitbound plus a margin).
-func contend(b *testing.B, sessions []session, key string, window time.Duration, c contention) *contendResult {
+// contend runs c.waiters waiters of w on key for warmup+window, each as c
+// says, then stops them and waits for them (bounded by -waitbound plus a
+// margin). The waiters are goroutines of this process, or with c.procs
+// processes of their own (see contendProcs).
+func contend(b *testing.B, w waiterSpec, key string, window time.Duration, c contention) *contendResult {
+	if c.procs {
+		return contendProcs(b, w, key, window, c)
+	}
+	sessions := waiterSessions(c.waiters, func() func() session { return w.open(b) })
+	var bd board
+	bd.inside, bd.waiting = new(atomic.Int32), new(atomic.Int32)
+	bd.overlaps, bd.handoffFrom = new(atomic.Int64), new(atomic.Int64)
+	bd.handoffFrom.Store(-1)
 	base := time.Now()
 	since := func() time.Duration { return time.Since(base) } // monotonic
-	winStart, winEnd := warmup, warmup+window
-
-	var (
-		inside   atomic.Int32 // goroutines inside the critical section
-		waiting  atomic.Int32 // goroutines inside lock
-		overlaps atomic.Int64
-		// handoffFrom is since() when the last holder left the critical
-		// section while another goroutine was waiting, in ns; -1 when
-		// nobody was waiting then.
-		handoffFrom atomic.Int64
-	)
-	handoffFrom.Store(-1)
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 
 	logs := make([]waiterLog, len(sessions))
-	capHint := int(window/time.Millisecond)/len(sessions) + 64
 	var wg sync.WaitGroup
 	for i, s := range sessions {
-		l := &logs[i]
-		l.waits = make([]time.Duration, 0, capHint)
-		l.handoffs = make([]time.Duration, 0, capHint)
-		wg.Go(func() {
-			var pauseT *time.Timer
-			if c.pause > 0 {
-				pauseT = time.NewTimer(0)
-				defer pauseT.Stop()
-			}
-			for ctx.Err() == nil {
-				t0 := since()
-				waiting.Add(1)
-				err := s.lock(ctx, key, *waitBound)
-				waiting.Add(-1)
-				t1 := since()
-				inWindow := t1 >= winStart && t1 < winEnd
-				switch {
-				case err == nil:
-				case ctx.Err() != nil:
-					return
-				case errors.Is(err, errTimeout):
-					if inWindow {
-						l.fails++
-					}
-					continue
-				default:
-					l.err = err
-					return
-				}
-
-				if inside.Add(1) != 1 {
-					overlaps.Add(1)
-				}
-				if inWindow {
-					l.sections++
-					l.waits = append(l.waits, t1-t0)
-					if from := handoffFrom.Load(); from >= 0 {
-						l.handoffs = append(l.handoffs, t1-time.Duration(from))
-					}
-				}
-				holdLock(c.hold)
-				inside.Add(-1)
-				left := since()
-				if inWindow {
-					l.held += left - t1
-				}
-				if waiting.Load() > 0 {
-					handoffFrom.Store(int64(left))
-				} else {
-					handoffFrom.Store(-1)
-				}
-
-				uctx, cancel := context.WithTimeout(context.Background(), unlockT)
-				err = s.unlock(uctx)
-				cancel()
-				if err != nil {
-					l.err = err
-					return
-				}
-				if pauseT != nil {
-					pauseT.Reset(c.pause)
-					select {
-					case <-ctx.Done():
-					case <-pauseT.C:
-					}
-				}
-			}
-		})
+		wg.Go(func() { waitLoop(ctx, s, key, c, window, &bd, since, &logs[i]) })
 	}
 
 	r := &contendResult{window: window, logs: logs}
 	var m0, m1 runtime.MemStats
-	time.Sleep(winStart - since())
+	time.Sleep(warmup - since())
 	runtime.ReadMemStats(&m0)
-	time.Sleep(winEnd - since())
+	time.Sleep(warmup + window - since())
 	runtime.ReadMemStats(&m1)
 	stop()
 	r.allocs, r.allocBytes = m1.Mallocs-m0.Mallocs, m1.TotalAlloc-m0.TotalAlloc
@@ -248,13 +178,100 @@ func contend(b *testing.B, sessions []session, key string, window time.Duration,
 	case <-time.After(*waitBound + unlockT + 10*time.Second):
 		b.Fatalf("waiters did not stop within %v of the end of the run", *waitBound+unlockT+10*time.Second)
 	}
-	r.overlaps = overlaps.Load()
+	r.overlaps = bd.overlaps.Load()
 	for i, l := range logs {
 		if l.err != nil {
 			b.Fatalf("waiter %d: %v", i, l.err)
 		}
 	}
 	return r
+}
+
+// A board is what the waiters of a run share: in this process's memory, or
+// with -procs in memory shared by the waiters' processes.
+type board struct {
+	inside  *atomic.Int32 // waiters inside the critical section
+	waiting *atomic.Int32 // waiters inside lock
+	// overlaps counts the times a waiter entered the critical section with
+	// another inside.
+	overlaps *atomic.Int64
+	// handoffFrom is since() when the last holder left the critical
+	// section while another waiter was waiting, in ns; -1 when nobody was
+	// waiting then.
+	handoffFrom *atomic.Int64
+}
+
+// waitLoop is one waiter of a contended run: acquire, hold, release, pause,
+// until ctx ends. It records in l what it saw between warmup and
+// warmup+window, by since (the run's clock: the time since its start).
+func waitLoop(ctx context.Context, s session, key string, c contention, window time.Duration, bd *board, since func() time.Duration, l *waiterLog) {
+	winStart, winEnd := warmup, warmup+window
+	capHint := int(window/time.Millisecond)/max(c.waiters, 1) + 64
+	l.waits = make([]time.Duration, 0, capHint)
+	l.handoffs = make([]time.Duration, 0, capHint)
+	var pauseT *time.Timer
+	if c.pause > 0 {
+		pauseT = time.NewTimer(0)
+		defer pauseT.Stop()
+	}
+	for ctx.Err() == nil {
+		t0 := since()
+		bd.waiting.Add(1)
+		err := s.lock(ctx, key, *waitBound)
+		bd.waiting.Add(-1)
+		t1 := since()
+		inWindow := t1 >= winStart && t1 < winEnd
+		switch {
+		case err == nil:
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, errTimeout):
+			if inWindow {
+				l.fails++
+			}
+			continue
+		default:
+			l.err = err
+			return
+		}
+
+		if bd.inside.Add(1) != 1 {
+			bd.overlaps.Add(1)
+		}
+		if inWindow {
+			l.sections++
+			l.waits = append(l.waits, t1-t0)
+			if from := bd.handoffFrom.Load(); from >= 0 {
+				l.handoffs = append(l.handoffs, t1-time.Duration(from))
+			}
+		}
+		holdLock(c.hold)
+		bd.inside.Add(-1)
+		left := since()
+		if inWindow {
+			l.held += left - t1
+		}
+		if bd.waiting.Load() > 0 {
+			bd.handoffFrom.Store(int64(left))
+		} else {
+			bd.handoffFrom.Store(-1)
+		}
+
+		uctx, cancel := context.WithTimeout(context.Background(), unlockT)
+		err = s.unlock(uctx)
+		cancel()
+		if err != nil {
+			l.err = err
+			return
+		}
+		if pauseT != nil {
+			pauseT.Reset(c.pause)
+			select {
+			case <-ctx.Done():
+			case <-pauseT.C:
+			}
+		}
+	}
 }
 
 // sections is the number of critical sections in the measured window.

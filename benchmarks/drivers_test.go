@@ -58,7 +58,7 @@ type driver struct {
 	// open connects to the redis-server at addr (creating the clients the
 	// implementation needs, closed by b.Cleanup) and returns a function
 	// that makes sessions sharing those clients.
-	open func(b *testing.B, addr string) func() session
+	open func(b testing.TB, addr string) func() session
 }
 
 // drivers lists the implementations of the uncontended benchmarks
@@ -114,12 +114,12 @@ func selected(b *testing.B, all []driver) []driver {
 
 // newGoRedis returns a go-redis client with default options, closed when b
 // ends. Every go-redis based implementation gets its own.
-func newGoRedis(b *testing.B, addr string) *redis.Client {
+func newGoRedis(b testing.TB, addr string) *redis.Client {
 	return newGoRedisWith(b, &redis.Options{Addr: addr})
 }
 
 // newGoRedisWith returns a go-redis client with opts, closed when b ends.
-func newGoRedisWith(b *testing.B, opts *redis.Options) *redis.Client {
+func newGoRedisWith(b testing.TB, opts *redis.Options) *redis.Client {
 	c := redis.NewClient(opts)
 	b.Cleanup(func() {
 		if err := c.Close(); err != nil {
@@ -132,7 +132,7 @@ func newGoRedisWith(b *testing.B, opts *redis.Options) *redis.Client {
 // closeLater registers v's Close method, if it has one, as a cleanup of b.
 // fencelock.Locker has none today; if push-based waiting gives it one (to
 // stop a subscriber goroutine), the benchmarks call it without a change.
-func closeLater(b *testing.B, v any) {
+func closeLater(b testing.TB, v any) {
 	switch c := v.(type) {
 	case interface{ Close() error }:
 		b.Cleanup(func() {
@@ -149,7 +149,7 @@ func closeLater(b *testing.B, v any) {
 
 // openFencelock is fencelock with go-redis's default options: what a user
 // gets without setting any.
-func openFencelock(b *testing.B, addr string) func() session {
+func openFencelock(b testing.TB, addr string) func() session {
 	return openFencelockOn(b, newGoRedis(b, addr))
 }
 
@@ -158,7 +158,7 @@ func openFencelock(b *testing.B, addr string) func() session {
 // recommends: go-redis then stops a call at its context's deadline itself,
 // and fencelock runs Release on the caller's goroutine instead of handing it
 // to a goroutine of its own.
-func openFencelockCTE(b *testing.B, addr string) func() session {
+func openFencelockCTE(b testing.TB, addr string) func() session {
 	return openFencelockOn(b, newGoRedisWith(b, &redis.Options{Addr: addr, ContextTimeoutEnabled: true}))
 }
 
@@ -167,7 +167,7 @@ func openFencelockCTE(b *testing.B, addr string) func() session {
 // lock to the first waiter, whose Acquire returns when the grant's message
 // arrives. Only the contended benchmarks run it; an Acquire that does not
 // wait is fencelock's.
-func openFencelockFair(b *testing.B, addr string) func() session {
+func openFencelockFair(b testing.TB, addr string) func() session {
 	newSession := openFencelockOn(b, newGoRedis(b, addr))
 	return func() session {
 		s := newSession().(*fencelockSession)
@@ -176,7 +176,7 @@ func openFencelockFair(b *testing.B, addr string) func() session {
 	}
 }
 
-func openFencelockOn(b *testing.B, client *redis.Client) func() session {
+func openFencelockOn(b testing.TB, client *redis.Client) func() session {
 	locker, err := fencelock.New(client, &fencelock.Options{TTL: ttl})
 	if err != nil {
 		b.Fatal(err)
@@ -232,7 +232,7 @@ func (s *fencelockSession) unlock(ctx context.Context) error {
 
 // bsm/redislock
 
-func openRedislock(b *testing.B, addr string) func() session {
+func openRedislock(b testing.TB, addr string) func() session {
 	client := redislock.New(newGoRedis(b, addr))
 	return func() session { return &redislockSession{client: client} }
 }
@@ -285,7 +285,7 @@ func (s *redislockSession) unlock(ctx context.Context) error {
 
 // go-redsync/redsync with its go-redis v9 pool
 
-func openRedsync(b *testing.B, addr string) func() session {
+func openRedsync(b testing.TB, addr string) func() session {
 	rs := redsync.New(goredis.NewPool(newGoRedis(b, addr)))
 	expiry := redsync.WithExpiry(ttl) // default 8s; built once, not per call
 	return func() session { return &redsyncSession{rs: rs, expiry: expiry} }
@@ -343,7 +343,7 @@ func (s *redsyncSession) unlock(ctx context.Context) error {
 
 // redis/rueidis/rueidislock
 
-func openRueidislock(b *testing.B, addr string) func() session {
+func openRueidislock(b testing.TB, addr string) func() session {
 	// The settings its README recommends for a single Redis >= 7.0.5 node.
 	locker, err := rueidislock.NewLocker(rueidislock.LockerOption{
 		ClientOption:   rueidis.ClientOption{InitAddress: []string{addr}},
@@ -419,17 +419,17 @@ var (
 	rawReleaseScript = redis.NewScript(rawReleaseLua)
 )
 
-func openRaw(b *testing.B, addr string) func() session {
+func openRaw(b testing.TB, addr string) func() session {
 	return openRawPolling(b, addr, rawPoll)
 }
 
 // openRaw1ms is raw polling every millisecond instead of every 10: the
 // fastest a poller hands off, for as many requests to Redis per waiter.
-func openRaw1ms(b *testing.B, addr string) func() session {
+func openRaw1ms(b testing.TB, addr string) func() session {
 	return openRawPolling(b, addr, time.Millisecond)
 }
 
-func openRawPolling(b *testing.B, addr string, poll time.Duration) func() session {
+func openRawPolling(b testing.TB, addr string, poll time.Duration) func() session {
 	client := newGoRedis(b, addr)
 	return func() session { return &rawSession{client: client, poll: poll} }
 }

@@ -27,7 +27,7 @@ type redlockDriver struct {
 	// open connects to the redis-servers at addrs (one go-redis client per
 	// server, closed by b.Cleanup) and returns a function that makes
 	// sessions sharing those clients.
-	open func(b *testing.B, addrs []string) func() session
+	open func(b testing.TB, addrs []string) func() session
 }
 
 // redlockDrivers lists the Redlock implementations in the order they run
@@ -35,6 +35,12 @@ type redlockDriver struct {
 var redlockDrivers = []redlockDriver{
 	{"fencelock", openFencelockRedlock},
 	{"redsync", openRedsyncRedlock},
+}
+
+func init() {
+	for _, d := range redlockDrivers {
+		openers["redlock/"+d.name] = d.open
+	}
 }
 
 // startRedlockNodes starts redlockNodes servers, stopped when b ends.
@@ -71,8 +77,25 @@ func BenchmarkRedlockContended(b *testing.B) {
 	for _, d := range redlockDrivers {
 		b.Run(d.name, func(b *testing.B) {
 			c := contentionFlags()
-			sessions := waiterSessions(c.waiters, func() func() session { return d.open(b, addrs) })
-			r := contend(b, sessions, d.name+":redlock:contended", measuredDuration(), c)
+			w := waiterSpec{suite: "redlock", impl: d.name, addrs: addrs}
+			r := contend(b, w, d.name+":redlock:contended", measuredDuration(), c)
+			r.report(b)
+		})
+	}
+}
+
+// BenchmarkRedlockContendedProcs is BenchmarkRedlockContended with every
+// waiter a process of its own, as separate pods are (-procs; see
+// contendProcs): a waiter's timers then do not wait for the other waiters'
+// network traffic.
+func BenchmarkRedlockContendedProcs(b *testing.B) {
+	_, addrs := startRedlockNodes(b)
+	for _, d := range redlockDrivers {
+		b.Run(d.name, func(b *testing.B) {
+			c := contentionFlags()
+			c.procs = true
+			w := waiterSpec{suite: "redlock", impl: d.name, addrs: addrs}
+			r := contend(b, w, d.name+":redlock:contended", measuredDuration(), c)
 			r.report(b)
 		})
 	}
@@ -80,7 +103,7 @@ func BenchmarkRedlockContended(b *testing.B) {
 
 // fencelock.NewRedlock
 
-func openFencelockRedlock(b *testing.B, addrs []string) func() session {
+func openFencelockRedlock(b testing.TB, addrs []string) func() session {
 	clients := make([]redis.UniversalClient, len(addrs))
 	for i, addr := range addrs {
 		clients[i] = newGoRedis(b, addr)
@@ -95,7 +118,7 @@ func openFencelockRedlock(b *testing.B, addrs []string) func() session {
 
 // go-redsync/redsync with one go-redis v9 pool per server
 
-func openRedsyncRedlock(b *testing.B, addrs []string) func() session {
+func openRedsyncRedlock(b testing.TB, addrs []string) func() session {
 	pools := make([]redsyncredis.Pool, len(addrs))
 	for i, addr := range addrs {
 		pools[i] = goredis.NewPool(newGoRedis(b, addr))

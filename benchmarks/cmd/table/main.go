@@ -403,7 +403,7 @@ func num(v float64) string {
 // several independent servers); each has its own targets.
 var (
 	singleGroups  = []string{"Uncontended", "Interleaved", "Parallel", "Contended", "ContendedHandoff", "ContendedHandoff64"}
-	redlockGroups = []string{"RedlockUncontended", "RedlockContended"}
+	redlockGroups = []string{"RedlockUncontended", "RedlockContended", "RedlockContendedProcs"}
 )
 
 // hasAny reports whether the input has results of any of groups.
@@ -608,6 +608,16 @@ func (r *results) redlockTargets(row targetRow) {
 		func(x float64) bool { return x < 1 })
 	worst := r.worstOverlaps("RedlockContended")
 	row("RedlockContended overlaps = 0", num(worst), worst == 0, known(worst))
+	// The same targets with every waiter a process of its own, when
+	// measured (older results have none).
+	if len(r.runs["RedlockContendedProcs"]) > 0 {
+		ratioRow("RedlockContendedProcs cs/s ≥ 2 × redsync's", "RedlockContendedProcs", "cs/s",
+			func(x float64) bool { return x >= 2 })
+		ratioRow("RedlockContendedProcs handoff-p50 < redsync's", "RedlockContendedProcs", "handoff-p50-ms",
+			func(x float64) bool { return x < 1 })
+		worst := r.worstOverlaps("RedlockContendedProcs")
+		row("RedlockContendedProcs overlaps = 0", num(worst), worst == 0, known(worst))
+	}
 }
 
 // paired returns, when a and b have as many runs of unit in group (rounds),

@@ -41,6 +41,14 @@ BenchmarkRedlockContended/redsync-2      1  1 ns/op  200 cs/s  1.5 handoff-p50-m
 			wantN: []string{"### Targets", "rueidislock"},
 		},
 		{
+			name: "redlock with waiters as processes: their targets too",
+			in: redlock + `
+BenchmarkRedlockContendedProcs/fencelock-2  1  1 ns/op  300 cs/s  0.5 handoff-p50-ms  0 overlaps
+BenchmarkRedlockContendedProcs/redsync-2    1  1 ns/op  200 cs/s  1.0 handoff-p50-ms  1 overlaps
+`,
+			want: []string{"| RedlockContended cs/s ≥ 2 × redsync's | 500 vs 200: 2.50× | yes |", "| RedlockContendedProcs cs/s ≥ 2 × redsync's | 300 vs 200: 1.50× | **no** |", "| RedlockContendedProcs handoff-p50 < redsync's | 0.5000 ms vs 1.00 ms: 0.50× | yes |", "| RedlockContendedProcs overlaps = 0 | 1.00 | **no** |"},
+		},
+		{
 			name: "redlock behind",
 			in:   strings.ReplaceAll(strings.ReplaceAll(redlock, "1500 ns/op", "1700 ns/op"), "500 cs/s", "300 cs/s"),
 			want: []string{"| RedlockUncontended ns/op ≤ 1.6 × redsync's | 1700 vs 1000: 1.70× | **no** |", "| RedlockContended cs/s ≥ 2 × redsync's | 300 vs 200: 1.50× | **no** |"},
