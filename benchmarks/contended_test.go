@@ -20,7 +20,7 @@ const (
 
 // A contention is what the waiters of a contended benchmark do.
 type contention struct {
-	waiters int           // goroutines competing for the lock
+	waiters int           // waiters competing for the lock
 	hold    time.Duration // inside the critical section
 	pause   time.Duration // after a release, before the next acquire; 0: none
 	procs   bool          // each waiter a process of its own (see contendProcs)
@@ -32,12 +32,13 @@ func contentionFlags() contention {
 	return contention{waiters: *waiters, hold: *holdFor, pause: *pauseFor, procs: *procs}
 }
 
-// BenchmarkContended runs -waiters goroutines, each with its own clients (as
-// if each were a separate process; -shared gives them one), that compete for
-// one lock for a fixed duration: acquire with the implementation's waiting
-// strategy, hold 1ms (-hold), release, pause 5ms (-pause), again. With 8
-// waiters the lock is nearly always wanted, so throughput is set by how
-// quickly a release reaches the next waiter.
+// BenchmarkContended runs -waiters waiters, goroutines each with its own
+// clients (as if each were a separate process; -shared gives them one;
+// -procs makes them processes), that compete for one lock for a fixed
+// duration: acquire with the implementation's waiting strategy, hold 1ms
+// (-hold), release, pause 5ms (-pause), again. With 8 waiters the lock is
+// nearly always wanted, so throughput is set by how quickly a release
+// reaches the next waiter.
 //
 // It ignores b.N and runs once per implementation; "op" is one critical
 // section, so ns/op, B/op and allocs/op are per critical section over the
@@ -46,14 +47,14 @@ func contentionFlags() contention {
 //	cs/s            critical sections entered per second
 //	busy            fraction of the window someone was inside; cs/s ÷ busy
 //	                is the ceiling a lock with instant hand-offs would reach
-//	handoff-p50-ms  end of a critical section while another goroutine was
+//	handoff-p50-ms  end of a critical section while another waiter was
 //	handoff-p99-ms  waiting -> the next acquisition (in-process, monotonic
 //	                clock; the time the lock sat unused while wanted)
 //	wait-p50-ms     start of the acquire call -> lock obtained
 //	wait-p99-ms
 //	fairness        Jain's index over the waiters' critical-section counts
 //	fails           acquisitions that gave up at -waitbound
-//	overlaps        times two goroutines were inside at once (must be 0)
+//	overlaps        times two waiters were inside at once (must be 0)
 func BenchmarkContended(b *testing.B) {
 	contended(b, contentionFlags())
 }
@@ -134,7 +135,7 @@ type contendResult struct {
 	window     time.Duration
 	logs       []waiterLog
 	overlaps   int64
-	allocs     uint64 // heap allocations in the window, all goroutines
+	allocs     uint64 // heap allocations in the window, all goroutines (of all waiters' processes)
 	allocBytes uint64
 }
 
@@ -314,7 +315,7 @@ func (r *contendResult) report(b *testing.B) {
 	b.ReportMetric(float64(fails), "fails")
 	b.ReportMetric(float64(r.overlaps), "overlaps")
 	if r.overlaps != 0 {
-		b.Fatalf("%d times two goroutines were inside the critical section at once", r.overlaps)
+		b.Fatalf("%d times two waiters were inside the critical section at once", r.overlaps)
 	}
 	if sections == 0 {
 		b.Fatalf("no critical section in %v", r.window)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,15 +28,15 @@ import (
 // "Waiters as processes"). In their own processes a hold lasts what it
 // lasts alone.
 //
-// The waiters share a board (see board) in a memory-mapped file, and a
-// clock: the wall clock's nanoseconds since the run's start, which the
-// parent writes to the board once every waiter has its session open. Each
+// The waiters share a board (see board) in a memory-mapped file (see
+// sharedBoard), and a clock: the wall clock's time since the run's start,
+// which the benchmark writes there once every waiter has its session open. Each
 // waiter writes its waiterLog, and its allocations in the window, to a
 // file of its own.
 
-// openers opens a waiter's session in any process of the run: a driver of
-// a suite by "suite/name" (single/redsync, redlock/fencelock), given the
-// servers' addresses.
+// openers maps "suite/name" (single/redsync, redlock/fencelock) to the
+// driver's open function, given the servers' addresses: how a waiter opens
+// its session in any process of the run.
 var openers = map[string]func(tb testing.TB, addrs []string) func() session{}
 
 func init() {
@@ -70,8 +71,8 @@ type waiterJob struct {
 	Suite, Impl string
 	Addrs       []string
 	Key         string
-	Board       string // the memory-mapped file
-	Out         string // where the waiterReport goes
+	Board       string // the sharedBoard's file
+	Report      string // where the waiterReport goes
 	Waiters     int
 	Hold, Pause time.Duration
 	WaitBound   time.Duration
@@ -88,147 +89,170 @@ type waiterReport struct {
 	Allocs, AllocBytes uint64
 }
 
-// The board's layout in its file; each field aligned to 8 bytes.
-const (
-	offHandoffFrom = 0  // int64
-	offOverlaps    = 8  // int64
-	offInside      = 16 // int32
-	offWaiting     = 20 // int32
-	offReady       = 24 // int32: waiters with their session open
-	offBase        = 32 // int64: the run's start, Unix ns; 0 before
-	boardSize      = 64
-)
-
-// mapBoard maps the board file at path into memory; unmap undoes it.
-func mapBoard(path string) (bd *board, ready *atomic.Int32, base *atomic.Int64, unmap func(), err error) {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		return nil, nil, nil, nil, err
-	}
-	defer f.Close()
-	mem, err := syscall.Mmap(int(f.Fd()), 0, boardSize, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
-	if err != nil {
-		return nil, nil, nil, nil, fmt.Errorf("mmap %s: %w", path, err)
-	}
-	p := unsafe.Pointer(&mem[0])
-	bd = &board{
-		inside:      (*atomic.Int32)(unsafe.Add(p, offInside)),
-		waiting:     (*atomic.Int32)(unsafe.Add(p, offWaiting)),
-		overlaps:    (*atomic.Int64)(unsafe.Add(p, offOverlaps)),
-		handoffFrom: (*atomic.Int64)(unsafe.Add(p, offHandoffFrom)),
-	}
-	return bd, (*atomic.Int32)(unsafe.Add(p, offReady)), (*atomic.Int64)(unsafe.Add(p, offBase)),
-		func() { _ = syscall.Munmap(mem) }, nil
+// sharedBoard is the memory-mapped file the waiter processes share: their
+// board, and how the run starts.
+type sharedBoard struct {
+	handoffFrom, overlaps atomic.Int64
+	inside, waiting       atomic.Int32
+	ready                 atomic.Int32 // waiters with their session open
+	base                  atomic.Int64 // the run's start, Unix ns; 0 before
 }
 
-// contendProcs is contend with every waiter in a process of its own.
-func contendProcs(b testing.TB, w waiterSpec, key string, window time.Duration, c contention) *contendResult {
-	if *shared {
-		b.Fatal("-shared and -procs: processes cannot share an instance")
-	}
-	dir := b.TempDir()
-	boardPath := filepath.Join(dir, "board")
-	if err := os.WriteFile(boardPath, make([]byte, boardSize), 0o600); err != nil {
-		b.Fatal(err)
-	}
-	bd, ready, base, unmap, err := mapBoard(boardPath)
+// mapBoard maps the sharedBoard file at path into memory; unmap undoes it.
+func mapBoard(path string) (sb *sharedBoard, unmap func(), err error) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
-		b.Fatal(err)
+		return nil, nil, err
+	}
+	defer f.Close()
+	mem, err := syscall.Mmap(int(f.Fd()), 0, int(unsafe.Sizeof(sharedBoard{})), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	if err != nil {
+		return nil, nil, fmt.Errorf("mmap %s: %w", path, err)
+	}
+	// A mapping is page-aligned: every field is aligned as in Go memory.
+	return (*sharedBoard)(unsafe.Pointer(&mem[0])), func() { _ = syscall.Munmap(mem) }, nil
+}
+
+func (sb *sharedBoard) board() *board {
+	return &board{inside: &sb.inside, waiting: &sb.waiting, overlaps: &sb.overlaps, handoffFrom: &sb.handoffFrom}
+}
+
+// contendProcs is contend with every waiter in a process of its own. It
+// fails as soon as one of them fails, and kills the others then.
+func contendProcs(tb testing.TB, w waiterSpec, key string, window time.Duration, c contention) *contendResult {
+	if *shared {
+		tb.Fatal("-shared and -procs: processes cannot share an instance")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	dir := tb.TempDir()
+	boardPath := filepath.Join(dir, "board")
+	if err := os.WriteFile(boardPath, make([]byte, unsafe.Sizeof(sharedBoard{})), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	sb, unmap, err := mapBoard(boardPath)
+	if err != nil {
+		tb.Fatal(err)
 	}
 	defer unmap()
-	bd.handoffFrom.Store(-1)
+	sb.handoffFrom.Store(-1)
 
 	type child struct {
-		cmd     *exec.Cmd
-		out     string
-		output  bytes.Buffer
-		exited  chan struct{}
-		exitErr error
+		cmd        *exec.Cmd
+		alive      io.Closer // its stdin: it exits when this closes (or this process ends)
+		reportPath string
+		log        bytes.Buffer // its stdout and stderr
+		err        error        // how it exited; set before exited is sent
 	}
 	children := make([]*child, c.waiters)
+	exited := make(chan int, c.waiters)
+	running := 0
 	defer func() {
 		for _, ch := range children {
-			if ch != nil && ch.cmd.Process != nil {
+			if ch != nil {
+				_ = ch.alive.Close()
 				_ = ch.cmd.Process.Kill()
-				<-ch.exited
 			}
 		}
+		for ; running > 0; running-- {
+			<-exited
+		}
 	}()
+	// A waiter's whole run, with a margin for starting up.
+	runBound := warmup + window + *waitBound + unlockT + 30*time.Second
 	for i := range children {
-		ch := &child{out: filepath.Join(dir, fmt.Sprintf("waiter%d.json", i)), exited: make(chan struct{})}
+		ch := &child{reportPath: filepath.Join(dir, fmt.Sprintf("waiter%d.json", i))}
 		job, err := json.Marshal(waiterJob{Suite: w.suite, Impl: w.impl, Addrs: w.addrs, Key: key,
-			Board: boardPath, Out: ch.out, Waiters: c.waiters, Hold: c.hold, Pause: c.pause,
+			Board: boardPath, Report: ch.reportPath, Waiters: c.waiters, Hold: c.hold, Pause: c.pause,
 			WaitBound: *waitBound, Window: window})
 		if err != nil {
-			b.Fatal(err)
+			tb.Fatal(err)
 		}
 		jobPath := filepath.Join(dir, fmt.Sprintf("waiter%d.job", i))
 		if err := os.WriteFile(jobPath, job, 0o600); err != nil {
-			b.Fatal(err)
+			tb.Fatal(err)
 		}
-		ch.cmd = exec.Command(os.Args[0], "-test.run=^TestContendWaiter$", "-test.count=1", "-test.v")
+		ch.cmd = exec.Command(self, "-test.run=^TestContendWaiter$", "-test.count=1", "-test.v",
+			"-test.timeout="+(runBound+30*time.Second).String())
 		ch.cmd.Env = append(os.Environ(), waiterEnv+"="+jobPath)
-		ch.cmd.Stdout, ch.cmd.Stderr = &ch.output, &ch.output
-		if err := ch.cmd.Start(); err != nil {
-			b.Fatal(err)
+		ch.cmd.Stdout, ch.cmd.Stderr = &ch.log, &ch.log
+		if ch.alive, err = ch.cmd.StdinPipe(); err != nil {
+			tb.Fatal(err)
 		}
-		go func() { ch.exitErr = ch.cmd.Wait(); close(ch.exited) }()
+		if err := ch.cmd.Start(); err != nil {
+			tb.Fatal(err)
+		}
 		children[i] = ch
+		running++
+		go func() { ch.err = ch.cmd.Wait(); exited <- i }()
+	}
+	failed := func(i int) {
+		ch := children[i]
+		if ch.err != nil {
+			tb.Fatalf("waiter %d: %v\n%s", i, ch.err, ch.log.Bytes())
+		}
 	}
 
 	// Every waiter opens its session, then the run starts.
-	for deadline := time.Now().Add(30 * time.Second); int(ready.Load()) < c.waiters; {
-		for i, ch := range children {
-			select {
-			case <-ch.exited:
-				b.Fatalf("waiter %d exited before the run: %v\n%s", i, ch.exitErr, ch.output.Bytes())
-			default:
-			}
+	for deadline := time.Now().Add(30 * time.Second); int(sb.ready.Load()) < c.waiters; {
+		select {
+		case i := <-exited:
+			running--
+			failed(i)
+			tb.Fatalf("waiter %d exited before the run\n%s", i, children[i].log.Bytes())
+		case <-time.After(time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			b.Fatalf("%d of %d waiters ready after 30s", ready.Load(), c.waiters)
+			tb.Fatalf("%d of %d waiters ready after 30s", sb.ready.Load(), c.waiters)
 		}
-		time.Sleep(time.Millisecond)
 	}
-	base.Store(time.Now().UnixNano())
+	sb.base.Store(time.Now().UnixNano())
 
-	r := &contendResult{window: window, logs: make([]waiterLog, c.waiters)}
 	bound := time.After(warmup + window + *waitBound + unlockT + 10*time.Second)
-	for i, ch := range children {
+	for running > 0 {
 		select {
-		case <-ch.exited:
+		case i := <-exited:
+			running--
+			failed(i)
 		case <-bound:
-			b.Fatalf("waiter %d did not stop within %v of the end of the run", i, *waitBound+unlockT+10*time.Second)
+			tb.Fatalf("%d waiters did not stop within %v of the end of the run", running, *waitBound+unlockT+10*time.Second)
 		}
-		if ch.exitErr != nil {
-			b.Fatalf("waiter %d: %v\n%s", i, ch.exitErr, ch.output.Bytes())
-		}
-		raw, err := os.ReadFile(ch.out)
+	}
+	r := &contendResult{window: window, logs: make([]waiterLog, c.waiters)}
+	for i, ch := range children {
+		raw, err := os.ReadFile(ch.reportPath)
 		if err != nil {
-			b.Fatalf("waiter %d: %v\n%s", i, err, ch.output.Bytes())
+			tb.Fatalf("waiter %d: %v\n%s", i, err, ch.log.Bytes())
 		}
 		var rep waiterReport
 		if err := json.Unmarshal(raw, &rep); err != nil {
-			b.Fatalf("waiter %d: %v", i, err)
+			tb.Fatalf("waiter %d: %v", i, err)
 		}
 		if rep.Err != "" {
-			b.Fatalf("waiter %d: %s", i, rep.Err)
+			tb.Fatalf("waiter %d: %s", i, rep.Err)
 		}
 		r.logs[i] = waiterLog{sections: rep.Sections, fails: rep.Fails, held: rep.Held, waits: rep.Waits, handoffs: rep.Handoffs}
 		r.allocs += rep.Allocs
 		r.allocBytes += rep.AllocBytes
 	}
-	r.overlaps = bd.overlaps.Load()
+	r.overlaps = sb.overlaps.Load()
 	return r
 }
 
-// TestContendWaiter is one waiter of a contended benchmark run with -procs
-// (see contendProcs); it does nothing in any other run.
+// TestContendWaiter is one waiter of a contended benchmark whose waiters are
+// processes (see contendProcs). It exits when its standard input closes:
+// the benchmark that started it has ended.
 func TestContendWaiter(t *testing.T) {
 	path := os.Getenv(waiterEnv)
 	if path == "" {
-		t.Skip("a waiter process of a contended benchmark run with -procs")
+		t.Skip(waiterEnv + " is not set: this process is not a waiter of a contended benchmark")
 	}
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		os.Exit(3)
+	}()
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -238,17 +262,17 @@ func TestContendWaiter(t *testing.T) {
 		t.Fatal(err)
 	}
 	*waitBound = job.WaitBound
-	bd, ready, base, unmap, err := mapBoard(job.Board)
+	sb, unmap, err := mapBoard(job.Board)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer unmap()
 	s := waiterSpec{suite: job.Suite, impl: job.Impl, addrs: job.Addrs}.open(t)()
-	ready.Add(1)
-	for base.Load() == 0 {
+	sb.ready.Add(1)
+	for sb.base.Load() == 0 {
 		time.Sleep(time.Millisecond)
 	}
-	start := time.Unix(0, base.Load()) // no monotonic reading: the wall clock, as in every waiter
+	start := time.Unix(0, sb.base.Load()) // no monotonic reading: the wall clock, as in every waiter
 	since := func() time.Duration { return time.Since(start) }
 
 	ctx, stop := context.WithCancel(context.Background())
@@ -256,7 +280,7 @@ func TestContendWaiter(t *testing.T) {
 	var l waiterLog
 	done := make(chan struct{})
 	c := contention{waiters: job.Waiters, hold: job.Hold, pause: job.Pause}
-	go func() { defer close(done); waitLoop(ctx, s, job.Key, c, job.Window, bd, since, &l) }()
+	go func() { defer close(done); waitLoop(ctx, s, job.Key, c, job.Window, sb.board(), since, &l) }()
 
 	var m0, m1 runtime.MemStats
 	time.Sleep(warmup - since())
@@ -275,7 +299,7 @@ func TestContendWaiter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(job.Out, out, 0o600); err != nil {
+	if err := os.WriteFile(job.Report, out, 0o600); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -71,7 +71,8 @@ func BenchmarkRedlockUncontended(b *testing.B) {
 // BenchmarkRedlockContended is BenchmarkContended over redlockNodes
 // independent servers: -waiters goroutines, each with its own clients (one
 // per server), compete for one lock; hold 1ms, release, pause 5ms (-waiters,
-// -hold, -pause). The metrics are BenchmarkContended's.
+// -hold, -pause; with -procs it is BenchmarkRedlockContendedProcs). The
+// metrics are BenchmarkContended's.
 func BenchmarkRedlockContended(b *testing.B) {
 	_, addrs := startRedlockNodes(b)
 	for _, d := range redlockDrivers {
