@@ -1,6 +1,6 @@
 // Package redistest starts real redis-server processes for tests: each on its
 // own free loopback port, with nothing persisted, stopped by PID when the test
-// ends. Tests can kill, pause (SIGSTOP), resume and restart them, start
+// ends (on Linux also when the test process dies without stopping them). Tests can kill, pause (SIGSTOP), resume and restart them, start
 // replicas and clusters (cluster.go), and put a fault-injecting TCP proxy
 // between a client and a server (proxy.go).
 //
@@ -123,6 +123,7 @@ func (s *Server) start() error {
 // run starts the process with args and waits until it answers PING.
 func (s *Server) run(args []string) error {
 	cmd := exec.Command(s.bin, args...)
+	dieWithTest(cmd)
 	if err := cmd.Start(); err != nil {
 		return err
 	}
