@@ -48,8 +48,9 @@ func contentionFlags() contention {
 //	busy            fraction of the window someone was inside; cs/s ÷ busy
 //	                is the ceiling a lock with instant hand-offs would reach
 //	handoff-p50-ms  end of a critical section while another waiter was
-//	handoff-p99-ms  waiting -> the next acquisition (in-process, monotonic
-//	                clock; the time the lock sat unused while wanted)
+//	handoff-p99-ms  waiting -> the next acquisition (the monotonic clock, or
+//	                with -procs the wall clock; the time the lock sat unused
+//	                while wanted)
 //	wait-p50-ms     start of the acquire call -> lock obtained
 //	wait-p99-ms
 //	fairness        Jain's index over the waiters' critical-section counts
@@ -143,15 +144,13 @@ type contendResult struct {
 // says, then stops them and waits for them (bounded by -waitbound plus a
 // margin). The waiters are goroutines of this process, or with c.procs
 // processes of their own (see contendProcs).
-func contend(b *testing.B, w waiterSpec, key string, window time.Duration, c contention) *contendResult {
+func contend(tb testing.TB, w waiterSpec, key string, window time.Duration, c contention) *contendResult {
 	if c.procs {
-		return contendProcs(b, w, key, window, c)
+		return contendProcs(tb, w, key, window, c)
 	}
-	sessions := waiterSessions(c.waiters, func() func() session { return w.open(b) })
-	var bd board
-	bd.inside, bd.waiting = new(atomic.Int32), new(atomic.Int32)
-	bd.overlaps, bd.handoffFrom = new(atomic.Int64), new(atomic.Int64)
-	bd.handoffFrom.Store(-1)
+	sessions := waiterSessions(c.waiters, func() func() session { return w.open(tb) })
+	var sb sharedBoard // in this process's memory
+	sb.handoffFrom.Store(-1)
 	base := time.Now()
 	since := func() time.Duration { return time.Since(base) } // monotonic
 	ctx, stop := context.WithCancel(context.Background())
@@ -160,7 +159,7 @@ func contend(b *testing.B, w waiterSpec, key string, window time.Duration, c con
 	logs := make([]waiterLog, len(sessions))
 	var wg sync.WaitGroup
 	for i, s := range sessions {
-		wg.Go(func() { waitLoop(ctx, s, key, c, window, &bd, since, &logs[i]) })
+		wg.Go(func() { waitLoop(ctx, s, key, c, window, sb.board(), since, &logs[i]) })
 	}
 
 	r := &contendResult{window: window, logs: logs}
@@ -177,12 +176,12 @@ func contend(b *testing.B, w waiterSpec, key string, window time.Duration, c con
 	select {
 	case <-done:
 	case <-time.After(*waitBound + unlockT + 10*time.Second):
-		b.Fatalf("waiters did not stop within %v of the end of the run", *waitBound+unlockT+10*time.Second)
+		tb.Fatalf("waiters did not stop within %v of the end of the run", *waitBound+unlockT+10*time.Second)
 	}
-	r.overlaps = bd.overlaps.Load()
+	r.overlaps = sb.overlaps.Load()
 	for i, l := range logs {
 		if l.err != nil {
-			b.Fatalf("waiter %d: %v", i, l.err)
+			tb.Fatalf("waiter %d: %v", i, l.err)
 		}
 	}
 	return r

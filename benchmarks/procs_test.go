@@ -316,27 +316,32 @@ func init() {
 	openers["test/nolock"] = func(testing.TB, []string) func() session { return func() session { return noLock{} } }
 }
 
-// TestContendProcs runs waiters as processes: they share the board (a lock
-// that excludes nobody shows overlaps; without a shared board each process
-// would see only its own waiter inside), and their logs come back.
-func TestContendProcs(t *testing.T) {
+// TestContend runs waiters of a lock that excludes nobody, as goroutines
+// and as processes: the overlaps are counted (as processes, only if they
+// share the board: each process has one waiter), and every waiter's log
+// comes back.
+func TestContend(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	c := contention{waiters: 3, hold: time.Millisecond, procs: true}
-	r := contendProcs(t, waiterSpec{suite: "test", impl: "nolock"}, "k", 200*time.Millisecond, c)
-	if r.overlaps == 0 {
-		t.Error("3 waiters without a lock, and no overlap counted")
-	}
-	if len(r.logs) != 3 {
-		t.Fatalf("%d logs, want 3", len(r.logs))
-	}
-	for i, l := range r.logs {
-		if l.sections == 0 || len(l.waits) != l.sections || l.held < time.Duration(l.sections)*time.Millisecond {
-			t.Errorf("waiter %d: %d sections, %d waits, held %v", i, l.sections, len(l.waits), l.held)
-		}
-	}
-	if r.allocs == 0 {
-		t.Error("no allocations reported")
+	for _, procs := range []bool{false, true} {
+		t.Run(fmt.Sprintf("procs=%v", procs), func(t *testing.T) {
+			c := contention{waiters: 3, hold: time.Millisecond, procs: procs}
+			r := contend(t, waiterSpec{suite: "test", impl: "nolock"}, "k", 200*time.Millisecond, c)
+			if r.overlaps == 0 {
+				t.Error("3 waiters without a lock, and no overlap counted")
+			}
+			if len(r.logs) != 3 {
+				t.Fatalf("%d logs, want 3", len(r.logs))
+			}
+			for i, l := range r.logs {
+				if l.sections == 0 || len(l.waits) != l.sections || l.held < time.Duration(l.sections)*time.Millisecond {
+					t.Errorf("waiter %d: %d sections, %d waits, held %v", i, l.sections, len(l.waits), l.held)
+				}
+			}
+			if r.allocs == 0 {
+				t.Error("no allocations reported")
+			}
+		})
 	}
 }
