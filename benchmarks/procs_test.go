@@ -18,21 +18,19 @@ import (
 )
 
 // With -procs (and in BenchmarkRedlockContendedProcs) the waiters of a
-// contended benchmark are processes, one each:
-// the test binary run again as TestContendWaiter. The waiters are meant to
-// be separate pods, and goroutines of one process are coupled by its
-// runtime: a holder's 1ms sleep ends when the netpoller next wakes, which
-// waits in whole milliseconds and starts its wait again after every network
-// event of any other waiter, so the more network traffic the other waiters
-// make during a hold, the longer the hold lasts (benchmarks/README.md,
-// "Waiters as processes"). In their own processes a hold lasts what it
-// lasts alone.
+// contended benchmark are processes, one each: the test binary run again as
+// TestContendWaiter. The waiters are meant to be separate pods, and
+// goroutines of one process are coupled by its runtime: a holder's 1ms sleep
+// ends when the netpoller next wakes, which waits in whole milliseconds and
+// starts its wait again after every network event of any other waiter, so
+// the more network traffic the other waiters make during a hold, the longer
+// the hold lasts (benchmarks/README.md, "Waiters as processes"). In their
+// own processes a hold lasts what it lasts alone.
 //
-// The waiters share a board (see board) in a memory-mapped file (see
-// sharedBoard), and a clock: the wall clock's time since the run's start,
-// which the benchmark writes there once every waiter has its session open. Each
-// waiter writes its waiterLog, and its allocations in the window, to a
-// file of its own.
+// The waiters share a board (see sharedBoard) in a memory-mapped file, and
+// a clock: the wall clock's time since the run's start, which the benchmark
+// writes there once every waiter has its session open. Each waiter writes
+// its waiterLog, and its allocations in the window, to a file of its own.
 
 // openers maps "suite/name" (single/redsync, redlock/fencelock) to the
 // driver's open function, given the servers' addresses: how a waiter opens
@@ -89,8 +87,9 @@ type waiterReport struct {
 	Allocs, AllocBytes uint64
 }
 
-// sharedBoard is the memory-mapped file the waiter processes share: their
-// board, and how the run starts.
+// sharedBoard holds a run's board, and how the run starts, laid out to be
+// shared: the waiters of a run with -procs map it from a file; a run whose
+// waiters are goroutines keeps it in its own memory.
 type sharedBoard struct {
 	handoffFrom, overlaps atomic.Int64
 	inside, waiting       atomic.Int32
@@ -113,6 +112,7 @@ func mapBoard(path string) (sb *sharedBoard, unmap func(), err error) {
 	return (*sharedBoard)(unsafe.Pointer(&mem[0])), func() { _ = syscall.Munmap(mem) }, nil
 }
 
+// board returns the waiters' view of sb.
 func (sb *sharedBoard) board() *board {
 	return &board{inside: &sb.inside, waiting: &sb.waiting, overlaps: &sb.overlaps, handoffFrom: &sb.handoffFrom}
 }
@@ -160,8 +160,8 @@ func contendProcs(tb testing.TB, w waiterSpec, key string, window time.Duration,
 			<-exited
 		}
 	}()
-	// A waiter's whole run, with a margin for starting up.
-	runBound := warmup + window + *waitBound + unlockT + 30*time.Second
+	// A waiter's own bound: its whole run, with a margin for starting up.
+	childTimeout := warmup + window + *waitBound + unlockT + time.Minute
 	for i := range children {
 		ch := &child{reportPath: filepath.Join(dir, fmt.Sprintf("waiter%d.json", i))}
 		job, err := json.Marshal(waiterJob{Suite: w.suite, Impl: w.impl, Addrs: w.addrs, Key: key,
@@ -175,7 +175,7 @@ func contendProcs(tb testing.TB, w waiterSpec, key string, window time.Duration,
 			tb.Fatal(err)
 		}
 		ch.cmd = exec.Command(self, "-test.run=^TestContendWaiter$", "-test.count=1", "-test.v",
-			"-test.timeout="+(runBound+30*time.Second).String())
+			"-test.timeout="+childTimeout.String())
 		ch.cmd.Env = append(os.Environ(), waiterEnv+"="+jobPath)
 		ch.cmd.Stdout, ch.cmd.Stderr = &ch.log, &ch.log
 		if ch.alive, err = ch.cmd.StdinPipe(); err != nil {
