@@ -163,13 +163,8 @@ func contend(tb testing.TB, w waiterSpec, key string, window time.Duration, c co
 	}
 
 	r := &contendResult{window: window, logs: logs}
-	var m0, m1 runtime.MemStats
-	time.Sleep(warmup - since())
-	runtime.ReadMemStats(&m0)
-	time.Sleep(warmup + window - since())
-	runtime.ReadMemStats(&m1)
+	r.allocs, r.allocBytes = windowAllocs(since, window)
 	stop()
-	r.allocs, r.allocBytes = m1.Mallocs-m0.Mallocs, m1.TotalAlloc-m0.TotalAlloc
 
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
@@ -185,6 +180,18 @@ func contend(tb testing.TB, w waiterSpec, key string, window time.Duration, c co
 		}
 	}
 	return r
+}
+
+// windowAllocs sleeps until the end of the measured window, by since (the
+// run's clock), and returns this process's heap allocations and bytes
+// allocated within it.
+func windowAllocs(since func() time.Duration, window time.Duration) (allocs, bytes uint64) {
+	var m0, m1 runtime.MemStats
+	time.Sleep(warmup - since())
+	runtime.ReadMemStats(&m0)
+	time.Sleep(warmup + window - since())
+	runtime.ReadMemStats(&m1)
+	return m1.Mallocs - m0.Mallocs, m1.TotalAlloc - m0.TotalAlloc
 }
 
 // A board is what the waiters of a run share: in this process's memory, or

@@ -4,12 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -282,16 +282,12 @@ func TestContendWaiter(t *testing.T) {
 	c := contention{waiters: job.Waiters, hold: job.Hold, pause: job.Pause}
 	go func() { defer close(done); waitLoop(ctx, s, job.Key, c, job.Window, sb.board(), since, &l) }()
 
-	var m0, m1 runtime.MemStats
-	time.Sleep(warmup - since())
-	runtime.ReadMemStats(&m0)
-	time.Sleep(warmup + job.Window - since())
-	runtime.ReadMemStats(&m1)
+	allocs, allocBytes := windowAllocs(since, job.Window)
 	stop()
 	<-done
 
 	rep := waiterReport{Sections: l.sections, Fails: l.fails, Held: l.held, Waits: l.waits, Handoffs: l.handoffs,
-		Allocs: m1.Mallocs - m0.Mallocs, AllocBytes: m1.TotalAlloc - m0.TotalAlloc}
+		Allocs: allocs, AllocBytes: allocBytes}
 	if l.err != nil {
 		rep.Err = l.err.Error()
 	}
@@ -343,5 +339,66 @@ func TestContend(t *testing.T) {
 				t.Error("no allocations reported")
 			}
 		})
+	}
+}
+
+// A waiter process whose benchmark has gone (its standard input closed)
+// exits, even before its run started.
+func TestContendWaiterExitsWithItsBenchmark(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a process")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	boardPath := filepath.Join(dir, "board")
+	if err := os.WriteFile(boardPath, make([]byte, unsafe.Sizeof(sharedBoard{})), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sb, unmap, err := mapBoard(boardPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unmap()
+	job, err := json.Marshal(waiterJob{Suite: "test", Impl: "nolock", Key: "k", Board: boardPath,
+		Report: filepath.Join(dir, "report.json"), Waiters: 1, Window: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobPath := filepath.Join(dir, "job")
+	if err := os.WriteFile(jobPath, job, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, "-test.run=^TestContendWaiter$", "-test.count=1", "-test.timeout=1m")
+	cmd.Env = append(os.Environ(), waiterEnv+"="+jobPath)
+	alive, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	for sb.ready.Load() == 0 { // then it waits for a start that never comes
+		select {
+		case err := <-exited:
+			t.Fatalf("the waiter ended before it was ready: %v", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	_ = alive.Close()
+	select {
+	case err := <-exited:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 3 {
+			t.Errorf("the waiter ended with %v, want exit status 3", err)
+		}
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-exited
+		t.Fatal("the waiter still ran 10s after its standard input closed")
 	}
 }

@@ -602,21 +602,17 @@ func (r *results) redlockTargets(row targetRow) {
 	}
 	ratioRow("RedlockUncontended ns/op ≤ 1.6 × redsync's", "RedlockUncontended", "ns/op",
 		func(x float64) bool { return x <= 1.6 })
-	ratioRow("RedlockContended cs/s ≥ 2 × redsync's", "RedlockContended", "cs/s",
-		func(x float64) bool { return x >= 2 })
-	ratioRow("RedlockContended handoff-p50 < redsync's", "RedlockContended", "handoff-p50-ms",
-		func(x float64) bool { return x < 1 })
-	worst := r.worstOverlaps("RedlockContended")
-	row("RedlockContended overlaps = 0", num(worst), worst == 0, known(worst))
-	// The same targets with every waiter a process of its own, when
-	// measured (older results have none).
-	if len(r.runs["RedlockContendedProcs"]) > 0 {
-		ratioRow("RedlockContendedProcs cs/s ≥ 2 × redsync's", "RedlockContendedProcs", "cs/s",
-			func(x float64) bool { return x >= 2 })
-		ratioRow("RedlockContendedProcs handoff-p50 < redsync's", "RedlockContendedProcs", "handoff-p50-ms",
-			func(x float64) bool { return x < 1 })
-		worst := r.worstOverlaps("RedlockContendedProcs")
-		row("RedlockContendedProcs overlaps = 0", num(worst), worst == 0, known(worst))
+	// The contended targets, for RedlockContended and, when measured (older
+	// results have none), RedlockContendedProcs: the same with every waiter
+	// a process of its own.
+	for _, g := range []string{"RedlockContended", "RedlockContendedProcs"} {
+		if g != "RedlockContended" && len(r.runs[g]) == 0 {
+			continue
+		}
+		ratioRow(g+" cs/s ≥ 2 × redsync's", g, "cs/s", func(x float64) bool { return x >= 2 })
+		ratioRow(g+" handoff-p50 < redsync's", g, "handoff-p50-ms", func(x float64) bool { return x < 1 })
+		worst := r.worstOverlaps(g)
+		row(g+" overlaps = 0", num(worst), worst == 0, known(worst))
 	}
 }
 
