@@ -56,8 +56,8 @@ type backend interface {
 	// then needs no goroutine of its own to return by the context's end.
 	acquireStops() bool
 	// close closes the waiters' subscriptions and waits for their
-	// goroutines.
-	close()
+	// goroutines until by at most.
+	close(by time.Time)
 }
 
 // attempt is the outcome of one try to acquire.
@@ -319,4 +319,4 @@ func (d *deployment) honoursDeadlines() bool { return d.deadlines }
 
 func (d *deployment) acquireStops() bool { return false }
 
-func (d *deployment) close() { d.waits.close() }
+func (d *deployment) close(by time.Time) { d.waits.close(by) }

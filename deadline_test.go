@@ -425,7 +425,9 @@ func TestDeadlineDialRefusedNeedsNoCleanup(t *testing.T) {
 
 	c, dials := refusedClient(t, addr)
 	log, logs := testLogger()
-	l, err := New(c, &Options{Logger: log})
+	// An AttemptTimeout longer than go-redis's retries lets the attempt
+	// dial as often as the PING.
+	l, err := New(c, &Options{Logger: log, AttemptTimeout: time.Minute})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close() })
 	_, err = l.Acquire(ctx, uniqueName(t))

@@ -111,14 +111,35 @@
 // commands: NOAUTH, WRONGPASS, NOPERM, WRONGTYPE, an unknown command, a fence
 // counter at its maximum, a closed client; the message says what to fix),
 // ErrNotHeld (the lease no longer holds the lock, and why), ErrLost (lost
-// while the work ran) and ErrInvalid (rejected before any Redis call). When
+// while the work ran), ErrInvalid (rejected before any Redis call) and
+// ErrClosed (the Locker was closed: no Redis call). When
 // the caller's context ends before Redis gave any verdict, the error matches
 // ctx.Err() and none of the classes: a shutdown is not "another instance is
 // on it". Error messages are one line.
 //
 // Options.FailOpen runs the work without the lock on ErrUnavailable alone:
 // never on ErrMisconfigured (a missing password is not an outage), never on
-// ErrNotObtained, never when the caller's context ended.
+// ErrNotObtained, never when the caller's context ended. WithFailOpen decides
+// it per call, for RunWithLock and for Acquire (which then returns a degraded
+// lease and a nil error), so that one Locker serves work that must skip on
+// an outage and work that may run. An attempt that gets no reply within
+// Options.AttemptTimeout (1s), or, for a fail-open call, within half the time
+// left before its deadline, counts as an outage: a fail-open call with a
+// deadline runs its work degraded before the deadline, on a hung Redis as on
+// one that refuses connections.
+//
+// # Degraded runs
+//
+// A degraded lease holds no lock and has no fence (Fence is 0): another
+// instance may run the same work at the same time, before, or after, with or
+// without the lock. A fence check (fence_token < $fence) rightly refuses its
+// writes. What guards a degraded run is what makes the work safe to run
+// twice: a unique key (INSERT of the order id's shipment, ON CONFLICT DO
+// NOTHING), a conditional update on the row's own state (SET status =
+// 'shipped' WHERE status = 'paid'), an idempotency key. Fail open only for
+// work with such a guard, and write through it on the degraded path; the
+// orders example does (go run ./examples/orders with REDIS_ADDR pointing at
+// nothing).
 //
 // # Deadlines
 //
@@ -126,11 +147,12 @@
 // of their context's deadline or cancellation, whatever the go-redis client's
 // options (ContextTimeoutEnabled, MaxRetries, ReadTimeout): a Redis call that
 // outlives its caller goes on in a goroutine that the Locker owns, bounded,
-// and Locker.Close waits for it. Without a deadline, a call to a Redis that
-// stopped answering waits for go-redis to give up: ReadTimeout (3s by
-// default) for each try, and go-redis retries a command that timed out
-// (MaxRetries, 3 by default), so about 10s; a Release is bounded by
-// Options.ReleaseTimeout.
+// and Locker.Close waits for it, up to Options.ReleaseTimeout. Each attempt
+// of an Acquire is also bounded by Options.AttemptTimeout (1s). Without a
+// deadline, a Release or Extend to a Redis that stopped answering waits for
+// go-redis to give up: ReadTimeout (3s by default) for each try, and
+// go-redis retries a command that timed out (MaxRetries, 3 by default), so
+// about 10s; a Release is bounded by Options.ReleaseTimeout.
 //
 // A Lease's Deadline is the local monotonic time taken before the acquire (or
 // last successful extend) request was sent, plus the TTL, minus a drift
@@ -161,7 +183,8 @@
 // owns it; registering and leaving never wait for Redis. A connection is
 // opened when the first waiter arrives and closed 30 seconds after its last
 // channel was unsubscribed, so that a steady stream of waits does not
-// reconnect each time; Locker.Close closes it at once. When a Cluster slot
+// reconnect each time; Locker.Close closes it at once, and ends the waiting
+// calls with ErrClosed. When a Cluster slot
 // moves, the server ends its subscriptions, and they are made again on the
 // slot's new master. Sharded pub/sub (SSUBSCRIBE, SPUBLISH; Redis 7) is used where the
 // server has it, classic SUBSCRIBE and PUBLISH elsewhere. Plain waiters are
@@ -281,7 +304,7 @@
 // not grants: any attempt may take a free lock, and a call whose attempt got
 // the first node but no quorum is out of line until its next attempt finds
 // the lock held there. A call that gives up leaves the line, in the
-// background, and so does one whose Locker is closed (it polls then); a
+// background, and so does one whose Locker is closed (it returns ErrClosed); a
 // crashed process's entry expires after max(1s, 4 × MaxRetryBackoff), and
 // until then each release that names it waits for the others' pauses. When
 // the first node does not answer, a waiter is out of line and listens on

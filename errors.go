@@ -52,6 +52,13 @@ var (
 	// cancelled work context (context.Cause) and part of RunWithLock's
 	// error.
 	ErrLost = errors.New("fencelock: lease lost")
+
+	// ErrClosed means the Locker was closed (Locker.Close): Acquire and
+	// RunWithLock return it at once, with no Redis call, and an Acquire
+	// that was waiting when Close was called returns it, having given back
+	// what its attempts may have taken. It matches no other sentinel, and
+	// FailOpen never opens on it.
+	ErrClosed = errors.New("fencelock: locker closed")
 )
 
 // A BusyError is the error of an Acquire that found the lock held by

@@ -494,8 +494,10 @@ func TestFailOpenNeverRunsDegradedWhileHeld(t *testing.T) {
 
 // TestCtxEndedErrors: a ctx that ends before Redis gave any verdict gives an
 // error matching ctx.Err() and neither ErrNotObtained nor ErrUnavailable
-// (an already cancelled ctx too), and FailOpen does not open on it; a busy
-// lock seen before ctx ended gives ErrNotObtained and ctx.Err().
+// (an already cancelled ctx too), and FailOpen does not open on it; a
+// fail-open call's attempt ends at half the time left, so that its work
+// runs degraded before the deadline; a busy lock seen before ctx ended
+// gives ErrNotObtained and ctx.Err().
 func TestCtxEndedErrors(t *testing.T) {
 	t.Parallel()
 	work := func(ran *bool) func(context.Context, *Lease) error {
@@ -524,8 +526,8 @@ func TestCtxEndedErrors(t *testing.T) {
 
 		ran := false
 		err = open.RunWithLock(withTimeout(t, 200*time.Millisecond), name, work(&ran))
-		requireNoVerdict(t, err, context.DeadlineExceeded, "RunWithLock")
-		assert.False(t, ran, "FailOpen does not open when ctx ended before any verdict")
+		require.NoError(t, err, "RunWithLock")
+		assert.True(t, ran, "FailOpen: the attempt ended at 100ms, half the time left, and the work ran degraded")
 	})
 
 	t.Run("already ended", func(t *testing.T) {

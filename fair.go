@@ -110,7 +110,10 @@ func (q *quorum) queue(context.Context, *Lease, time.Duration, string) (queueRep
 // token joins the line again, a message could still bring that earlier
 // grant, whose lock has expired since. From then on a message only makes
 // the waiter ask with a keep-alive, whose answer is the server's state.
-func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Duration, st *acquireStats) (*Lease, error) {
+func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Duration, open bool, st *acquireStats) (*Lease, error) {
+	if ctxErr(ctx) != nil { // before subscribing: no Redis call
+		return nil, ctxEnded(ctx, fmt.Sprintf("acquire %q", lease.name))
+	}
 	lease.fair = true
 	callStart := l.clock.Now()
 	waitEnd := callStart.Add(wait)
@@ -127,7 +130,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 		joined     bool             // the queue has (or may have) an entry of this token
 		trust      = true           // a grant message for this token is current
 		attemptNow = true
-		w          = l.b.register(lease.keys[keyLock], lease.token, nil)
+		w          = l.b.register(lease.keys[keyLock], lease.token, nil) // nil after Close, which the wait below hears
 	)
 	defer func() {
 		if w != nil {
@@ -170,6 +173,9 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 		l.opts.Logger.LogAttrs(ctx, slog.LevelDebug, "fencelock: not obtained (fair)",
 			slog.String("lock", lease.name), slog.Duration("waited", l.clock.Now().Sub(callStart)),
 			slog.Any("verdict", verdict))
+		if l.isClosed() {
+			return nil, closedError(lease.name, verdict)
+		}
 		ctxE := ctxErr(ctx)
 		if verdict == nil {
 			return nil, ctxEnded(ctx, fmt.Sprintf("acquire %q", lease.name))
@@ -225,7 +231,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 	}
 
 	for {
-		if ctxErr(ctx) != nil {
+		if ctxErr(ctx) != nil || l.isClosed() {
 			return giveUp()
 		}
 		now := l.clock.Now()
@@ -234,20 +240,23 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 			if w != nil { // a wake-up that came before the attempt tells nothing new
 				w.drain()
 			}
-			a, done := call(l, ctx.Done(), nil, func() attempt { return l.b.acquire(ctx, lease) }, nil)
-			if !done || (a.err != nil && (classify(a.err) == classNoVerdict || (ctxErr(ctx) != nil && isTimeout(a.err)))) {
+			a, done := l.try(ctx, lease, open, l.dialFailures.Load())
+			if !done {
 				unsure = true
 				return giveUp()
 			}
 			switch {
 			case a.err != nil && a.retire:
 				// Taken without enough replicas: the backend gives it
-				// back and retires the token.
+				// back and retires the token. Leave the line too: an
+				// entry of the old token would be granted the lock in
+				// vain.
 				verdict = callError(lease.name, a.err)
+				joined = true // giveUp or rotate leaves the line
 				if !now.Before(waitEnd) {
 					return giveUp()
 				}
-				rotate(false)
+				rotate(true)
 				attemptNow = false // after a pause, as for any failed attempt
 			case a.err != nil:
 				verdict = callError(lease.name, a.err)
@@ -289,6 +298,12 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 		t := l.clock.NewTimer(max(0, due.Sub(now)))
 		select {
 		case <-ctx.Done():
+			t.Stop()
+			if inflight != nil {
+				unsure = true
+			}
+			return giveUp()
+		case <-l.closed:
 			t.Stop()
 			if inflight != nil {
 				unsure = true

@@ -36,6 +36,9 @@ type Locker struct {
 
 	publishWarned atomic.Bool // a failed wake-up was logged
 
+	closed    chan struct{} // closed by Close: Acquire returns ErrClosed
+	closeOnce sync.Once
+
 	dialFailures atomic.Int64          // failed dials of the client, counted by dialWatch
 	lastDialErr  atomic.Pointer[error] // the last one's error
 }
@@ -69,6 +72,7 @@ func newLocker(o Options) *Locker {
 		retentionMillis:      ttlMillis(o.FenceRetention),
 		ownerArg:             o.Owner,
 		defaultTTLArg:        ttlMillis(o.TTL),
+		closed:               make(chan struct{}),
 	}
 }
 
@@ -108,28 +112,57 @@ func (l *Locker) dialErrorSince(seen int64) error {
 	return nil
 }
 
-// Close stops what the Locker runs in the background, and waits for it: the
-// subscription connection that its waiting Acquire calls share (otherwise
-// closed 30 seconds after the last wait), and the clean-ups that outlived
-// the calls that started them (a release whose caller's context ended first,
-// the clean-up after an Acquire that gave up). A clean-up whose Redis call is
-// in flight is waited for, bounded by Options.ReleaseTimeout; one waiting to
-// try again is not retried (a lock it was for expires after its TTL).
+// Close ends the Locker's acquisitions and what it runs in the background.
+// From then on Acquire and RunWithLock return ErrClosed with no Redis call;
+// an Acquire waiting or with an attempt in flight returns ErrClosed at once,
+// and what its attempts may have taken is given back in the background, as
+// for any Acquire that gives up. Close then closes the subscription
+// connection that waiting calls share, and waits for the background work
+// (clean-ups, releases whose caller's context ended first, attempts still in
+// flight) for at most Options.ReleaseTimeout: a clean-up is tried once more
+// at most, and a call still unanswered then (a hung Redis) ends on its own
+// when go-redis gives up on it, changing nothing that its lock's TTL does
+// not end.
 //
-// The Locker and its leases keep working after Close, but an Acquire that
-// waits polls instead of being woken by releases: a later one, and one
-// waiting when Close is called, which is woken to try at once. On a
-// Redlock such a call leaves the line it waited in, or that its first
-// attempt joined (its turn would no longer reach it), in the background of
-// the call itself: Close does not wait for Acquire calls in progress. Close
-// does not close the Redis client. It always returns nil.
+// Leases already held are not touched: their watchdogs go on renewing,
+// RunWithLock's work goes on to its end, and Release and Extend work as
+// before, so that closing a Locker at shutdown does not break the exclusion
+// of work still running. Close does not close the Redis client. It always
+// returns nil.
 func (l *Locker) Close() error {
 	if l == nil || l.b == nil {
 		return nil
 	}
-	l.b.close()
-	l.bg.close()
+	l.closeOnce.Do(func() { close(l.closed) })
+	by := time.Now().Add(l.opts.ReleaseTimeout + closeGrace)
+	l.b.close(by)
+	l.bg.close(by)
 	return nil
+}
+
+// closeGrace is how long Close waits for the background work beyond
+// ReleaseTimeout: a clean-up started as Close was called has that long to
+// end its last call.
+const closeGrace = 100 * time.Millisecond
+
+// isClosed reports whether Close was called.
+func (l *Locker) isClosed() bool {
+	select {
+	case <-l.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// closedError is the error of an Acquire of name ended by Close; verdict,
+// the last attempt's, is named but not matched.
+func closedError(name string, verdict error) error {
+	msg := fmt.Sprintf("%s: acquire %q", ErrClosed.Error(), name)
+	if verdict != nil {
+		msg += " (last attempt: " + verdict.Error() + ")"
+	}
+	return &opError{msg: msg, errs: []error{ErrClosed}}
 }
 
 // ttlArg returns ttl in milliseconds for a script's ARGV, boxed once for
@@ -174,9 +207,17 @@ func checkName(name string) error {
 	return nil
 }
 
-// callOptions applies opts over the Locker's defaults and checks them.
-func (l *Locker) callOptions(opts []Option) (callOptions, error) {
+// callOptions checks a call for the lock called name, and applies opts over
+// the Locker's defaults: ErrInvalid for a zero Locker or a bad argument,
+// ErrClosed after Close.
+func (l *Locker) callOptions(name string, opts []Option) (callOptions, error) {
+	if err := l.usable(); err != nil {
+		return callOptions{}, err
+	}
 	co := callOptions{ttl: l.opts.TTL}
+	if err := checkName(name); err != nil {
+		return co, err
+	}
 	for _, opt := range opts {
 		if opt == nil {
 			return co, invalidf("nil Option")
@@ -208,6 +249,9 @@ func (l *Locker) callOptions(opts []Option) (callOptions, error) {
 		if _, ok := l.b.(*quorum); ok {
 			return co, invalidf("WithFair on a NewRedlock Locker: a queue kept on a quorum of nodes would need consensus")
 		}
+	}
+	if l.isClosed() {
+		return co, closedError(name, nil)
 	}
 	return co, nil
 }
@@ -250,32 +294,30 @@ func (l *Locker) callOptions(opts []Option) (callOptions, error) {
 //
 // Acquire never returns a lease whose Deadline has passed.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lease, error) {
-	if err := l.usable(); err != nil {
-		return nil, err
-	}
-	if err := checkName(name); err != nil {
-		return nil, err
-	}
-	co, err := l.callOptions(opts)
+	co, err := l.callOptions(name, opts)
 	if err != nil {
 		return nil, err
 	}
-	lease := l.newLease(name, co.ttl)
-	if co.owner != "" {
-		lease.owner, lease.ownerArg = co.owner, co.owner
+	open := co.openSet && co.open // Acquire fails open only when asked to
+	got, err := l.acquireObserved(ctx, name, co, open)
+	if err != nil && open && outage(ctx, err) {
+		return l.degraded(ctx, name, err), nil
 	}
-	run := l.acquire
-	if co.fair && co.wait > 0 {
-		run = l.acquireFair
-	}
+	return got, err
+}
+
+// acquireObserved is Acquire with its options checked, without failing open
+// (the Observer sees the attempts' outcome); open bounds the attempts as a
+// fail-open call's (see Options.AttemptTimeout).
+func (l *Locker) acquireObserved(ctx context.Context, name string, co callOptions, open bool) (*Lease, error) {
 	obs := l.opts.Observer
 	if obs == nil {
-		return run(ctx, lease, co.wait, nil)
+		return l.acquireWith(ctx, name, co, open, nil)
 	}
 	ctx = obs.Start(ctx, OpAcquire, name)
 	var st acquireStats
 	start := l.clock.Now()
-	got, err := run(ctx, lease, co.wait, &st)
+	got, err := l.acquireWith(ctx, name, co, open, &st)
 	e := Event{Op: OpAcquire, Name: name, Lease: got, Outcome: OutcomeOf(err), Err: err,
 		Duration: l.clock.Now().Sub(start), Waited: st.waited, Handoff: st.handoff}
 	if got != nil {
@@ -286,6 +328,34 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 	}
 	obs.End(ctx, e)
 	return got, err
+}
+
+// acquireWith is acquireObserved without the Observer's Start and End.
+func (l *Locker) acquireWith(ctx context.Context, name string, co callOptions, open bool, st *acquireStats) (*Lease, error) {
+	lease := l.newLease(name, co.ttl)
+	if co.owner != "" {
+		lease.owner, lease.ownerArg = co.owner, co.owner
+	}
+	if co.fair && co.wait > 0 {
+		return l.acquireFair(ctx, lease, co.wait, open, st)
+	}
+	return l.acquire(ctx, lease, co.wait, open, st)
+}
+
+// outage reports whether err, an Acquire's, is one that a fail-open call
+// runs its work degraded on: Redis unavailable, and ctx still running.
+func outage(ctx context.Context, err error) bool {
+	return errors.Is(err, ErrUnavailable) && ctx.Err() == nil
+}
+
+// degraded returns the fail-open stand-in for a lease of name, after an
+// Acquire that failed with err, and logs it at Error level.
+func (l *Locker) degraded(ctx context.Context, name string, err error) *Lease {
+	l.opts.Logger.LogAttrs(ctx, slog.LevelError, "fencelock: redis unavailable, running without the lock (fail-open)",
+		slog.String("lock", name), slog.Any("error", err))
+	lease := &Lease{locker: l, name: name, degraded: true}
+	lease.keys[keyLock], lease.keys[keyCounter] = l.keys(name)
+	return lease
 }
 
 // acquireStats is what an Observer learns of an Acquire.
@@ -357,7 +427,7 @@ func hexUUID(dst *[36]byte, u *uuid.UUID) {
 }
 
 // acquire runs Acquire's attempts for lease.
-func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, st *acquireStats) (*Lease, error) {
+func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, open bool, st *acquireStats) (*Lease, error) {
 	log := l.opts.Logger
 	callStart := l.clock.Now()
 	waitEnd := callStart.Add(wait)
@@ -376,25 +446,14 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 			w.leave()
 		}
 	}()
-	// leaveClosed takes the call out of its Redlock line once its Locker is
-	// closed: no turn would reach it. It polls out of line from then on,
-	// with a new token (leaving retires the last one there).
-	leaveClosed := func() {
-		if unsure {
-			l.abandon(lease) // out of line too
-		} else {
-			l.leaveLine(lease)
-		}
-		unsure = false
-		next := l.newLease(lease.name, lease.ttl)
-		next.owner, next.ownerArg = lease.owner, lease.ownerArg
-		lease = next
-	}
 	giveUp := func() (*Lease, error) {
 		if unsure {
 			l.abandon(lease) // out of line too
 		} else if lease.line != "" {
 			l.leaveLine(lease)
+		}
+		if l.isClosed() {
+			return nil, closedError(lease.name, verdict)
 		}
 		ctxE := ctxErr(ctx)
 		if log.Enabled(ctx, slog.LevelDebug) {
@@ -412,27 +471,16 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 	}
 
 	for {
-		if ctxErr(ctx) != nil {
+		if ctxErr(ctx) != nil || l.isClosed() {
 			return giveUp()
-		}
-		if w != nil && lease.line != "" && w.stopped() {
-			w.leave()
-			w = nil
-			leaveClosed()
 		}
 		start := l.clock.Now()
 		dials := l.dialFailures.Load()
-		var a attempt
-		done := true
-		if ctx.Done() == nil || l.b.acquireStops() { // nothing to return early for, or it does
-			a = l.b.acquire(ctx, lease)
-		} else {
-			a, done = call(l, ctx.Done(), nil, func() attempt { return l.b.acquire(ctx, lease) }, nil)
-		}
-		if !done || (a.err != nil && (classify(a.err) == classNoVerdict || (ctxErr(ctx) != nil && isTimeout(a.err)))) {
-			// ctx ended with the attempt in flight or cut short, before
-			// Redis gave a verdict: it may have reached Redis. Unless
-			// Redis could not even be reached.
+		a, done := l.try(ctx, lease, open, dials)
+		if !done {
+			// ctx ended, or Close was called, with the attempt in flight
+			// or cut short, before Redis gave a verdict: it may have
+			// reached Redis. Unless Redis could not even be reached.
 			unsure = true
 			if err := l.dialErrorSince(dials); err != nil {
 				verdict = callError(lease.name, err)
@@ -506,10 +554,7 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 				ln.in.Store(true) // before its subscription's confirmation
 				ln.first.Store(a.ahead == 0)
 			}
-			w = l.b.register(lease.keys[keyLock], "", ln)
-			if w == nil && lease.line != "" { // closed: this call's first busy attempt joined the line
-				leaveClosed()
-			}
+			w = l.b.register(lease.keys[keyLock], "", ln) // nil after Close, which the wait below hears
 		}
 		var wake <-chan struct{}
 		lined := a.lined && w != nil && w.line != nil
@@ -540,6 +585,9 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 		case <-ctx.Done():
 			t.Stop()
 			return giveUp()
+		case <-l.closed:
+			t.Stop()
+			return giveUp()
 		case <-t.C:
 		case <-wake:
 			t.Stop()
@@ -549,6 +597,9 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 				t := l.clock.NewTimer(mathrand.N(spread + 1))
 				select {
 				case <-ctx.Done():
+					t.Stop()
+					return giveUp()
+				case <-l.closed:
 					t.Stop()
 					return giveUp()
 				case <-t.C:
@@ -566,6 +617,58 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 		}
 	}
 }
+
+// try runs one attempt of an Acquire for lease, bounded by ctx, by Close,
+// and by AttemptTimeout (see Options; open: the call fails open). With done
+// false, ctx ended or Close was called before the attempt gave a verdict:
+// it may still be in flight, on a goroutine the Locker tracks. An attempt
+// that outlived AttemptTimeout alone is a verdict: a *noReplyError, which
+// names the cause when a dial failed since dials (the count before it).
+func (l *Locker) try(ctx context.Context, lease *Lease, open bool, dials int64) (a attempt, done bool) {
+	timeout, half := l.opts.AttemptTimeout, false
+	if dl, ok := ctx.Deadline(); ok && open {
+		if left := time.Until(dl) / 2; left < timeout {
+			timeout, half = max(left, time.Millisecond), true
+		}
+	}
+	actx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	done = true
+	if l.b.acquireStops() || (ctx.Done() == nil && l.b.honoursDeadlines()) { // it returns by actx's end by itself
+		a = l.b.acquire(actx, lease)
+	} else {
+		a, done = call(l, actx.Done(), l.closed, func() attempt { return l.b.acquire(actx, lease) }, nil)
+	}
+	if done && (a.err == nil || (classify(a.err) != classNoVerdict && (ctxErr(actx) == nil || !isTimeout(a.err)))) {
+		return a, true
+	}
+	if ctxErr(ctx) != nil || l.isClosed() {
+		return a, false
+	}
+	return attempt{err: &noReplyError{timeout: timeout, half: half, cause: l.dialErrorSince(dials)}}, true
+}
+
+// A noReplyError is an attempt that got no reply within its bound. It
+// matches the failed dial that explains it, if one is known.
+type noReplyError struct {
+	timeout time.Duration
+	half    bool // the bound was half the time left before a fail-open call's deadline
+	cause   error
+}
+
+func (e *noReplyError) Error() string {
+	msg := "no reply within " + e.timeout.Round(time.Millisecond).String() + " (AttemptTimeout)"
+	if e.half {
+		msg = "no reply within " + e.timeout.Round(time.Millisecond).String() +
+			" (half the time left before the deadline, for fail-open)"
+	}
+	if e.cause != nil {
+		msg += ": " + e.cause.Error()
+	}
+	return msg
+}
+
+func (e *noReplyError) Unwrap() error { return e.cause }
 
 // leaveLine takes a waiting Acquire that gives up out of its Redlock line
 // (see line), in the background, so that releases stop naming it, and
@@ -742,8 +845,8 @@ type pending[T any] struct {
 // tasks tracks the goroutines that outlive the call that started them.
 type tasks struct {
 	mu     sync.Mutex
-	cond   sync.Cond     // signalled when n drops to 0; L is &mu
 	n      int           // guarded by mu; goroutines running
+	idle   chan struct{} // guarded by mu; closed when n drops to 0 while close waits
 	stop   chan struct{} // guarded by mu; closed by close: clean-ups stop retrying
 	closed bool          // guarded by mu
 }
@@ -757,8 +860,9 @@ func (t *tasks) add() {
 func (t *tasks) finish() {
 	t.mu.Lock()
 	t.n--
-	if t.n == 0 && t.cond.L != nil {
-		t.cond.Broadcast()
+	if t.n == 0 && t.idle != nil {
+		close(t.idle)
+		t.idle = nil
 	}
 	t.mu.Unlock()
 }
@@ -782,21 +886,30 @@ func (t *tasks) goBackground(f func(stop <-chan struct{})) {
 }
 
 // close tells the clean-ups to stop retrying and waits until no tracked
-// goroutine is running.
-func (t *tasks) close() {
+// goroutine is running, until by at most: a goroutine still running then is
+// in a Redis call that go-redis has not given up on, and ends with it.
+func (t *tasks) close(by time.Time) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if !t.closed {
 		t.closed = true
 		if t.stop != nil {
 			close(t.stop)
 		}
 	}
-	if t.cond.L == nil {
-		t.cond.L = &t.mu
+	if t.n == 0 {
+		t.mu.Unlock()
+		return
 	}
-	for t.n > 0 {
-		t.cond.Wait()
+	if t.idle == nil {
+		t.idle = make(chan struct{})
+	}
+	idle := t.idle
+	t.mu.Unlock()
+	timer := time.NewTimer(time.Until(by))
+	defer timer.Stop()
+	select {
+	case <-idle:
+	case <-timer.C:
 	}
 }
 

@@ -748,6 +748,7 @@ func TestDefaults(t *testing.T) {
 		KeyPrefix:       "lock:",
 		TTL:             30 * time.Second,
 		MinRetryBackoff: 8 * time.Millisecond,
+		AttemptTimeout:  time.Second,
 		MaxRetryBackoff: 256 * time.Millisecond,
 		ReleaseTimeout:  5 * time.Second,
 		FenceRetention:  time.Hour,

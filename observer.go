@@ -67,6 +67,7 @@ const (
 	OutcomeMisconfigured Outcome = "misconfigured" // ErrMisconfigured
 	OutcomeInvalid       Outcome = "invalid"       // ErrInvalid
 	OutcomeCancelled     Outcome = "cancelled"     // the context ended first
+	OutcomeClosed        Outcome = "closed"        // ErrClosed
 	OutcomeFailed        Outcome = "failed"        // RunWithLock: the work's own error
 )
 
@@ -108,6 +109,8 @@ func OutcomeOf(err error) Outcome {
 		return OutcomeMisconfigured
 	case errors.Is(err, ErrInvalid):
 		return OutcomeInvalid
+	case errors.Is(err, ErrClosed):
+		return OutcomeClosed
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return OutcomeCancelled
 	}

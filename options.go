@@ -107,13 +107,33 @@ type Options struct {
 	// false.
 	ReplicaFsync bool
 
+	// AttemptTimeout bounds how long one attempt of an Acquire (one script
+	// call to the deployment, or to a quorum's nodes) waits for its reply:
+	// past it the attempt counts as Redis unavailable ("no reply within
+	// AttemptTimeout"), whatever the go-redis client's options, and a wait
+	// (WithWait) tries again. An attempt of a fail-open call also ends at
+	// half the time left before its context's deadline, so that the work
+	// can still run degraded before it. A reply that comes later is made
+	// harmless, as for any attempt of unknown outcome. It must be at least
+	// 1ms. Default 1s: above what a working Redis takes even on a new
+	// connection over a slow link (a dial, HELLO, EVALSHA, NOSCRIPT and EVAL:
+	// five round trips, 500ms at 100ms each), and below go-redis's own
+	// bounds on a dead one (a 3s ReadTimeout, retried; dial retries of about
+	// 1.7s on a refused port), so that a call without a deadline learns of
+	// an outage within a second. A fail-open call with a 1s deadline gives
+	// its attempt 500ms by the rule above, and runs its work degraded with
+	// half a second left.
+	AttemptTimeout time.Duration
+
 	// FailOpen decides in advance what RunWithLock does when Redis is
 	// unavailable at acquisition. false (the default, fail-closed):
 	// RunWithLock returns ErrUnavailable and does not run the work. true
 	// (fail-open): the work runs without the lock, on a degraded Lease whose
 	// Degraded reports true and whose Fence is 0, and the event is logged at
-	// Error level. Choose fail-open only where running the work twice is
-	// acceptable, or where the resource's own checks make it safe.
+	// Error level. WithFailOpen overrides it per call, and makes Acquire
+	// fail open too. Choose fail-open only where running the work twice is
+	// acceptable, or where the resource's own checks make it safe (see
+	// "Degraded runs" in the package documentation).
 	FailOpen bool
 
 	// Logger receives the library's events: acquired, not obtained and
@@ -166,6 +186,7 @@ const (
 	defaultReleaseTimeout  = 5 * time.Second
 	defaultFenceRetention  = time.Hour
 	defaultReplicaTimeout  = 100 * time.Millisecond
+	defaultAttemptTimeout  = time.Second
 
 	minTTL = 10 * time.Millisecond
 	maxTTL = 365 * 24 * time.Hour
@@ -212,6 +233,12 @@ func (o *Options) withDefaults() (Options, error) {
 	}
 	if out.ReleaseTimeout < 0 {
 		return out, invalidf("ReleaseTimeout %v is negative", out.ReleaseTimeout)
+	}
+	if out.AttemptTimeout == 0 {
+		out.AttemptTimeout = defaultAttemptTimeout
+	}
+	if err := checkDuration("AttemptTimeout", out.AttemptTimeout, time.Millisecond, maxTTL); err != nil {
+		return out, err
 	}
 	if out.FenceRetention == 0 {
 		out.FenceRetention = defaultFenceRetention
@@ -271,12 +298,34 @@ type callOptions struct {
 	owner    string
 	ownerSet bool
 	fair     bool
+	open     bool // WithFailOpen's value
+	openSet  bool
 }
 
 // WithOwner sets who holds the lock for this call, overriding
 // Options.Owner (see there).
 func WithOwner(owner string) Option {
 	return func(c callOptions) callOptions { c.owner, c.ownerSet = owner, true; return c }
+}
+
+// WithFailOpen decides for this call what happens when Redis is unavailable
+// at acquisition, overriding Options.FailOpen: with open true, RunWithLock
+// runs its work on a degraded Lease, and Acquire returns a degraded Lease
+// (Degraded true, Fence 0, nothing to extend or release) and a nil error,
+// logged at Error level; with open false, both return the ErrUnavailable.
+// Without it, Acquire fails closed and RunWithLock follows Options.FailOpen.
+// A busy lock, a refusal (ErrMisconfigured) or a context that ended first
+// never opens.
+func WithFailOpen(open bool) Option {
+	return func(c callOptions) callOptions { c.open, c.openSet = open, true; return c }
+}
+
+// opens reports whether the call fails open, given Options.FailOpen.
+func (c callOptions) opens(failOpen bool) bool {
+	if c.openSet {
+		return c.open
+	}
+	return failOpen
 }
 
 // defaultOwner is the hostname and the process id.

@@ -241,7 +241,7 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 	validity := lease.ttl - drift(lease.ttl)
 	start := q.l.clock.Now()
 	// A grant after the validity is of no use.
-	grants := each(ctx, q, validity, false, func(ctx context.Context, i int, d *deployment) nodeGrant {
+	grants := each(ctx, q, validity, true, func(ctx context.Context, i int, d *deployment) nodeGrant {
 		lineID := ""
 		if i == 0 {
 			lineID = lease.line // the line is kept on the first node
@@ -903,8 +903,8 @@ func (q *quorum) honoursDeadlines() bool {
 	return true
 }
 
-func (q *quorum) close() {
+func (q *quorum) close(by time.Time) {
 	for _, d := range q.nodes {
-		d.close()
+		d.close(by)
 	}
 }

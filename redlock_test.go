@@ -1494,67 +1494,6 @@ func TestRedlockFirstNodeAsksAgainAtMostThreeTimes(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond, "nodes 0 and 1 given back")
 }
 
-func TestRedlockCloseTakesAWaiterOutOfLine(t *testing.T) {
-	// Close stops a Locker's wake-ups: a call of it waiting in line would
-	// never hear its turn, and each release that named it would wait for
-	// the others' pauses. It leaves the line at once and polls; the next
-	// in line is named by the release.
-	e := newRedlockEnv(t, 3, nil)
-	_, name, held := e.holding(t)
-	closing, hooks := e.process(t, slowPolling)
-	grants := countGrants(hooks) // the closing Locker's grants answered
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	gone := waitAndHold(wctx, closing, name)
-	e.requireLine(t, held.Key(), 1, "the first waiter joins the line")
-	other, _ := e.process(t, slowPolling)
-	next := waitAndHold(ctx, other, name)
-	e.requireLine(t, held.Key(), 2, "the second joins behind it")
-	e.requireSubscribers(t, 0, held.Key()+":n:"+closing.lineTag, 1, "the first listens for its turn")
-	time.Sleep(50 * time.Millisecond) // its confirmations handled: it sleeps its 20s pause
-
-	before := grants.Load()
-	require.NoError(t, closing.Close())
-	e.requireLine(t, held.Key(), 1, "the closed Locker's call left the line")
-	// Its next attempt, out of line, at once: had the release come first,
-	// it would have taken the free lock (as any attempt may).
-	require.Eventually(t, func() bool { return grants.Load() >= before+3 }, 5*time.Second, time.Millisecond,
-		"the closed Locker's call tries again, out of line")
-	require.NoError(t, held.Release(ctx))
-	next.obtained(t, 5*time.Second, "named by the release, not after its 20s pause")
-	next.finish(t)
-	cancel()
-	require.ErrorIs(t, <-gone.done, context.Canceled)
-}
-
-func TestRedlockClosedLockersNewCallLeavesTheLine(t *testing.T) {
-	// An Acquire that waits on a Locker already closed: its first attempt
-	// finds the lock held and joins the line, and, with no wake-ups to
-	// hear its turn by, it leaves at once and polls. The next in line is
-	// named by the release.
-	e := newRedlockEnv(t, 3, nil)
-	_, name, held := e.holding(t)
-	closed, hooks := e.process(t, slowPolling)
-	grants := countGrants(hooks) // its grants answered
-	require.NoError(t, closed.Close())
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	polling := waitAndHold(wctx, closed, name)
-	require.Eventually(t, func() bool { return grants.Load() >= 3 }, 5*time.Second, time.Millisecond, "its first attempt")
-	e.requireLine(t, held.Key(), 0, "it left the line its first attempt joined")
-	other, _ := e.process(t, slowPolling)
-	next := waitAndHold(ctx, other, name)
-	e.requireLine(t, held.Key(), 1, "the other joins it")
-	require.Equal(t, []string{}, slices.DeleteFunc(lineOf(t, e.admins[0], held.Key()), func(id string) bool {
-		return strings.HasPrefix(id, other.lineTag+".")
-	}), "only the other is in line")
-	require.NoError(t, held.Release(ctx))
-	next.obtained(t, 5*time.Second, "named by the release, not after its 20s pause")
-	next.finish(t)
-	cancel()
-	require.ErrorIs(t, <-polling.done, context.Canceled)
-}
-
 func TestRedlockUntaggedTurnIsNamedOnTheLocksChannel(t *testing.T) {
 	// A line id without a Locker's tag (written by an earlier version) is
 	// named on the lock's channel, where every waiting Locker listens.

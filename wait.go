@@ -176,14 +176,6 @@ func (w *waiter) leave() {
 	}
 }
 
-// stopped reports whether w's notifier was closed (Locker.Close): w hears
-// nothing more.
-func (w *waiter) stopped() bool {
-	w.n.mu.Lock()
-	defer w.n.mu.Unlock()
-	return w.n.closed
-}
-
 // wakesOnConfirmation reports whether w tries again when its subscription
 // is confirmed: a release before may have been missed. Not an Acquire in a
 // Redlock line with others ahead of it: a release before named one of
@@ -366,10 +358,10 @@ func (n *notifier) wake(h *hub, channel, payload string) {
 	}
 }
 
-// close shuts every hub down and waits for every goroutine of n; later waits
-// poll. The waiters are woken: no release will wake them any more (see
-// waiter.stopped).
-func (n *notifier) close() {
+// close shuts every hub down and waits for every goroutine of n, until by
+// at most: a hub in a call to a hung server ends when go-redis gives up on
+// it. The waiters are woken; Locker.Close has ended their calls.
+func (n *notifier) close(by time.Time) {
 	n.mu.Lock()
 	n.closed = true
 	for _, h := range n.hubs {
@@ -383,7 +375,17 @@ func (n *notifier) close() {
 	}
 	n.mu.Unlock()
 	n.cancel()
-	n.wg.Wait()
+	done := make(chan struct{})
+	go func() { // ends with the last of n's goroutines (no Add after closed)
+		n.wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(time.Until(by))
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
 }
 
 // subscriber opens subscription connections: a client for one node, or the

@@ -262,21 +262,6 @@ func TestReleaseBeforeSubscriptionIsNotMissed(t *testing.T) {
 	requireObtained(t, waitInBackground(l, name), 5*time.Second, "the release before the subscription was missed")
 }
 
-func TestWaitingAfterClosePolls(t *testing.T) {
-	e := newEnv(t, nil)
-	l := e.locker(t, &Options{MinRetryBackoff: 10 * time.Millisecond, MaxRetryBackoff: 20 * time.Millisecond})
-	require.NoError(t, l.Close())
-	name := uniqueName(t)
-	held, err := l.Acquire(ctx, name, WithTTL(time.Minute))
-	require.NoError(t, err)
-	got := waitInBackground(l, name)
-	time.Sleep(50 * time.Millisecond)
-	assert.Zero(t, openHubs(l), "no subscription after Close")
-	assert.Zero(t, pubsubClients(t, e))
-	require.NoError(t, held.Release(ctx))
-	requireObtained(t, got, 5*time.Second, "a wait after Close did not poll")
-}
-
 // afterFirstAcquire runs f once, right after the next acquire script's reply
 // arrives and before Acquire sees it.
 func afterFirstAcquire(e *env, f func()) {
@@ -429,7 +414,7 @@ func TestOwnUnsubscriptionAfterResubscribing(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never used: no hub runs
 	t.Cleanup(func() { _ = client.Close() })
 	n := newNotifier(client, slog.New(slog.DiscardHandler))
-	t.Cleanup(n.close)
+	t.Cleanup(func() { n.close(time.Now().Add(time.Minute)) })
 	h := &hub{n: n, kick: make(chan struct{}, 1), want: map[string]struct{}{}, confirmed: map[string]struct{}{}}
 	c := newConn(true)
 	const ch = "lock:{x}"
@@ -451,40 +436,4 @@ func TestOwnUnsubscriptionAfterResubscribing(t *testing.T) {
 	require.True(t, h.handle(c, &redis.Subscription{Kind: "sunsubscribe", Channel: ch}))
 	assert.NotContains(t, c.sent, ch, "ended by the server")
 	assert.False(t, subscribed(n, ch))
-}
-
-func TestCloseWakesAWaiter(t *testing.T) {
-	// Close ends the subscription a waiting Acquire listens on: the call is
-	// woken to try at once, and polls from then on, instead of sleeping
-	// out its pause (10-20s here) first.
-	e := newEnv(t, nil)
-	name := uniqueName(t)
-	held, err := e.locker(t, nil).Acquire(ctx, name, WithTTL(time.Minute))
-	require.NoError(t, err)
-	defer held.Release(ctx)
-	var attempts atomic.Int64
-	h := &faultHook{}
-	h.set(nil, func(_ context.Context, cmd redis.Cmder) error {
-		if scriptName(cmd) == "acquire" {
-			attempts.Add(1)
-		}
-		return nil
-	})
-	e.client.AddHook(h)
-	l := e.locker(t, slowPolling)
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		_, err := l.Acquire(wctx, name, WithWait(time.Minute))
-		done <- err
-	}()
-	require.Eventually(t, func() bool { return pubsubClients(t, e) == 1 }, 5*time.Second, time.Millisecond, "the waiter subscribes")
-	time.Sleep(50 * time.Millisecond) // its confirmation's attempt made: it sleeps
-	before := attempts.Load()
-	require.NoError(t, l.Close())
-	require.Eventually(t, func() bool { return attempts.Load() > before }, 2*time.Second, time.Millisecond,
-		"woken by Close to try at once")
-	cancel()
-	require.ErrorIs(t, <-done, context.Canceled)
 }

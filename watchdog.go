@@ -69,19 +69,20 @@ func (l *Locker) RunWithLock(ctx context.Context, name string,
 // run is RunWithLock, without the Observer's Start and End.
 func (l *Locker) run(ctx context.Context, name string,
 	work func(ctx context.Context, lease *Lease) error, opts []Option) error {
-	lease, err := l.Acquire(ctx, name, opts...)
+	co, err := l.callOptions(name, opts)
+	if err != nil {
+		return err
+	}
+	open := co.opens(l.opts.FailOpen)
+	lease, err := l.acquireObserved(ctx, name, co, open)
 	if lease != nil && l.opts.Observer != nil {
 		lease.obsCtx = ctx // the run's: renewals and a loss are its events
 	}
 	if err != nil {
-		if !l.opts.FailOpen || !errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
+		if !open || !outage(ctx, err) {
 			return err
 		}
-		l.opts.Logger.LogAttrs(ctx, slog.LevelError, "fencelock: redis unavailable, running without the lock (fail-open)",
-			slog.String("lock", name), slog.Any("error", err))
-		lease := &Lease{locker: l, name: name, degraded: true}
-		lease.keys[keyLock], lease.keys[keyCounter] = l.keys(name)
-		return work(ctx, lease)
+		return work(ctx, l.degraded(ctx, name, err))
 	}
 
 	workCtx := lease.KeepAlive(ctx)

@@ -47,7 +47,7 @@ const (
 var outcomes = []fencelock.Outcome{
 	fencelock.OutcomeOK, fencelock.OutcomeBusy, fencelock.OutcomeNotHeld, fencelock.OutcomeLost,
 	fencelock.OutcomeUnavailable, fencelock.OutcomeMisconfigured, fencelock.OutcomeInvalid,
-	fencelock.OutcomeCancelled, fencelock.OutcomeFailed,
+	fencelock.OutcomeCancelled, fencelock.OutcomeClosed, fencelock.OutcomeFailed,
 }
 
 // An Observer records what a fencelock Locker does as OpenTelemetry spans

@@ -1,0 +1,238 @@
+package fencelock
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock/internal/redistest"
+)
+
+// Issue 23, section 2: FailOpen that works under a deadline, decided per
+// call.
+
+// outages are the two ways Redis is not there, each on a fresh server (or
+// port) per test: a redis-server SIGSTOPped (hung), and a port where nothing
+// listens (refused). Each returns clients with go-redis's default options.
+var outages = []struct {
+	name  string
+	cause string // in the error's text
+	start func(t *testing.T, n int) []redis.UniversalClient
+}{
+	{"hung", "no reply within", func(t *testing.T, n int) []redis.UniversalClient {
+		var cs []redis.UniversalClient
+		for range n {
+			srv := redistest.Start(t)
+			c := srv.Client(nil)
+			require.NoError(t, c.Ping(ctx).Err()) // a connection in the pool, as in a running service
+			pause(t, srv)
+			cs = append(cs, c)
+		}
+		return cs
+	}},
+	{"refused", "connection refused", func(t *testing.T, n int) []redis.UniversalClient {
+		var cs []redis.UniversalClient
+		for range n {
+			c := redis.NewClient(&redis.Options{Addr: closedAddr(t)})
+			t.Cleanup(func() { _ = c.Close() })
+			cs = append(cs, c)
+		}
+		return cs
+	}},
+}
+
+// lockerOn returns a Locker with opts over cs: New on one client, NewRedlock
+// on several.
+func lockerOn(t *testing.T, cs []redis.UniversalClient, opts *Options) *Locker {
+	t.Helper()
+	var l *Locker
+	var err error
+	if len(cs) == 1 {
+		l, err = New(cs[0], opts)
+	} else {
+		l, err = NewRedlock(cs, opts)
+	}
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+// TestFailOpenUnderADeadline: with default options and FailOpen, a
+// RunWithLock with a 1s (and a 500ms) deadline on a hung or a refusing
+// Redis, single or Redlock, runs its work degraded before the deadline,
+// with time left, and its Acquire error says why. Before AttemptTimeout the
+// attempt outlived the deadline and the work never ran.
+func TestFailOpenUnderADeadline(t *testing.T) {
+	t.Parallel()
+	for _, o := range outages {
+		for _, nodes := range []int{1, 3} {
+			t.Run(o.name+map[int]string{1: "/single", 3: "/redlock"}[nodes], func(t *testing.T) {
+				t.Parallel()
+				log, logs := testLogger()
+				l := lockerOn(t, o.start(t, nodes), &Options{FailOpen: true, Logger: log, ReleaseTimeout: time.Second})
+				name := uniqueName(t)
+				for _, d := range []time.Duration{time.Second, 500 * time.Millisecond} {
+					rctx := withTimeout(t, d)
+					start := time.Now()
+					var ranAt time.Duration
+					var fence int64 = -1
+					err := l.RunWithLock(rctx, name, func(ctx context.Context, lease *Lease) error {
+						ranAt, fence = time.Since(start), lease.Fence()
+						require.True(t, lease.Degraded())
+						return ctx.Err()
+					})
+					require.NoError(t, err, "deadline %v: the work ran degraded, with its ctx alive", d)
+					assert.Zero(t, fence, "deadline %v: a degraded lease's fence", d)
+					assert.Less(t, ranAt, d, "deadline %v: the work ran before the deadline", d)
+				}
+				assert.True(t, logged(logs, name, "fail-open"), "logged at Error:\n%s", logs)
+				assert.Contains(t, logs.String(), o.cause)
+			})
+		}
+	}
+}
+
+// TestAttemptTimeout: one attempt that gets no reply within AttemptTimeout
+// counts as Redis unavailable, saying so, whatever go-redis's options (here
+// its defaults: a 3s read timeout, retried); a wait tries again after it;
+// and the lock a late reply might bring is given back once Redis answers.
+func TestAttemptTimeout(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	l := e.locker(t, &Options{AttemptTimeout: 200 * time.Millisecond})
+	require.NoError(t, e.client.Ping(ctx).Err())
+	name := uniqueName(t)
+	pause(t, e.srv)
+
+	start := time.Now()
+	_, err := l.Acquire(ctx, name)
+	took := time.Since(start)
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.NotErrorIs(t, err, ErrNotObtained)
+	assert.Contains(t, err.Error(), "no reply within 200ms")
+	assert.Less(t, took, time.Second, "the attempt ended at its AttemptTimeout")
+	assert.GreaterOrEqual(t, took, 200*time.Millisecond)
+
+	var attempts atomic.Int64
+	e.hook.set(func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == "acquire" {
+			attempts.Add(1)
+		}
+		return nil
+	}, nil)
+	_, err = l.Acquire(withTimeout(t, 2*time.Second), name, WithWait(time.Minute))
+	require.ErrorIs(t, err, ErrUnavailable, "the last attempt's verdict")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.GreaterOrEqual(t, attempts.Load(), int64(3), "a waiting Acquire tries again after each timed-out attempt")
+
+	e.srv.Resume()
+	require.Eventually(t, func() bool { return !keyExists(t, e.srv, "lock:{"+name+"}") }, 10*time.Second,
+		10*time.Millisecond, "the late attempts' lock is given back")
+	lease, err := l.Acquire(ctx, name)
+	require.NoError(t, err, "the lock is free")
+	require.NoError(t, lease.Release(ctx))
+}
+
+// TestAttemptTimeoutInvalid: a negative or sub-millisecond AttemptTimeout
+// is refused by New.
+func TestAttemptTimeoutInvalid(t *testing.T) {
+	t.Parallel()
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never used
+	t.Cleanup(func() { _ = c.Close() })
+	for _, d := range []time.Duration{-time.Second, time.Microsecond} {
+		_, err := New(c, &Options{AttemptTimeout: d})
+		require.ErrorIs(t, err, ErrInvalid, "%v", d)
+		assert.Contains(t, err.Error(), "AttemptTimeout")
+	}
+}
+
+// TestWithFailOpen: the per-call option overrides Options.FailOpen both
+// ways for RunWithLock, and makes Acquire return a degraded lease and a nil
+// error on an outage, single and Redlock, hung and refused; it never opens
+// on a busy lock.
+func TestWithFailOpen(t *testing.T) {
+	t.Parallel()
+	for _, o := range outages {
+		for _, nodes := range []int{1, 3} {
+			t.Run(o.name+map[int]string{1: "/single", 3: "/redlock"}[nodes], func(t *testing.T) {
+				t.Parallel()
+				cs := o.start(t, nodes)
+				log, logs := testLogger()
+				closed := lockerOn(t, cs, &Options{Logger: log, ReleaseTimeout: time.Second})
+				open := lockerOn(t, cs, &Options{FailOpen: true, ReleaseTimeout: time.Second})
+				name := uniqueName(t)
+				rctx := withTimeout(t, 5*time.Second)
+
+				ran := false
+				err := closed.RunWithLock(rctx, name, func(_ context.Context, lease *Lease) error {
+					ran = lease.Degraded()
+					return nil
+				}, WithFailOpen(true))
+				require.NoError(t, err)
+				assert.True(t, ran, "WithFailOpen(true) opens a fail-closed Locker's RunWithLock")
+
+				ran = false
+				err = open.RunWithLock(rctx, name, func(context.Context, *Lease) error { ran = true; return nil },
+					WithFailOpen(false))
+				require.ErrorIs(t, err, ErrUnavailable)
+				assert.False(t, ran, "WithFailOpen(false) closes a fail-open Locker's RunWithLock")
+
+				_, err = open.Acquire(rctx, name)
+				require.ErrorIs(t, err, ErrUnavailable, "Acquire fails closed without WithFailOpen(true)")
+
+				lease, err := closed.Acquire(rctx, name, WithFailOpen(true))
+				require.NoError(t, err)
+				require.NotNil(t, lease)
+				assert.True(t, lease.Degraded())
+				assert.Zero(t, lease.Fence())
+				assert.ErrorIs(t, lease.Release(rctx), ErrNotHeld, "nothing to release")
+				assert.True(t, logged(logs, name, "fail-open"), "the degraded Acquire is logged at Error:\n%s", logs)
+			})
+		}
+	}
+}
+
+// TestWithFailOpenNeverOnABusyLock: a busy lock, single or Redlock, is
+// ErrNotObtained for Acquire and RunWithLock with WithFailOpen(true).
+func TestWithFailOpenNeverOnABusyLock(t *testing.T) {
+	t.Parallel()
+	e := newRedlockEnv(t, 3, nil)
+	single := lockerFor(t, e.clients[0], nil)
+	quorum := e.locker(t, nil)
+	for what, l := range map[string]*Locker{"single": single, "redlock": quorum} {
+		name := uniqueName(t) + "." + what
+		held, err := l.Acquire(ctx, name)
+		require.NoError(t, err)
+		_, err = l.Acquire(ctx, name, WithFailOpen(true))
+		require.ErrorIs(t, err, ErrNotObtained, what)
+		ran := false
+		err = l.RunWithLock(ctx, name, func(context.Context, *Lease) error { ran = true; return nil }, WithFailOpen(true))
+		require.ErrorIs(t, err, ErrNotObtained, what)
+		assert.False(t, ran, what)
+		require.NoError(t, held.Release(ctx))
+	}
+}
+
+// TestFairAcquireWithEndedContextMakesNoRedisCall (bug 7): a fair Acquire
+// whose ctx has already ended returns its error without a Redis call, and
+// opens no subscription connection.
+func TestFairAcquireWithEndedContextMakesNoRedisCall(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err := l.Acquire(cctx, uniqueName(t), WithWait(time.Second), WithFair())
+	requireNoVerdict(t, err, context.Canceled, "fair Acquire")
+	time.Sleep(100 * time.Millisecond) // a subscription would be made in the background
+	assert.Zero(t, e.hook.calls.Load(), "no command")
+	assert.Zero(t, pubsubClients(t, e), "no subscription connection")
+	assert.Zero(t, openHubs(l))
+	assert.False(t, errors.Is(err, ErrUnavailable))
+}
