@@ -302,13 +302,14 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 	}
 	// Collect until a quorum granted, a quorum is out of reach, or every
 	// node answered. Once a quorum of nodes has answered, the others get a
-	// little longer (twice what that took, at least 5ms), not the whole
-	// validity: a hung minority must not hold an attempt, and the grants
-	// it got, for a TTL.
+	// little longer (quorumGrace), not the whole validity: a hung minority
+	// must not hold an attempt, and the grants it got, for a TTL. (Unlike
+	// results.collect, a granted quorum ends the wait at once: settle
+	// reads the later grants.)
 	var straggle <-chan time.Time
 	for len(ok) < q.n && len(busy)+len(failed) <= len(q.nodes)-q.n && len(ok)+len(busy)+len(failed) < len(q.nodes) {
 		if straggle == nil && len(ok)+len(busy)+len(failed) >= q.n {
-			t := time.NewTimer(max(5*time.Millisecond, 2*q.l.clock.Now().Sub(start)))
+			t := q.l.clock.NewTimer(quorumGrace(q.l.clock.Now().Sub(start)))
 			defer t.Stop()
 			straggle = t.C
 		}
@@ -332,7 +333,7 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 		// No quorum. The replies still on their way usually come within a
 		// round trip: wait a little for them, so that a node that will not
 		// grant the lock needs no clean-up.
-		grace := time.NewTimer(max(5*time.Millisecond, 2*q.l.clock.Now().Sub(start)))
+		grace := q.l.clock.NewTimer(quorumGrace(q.l.clock.Now().Sub(start)))
 	wait:
 		for len(ok)+len(busy)+len(failed) < len(q.nodes) {
 			select {
