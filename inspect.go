@@ -173,25 +173,24 @@ func (q *quorum) inspect(ctx context.Context, key, fenceKey string, waiters bool
 		byToken  = map[string][]holding{}
 		counters []int64
 	)
-	for range q.nodes {
-		r, more := reads.next()
-		if !more {
-			break
-		}
+	// Decided when a quorum answered, or cannot; the nodes that answer
+	// within the grace after that count too.
+	reads.collect(func(r read) bool {
 		if r.err != nil {
 			errs = append(errs, r.err)
-			continue
+		} else {
+			counters = append(counters, r.h.counter)
+			out.waiters = max(out.waiters, r.h.waiters)
+			if token, _, _ := parseValue(r.h.value); r.h.value != "" {
+				byToken[token] = append(byToken[token], r.h)
+			}
 		}
-		counters = append(counters, r.h.counter)
-		out.waiters = max(out.waiters, r.h.waiters)
-		if token, _, _ := parseValue(r.h.value); r.h.value != "" {
-			byToken[token] = append(byToken[token], r.h)
-		}
-	}
-	if err := ctx.Err(); err != nil {
-		return holding{}, err
-	}
+		return len(counters) >= q.n || len(errs) > len(q.nodes)-q.n
+	})
 	if len(counters) < q.n { // errors, or nodes that did not answer in time
+		if err := ctx.Err(); err != nil {
+			return holding{}, err
+		}
 		class := classUnavailable
 		if len(errs) > 0 {
 			class = classify(errors.Join(errs...))

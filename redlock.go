@@ -73,7 +73,7 @@ func NewRedlock(clients []redis.UniversalClient, opts *Options) (*Locker, error)
 
 // A quorum is the backend of NewRedlock: every call goes to all nodes in
 // parallel, each bounded so that a hung node cannot hold the others up, and
-// counts when n of them agree.
+// counts when n of them agree (results.collect).
 type quorum struct {
 	l     *Locker
 	nodes []*deployment
@@ -116,7 +116,8 @@ func each[T any](ctx context.Context, q *quorum, timeout time.Duration, detach b
 			cancel()
 		}
 	}
-	r := &results[T]{ch: make(chan T, len(q.nodes)), ctx: ctx, timer: time.NewTimer(timeout)}
+	r := &results[T]{ch: make(chan T, len(q.nodes)), n: len(q.nodes), ctx: ctx, timer: time.NewTimer(timeout),
+		clock: q.l.clock, start: q.l.clock.Now()}
 	for i, d := range q.nodes {
 		q.l.bg.add()
 		go func() {
@@ -131,9 +132,48 @@ func each[T any](ctx context.Context, q *quorum, timeout time.Duration, detach b
 // results are the nodes' results of each, as they come.
 type results[T any] struct {
 	ch    chan T // buffered: no node's goroutine waits for the reader
+	n     int    // how many results come: one per node
 	ctx   context.Context
-	timer *time.Timer
+	timer *time.Timer // the calls' timeout
+	clock Clock
+	start time.Time // when the calls began, on clock
 }
+
+// collect passes the results to take as they come, until every node has
+// answered, the timeout has passed or the caller's context has ended, or
+// for a grace (see quorumGrace) once take has reported the outcome decided:
+// the nodes that answer within it have applied the call when it returns,
+// and a hung node holds it up no longer. take must go on reporting true
+// once it has.
+func (r *results[T]) collect(take func(T) (decided bool)) {
+	var grace <-chan time.Time
+	for range r.n {
+		v, more := r.nextOr(grace)
+		if !more {
+			return
+		}
+		if take(v) && grace == nil {
+			t := r.clock.NewTimer(quorumGrace(r.clock.Now().Sub(r.start)))
+			defer t.Stop()
+			grace = t.C
+		}
+	}
+}
+
+// quorumGrace is how long the nodes that have not answered get once a call
+// is decided, took after it began: about one more round trip (twice took,
+// at least minGrace, at most maxGrace), so that the healthy ones have
+// answered when the call returns.
+func quorumGrace(took time.Duration) time.Duration {
+	return min(max(minGrace, 2*took), maxGrace)
+}
+
+// Bounds of quorumGrace: minGrace leaves room for a reply on its way on a
+// busy machine; maxGrace bounds what a hung minority costs every call.
+const (
+	minGrace = 5 * time.Millisecond
+	maxGrace = 100 * time.Millisecond
+)
 
 // next returns the next result, or false once the timeout has passed or the
 // caller's context has ended.
@@ -262,13 +302,14 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 	}
 	// Collect until a quorum granted, a quorum is out of reach, or every
 	// node answered. Once a quorum of nodes has answered, the others get a
-	// little longer (twice what that took, at least 5ms), not the whole
-	// validity: a hung minority must not hold an attempt, and the grants
-	// it got, for a TTL.
+	// little longer (quorumGrace), not the whole validity: a hung minority
+	// must not hold an attempt, and the grants it got, for a TTL. (Unlike
+	// results.collect, a granted quorum ends the wait at once: settle
+	// reads the later grants.)
 	var straggle <-chan time.Time
 	for len(ok) < q.n && len(busy)+len(failed) <= len(q.nodes)-q.n && len(ok)+len(busy)+len(failed) < len(q.nodes) {
 		if straggle == nil && len(ok)+len(busy)+len(failed) >= q.n {
-			t := time.NewTimer(max(5*time.Millisecond, 2*q.l.clock.Now().Sub(start)))
+			t := q.l.clock.NewTimer(quorumGrace(q.l.clock.Now().Sub(start)))
 			defer t.Stop()
 			straggle = t.C
 		}
@@ -292,7 +333,7 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 		// No quorum. The replies still on their way usually come within a
 		// round trip: wait a little for them, so that a node that will not
 		// grant the lock needs no clean-up.
-		grace := time.NewTimer(max(5*time.Millisecond, 2*q.l.clock.Now().Sub(start)))
+		grace := q.l.clock.NewTimer(quorumGrace(q.l.clock.Now().Sub(start)))
 	wait:
 		for len(ok)+len(busy)+len(failed) < len(q.nodes) {
 			select {
@@ -664,11 +705,7 @@ func (q *quorum) extend(ctx context.Context, lease *Lease, ttl time.Duration, re
 	var ours, other, gone int
 	var errs []error
 	var parts []string
-	for range q.nodes {
-		e, more := exts.next()
-		if !more {
-			break
-		}
+	exts.collect(func(e ext) bool {
 		switch {
 		case e.err != nil:
 			errs = append(errs, e.err)
@@ -680,10 +717,8 @@ func (q *quorum) extend(ctx context.Context, lease *Lease, ttl time.Duration, re
 		default:
 			other++
 		}
-		if ours >= q.n || other+gone > len(q.nodes)-q.n {
-			break
-		}
-	}
+		return ours >= q.n || other+gone > len(q.nodes)-q.n
+	})
 	switch {
 	case ours >= q.n:
 		return 1, nil
@@ -730,11 +765,11 @@ func (q *quorum) release(ctx context.Context, lease *Lease, mode string) (int64,
 	var parts []string
 	held := lease.held.Load()
 	answered := make([]bool, len(q.nodes))
-	for range q.nodes {
-		r, more := rels.next()
-		if !more {
-			break
-		}
+	// Decided when the lease held it on a quorum, or cannot have; the
+	// nodes that answer within the grace after that have released it too
+	// when Release returns, and the others' releases go on in the
+	// background.
+	rels.collect(func(r rel) bool {
 		answered[r.node] = true
 		switch {
 		case r.err != nil:
@@ -753,12 +788,8 @@ func (q *quorum) release(ctx context.Context, lease *Lease, mode string) (int64,
 		default:
 			other++
 		}
-		if deleted >= q.n || other+gone > len(q.nodes)-q.n {
-			// Decided: the lease held it on a quorum, or cannot have. The
-			// other nodes' releases go on in the background.
-			break
-		}
-	}
+		return deleted >= q.n || other+gone > len(q.nodes)-q.n
+	})
 	for i, a := range answered {
 		if !a && held&(1<<i) != 0 {
 			maybe++ // no answer in time from a node that held it

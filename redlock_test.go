@@ -112,7 +112,8 @@ func TestRedlockAcquireRelease(t *testing.T) {
 		return true
 	}, time.Second, time.Millisecond, "extended on every node")
 	require.NoError(t, lease.Release(ctx))
-	// Release returns once a quorum has answered; the rest follows.
+	// Release waits a round trip's grace for the nodes after the quorum
+	// (TestRedlockHealthyNodesAgreeWhenACallReturns); a slower one follows.
 	assert.Eventually(t, func() bool { return e.holders(t, lease.Key(), lease.Token()) == 0 },
 		time.Second, time.Millisecond, "released on every node")
 	assert.ErrorIs(t, lease.Release(ctx), ErrNotHeld)
@@ -1512,4 +1513,92 @@ func TestRedlockUntaggedTurnIsNamedOnTheLocksChannel(t *testing.T) {
 	m, ok := msg.(*redis.Message)
 	require.True(t, ok, "a message: %v", msg)
 	assert.Equal(t, "next a", m.Payload)
+}
+
+// A hung minority holds up no read: with 1 of 5 nodes stopped, Inspect and
+// Lease.TTL return once a quorum has answered and the healthy rest has had
+// a round trip's grace, not after ReleaseTimeout (5s), and succeed under a
+// 1s deadline. The bounds are generous: the bug took 5s or the deadline.
+func TestRedlockHungNodeHoldsUpNoRead(t *testing.T) {
+	e := newRedlockEnv(t, 5, nil)
+	l := e.locker(t, nil)
+	name := uniqueName(t)
+	lease, err := l.Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return e.holders(t, lease.Key(), lease.Token()) == 5 },
+		time.Second, time.Millisecond, "held on every node")
+	e.srvs[4].Pause()
+	t.Cleanup(e.srvs[4].Resume)
+
+	for _, deadline := range []time.Duration{0, time.Second} {
+		cctx, cancel := ctx, context.CancelFunc(func() {})
+		if deadline > 0 {
+			cctx, cancel = context.WithTimeout(ctx, deadline)
+		}
+		start := time.Now()
+		info, err := l.Inspect(cctx, name)
+		elapsed := time.Since(start)
+		require.NoError(t, err, "Inspect, deadline %v", deadline)
+		assert.Less(t, elapsed, 900*time.Millisecond, "Inspect, deadline %v", deadline)
+		assert.True(t, info.Held)
+		assert.Equal(t, lease.Fence(), info.Fence)
+		assert.Equal(t, lease.Fence(), info.LastFence)
+
+		start = time.Now()
+		ttl, err := lease.TTL(cctx)
+		elapsed = time.Since(start)
+		require.NoError(t, err, "TTL, deadline %v", deadline)
+		assert.Less(t, elapsed, 900*time.Millisecond, "TTL, deadline %v", deadline)
+		assert.Greater(t, ttl, 30*time.Second)
+		cancel()
+	}
+}
+
+// When Extend or Release returns with every node healthy, every node has
+// already applied it: the calls wait a round trip's grace for the nodes
+// after the quorum. Node 2 answers 2ms later than the others (1ms each
+// way), so a call that returned at the quorum would leave it behind every
+// time.
+func TestRedlockHealthyNodesAgreeWhenACallReturns(t *testing.T) {
+	e := newRedlockEnv(t, 3, nil)
+	proxy := redistest.StartProxy(t, e.srvs[2].Addr)
+	proxy.SetLatency(time.Millisecond)
+	slow := redis.NewClient(&redis.Options{Addr: proxy.Addr})
+	t.Cleanup(func() { _ = slow.Close() })
+	l, err := NewRedlock([]redis.UniversalClient{e.clients[0], e.clients[1], slow}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	name := uniqueName(t)
+	// A first round loads the scripts on node 2 and dials its connections:
+	// a call's first use of a script there takes two round trips more.
+	warm, err := l.Acquire(ctx, name)
+	require.NoError(t, err)
+	require.NoError(t, warm.Extend(ctx, time.Minute))
+	require.NoError(t, warm.Release(ctx))
+	require.Eventually(t, func() bool { return e.holders(t, warm.Key(), warm.Token()) == 0 },
+		time.Second, time.Millisecond, "released on every node")
+
+	for i := range 20 {
+		lease, err := l.Acquire(ctx, name, WithTTL(10*time.Second))
+		require.NoError(t, err, "round %d", i)
+		require.Eventually(t, func() bool { return e.holders(t, lease.Key(), lease.Token()) == 3 },
+			time.Second, time.Millisecond, "round %d: held on every node", i)
+
+		require.NoError(t, lease.Extend(ctx, time.Minute), "round %d", i)
+		for n, a := range e.admins {
+			pttl, err := a.PTTL(ctx, lease.Key()).Result()
+			require.NoError(t, err)
+			assert.Greater(t, pttl, 30*time.Second, "round %d: node %d extended when Extend returned", i, n)
+		}
+
+		require.NoError(t, lease.Release(ctx), "round %d", i)
+		for n, a := range e.admins {
+			v, err := a.Exists(ctx, lease.Key()).Result()
+			require.NoError(t, err)
+			assert.Zero(t, v, "round %d: node %d released when Release returned", i, n)
+		}
+		if t.Failed() {
+			break
+		}
+	}
 }
