@@ -79,8 +79,8 @@ func (f Finding) String() string {
 // lock's guarantees, most severe first: a maxmemory-policy that can evict
 // lock keys, persistence off (a restart grants held locks again), fewer
 // connected replicas than Options.Replicas, a server without sharded
-// pub/sub, an ACL user who cannot run the lock's scripts or publish and
-// subscribe on its channels, the round-trip time against the TTL's drift
+// pub/sub, an ACL user refused a command that the lock, Check or the
+// fencelock command sends (it tries each), the round-trip time against the TTL's drift
 // allowance, Redlock nodes that are not independent. It takes and releases a
 // lock named "fencelock-check:<random>" on each server to test the
 // permissions, which leaves nothing behind once its fence counter expires.
