@@ -79,8 +79,8 @@ func (f Finding) String() string {
 // lock's guarantees, most severe first: a maxmemory-policy that can evict
 // lock keys, persistence off (a restart grants held locks again), fewer
 // connected replicas than Options.Replicas, a server without sharded
-// pub/sub, an ACL user who cannot run the lock's scripts or publish and
-// subscribe on its channels, the round-trip time against the TTL's drift
+// pub/sub, an ACL user refused a command that the lock, Check or the
+// fencelock command sends (it tries each), the round-trip time against the TTL's drift
 // allowance, Redlock nodes that are not independent. It takes and releases a
 // lock named "fencelock-check:<random>" on each server to test the
 // permissions, which leaves nothing behind once its fence counter expires.
@@ -340,11 +340,13 @@ func (c *checker) roundTrip(ctx context.Context, d *deployment, node string) {
 	c.add(f)
 }
 
-// permissions takes and releases a lock, and publishes and subscribes on
-// its channel, as the library does.
+// permissions tries each command of aclRules on a test key, takes and
+// releases a lock, and publishes and subscribes on its channel, as the
+// library does.
 func (c *checker) permissions(ctx context.Context, d *deployment, node string) {
 	name := "fencelock-check:" + c.l.newLease("x", time.Second).token
 	lease := c.l.newLease(name, time.Second)
+	c.tryRules(ctx, d, node, lease.keys[keyLock]+":acl", d.channel(lease.keys[keyLock]))
 	a := d.acquire(ctx, lease)
 	var replicas *replicaError
 	switch {
@@ -390,7 +392,97 @@ func (c *checker) permissions(ctx context.Context, d *deployment, node string) {
 			Seen:  "subscribing to a lock channel failed: " + oneLine(err.Error()),
 			Means: "waiters are not woken by releases: they poll (backoff, the holder's TTL)",
 			Fix:   "let the ACL user subscribe to the lock channels: &" + c.l.opts.KeyPrefix + "*"})
+		return
 	}
+	if err != nil {
+		return
+	}
+	// What waiters send on their subscriptions: PING, and the end of one.
+	if err := ps.Ping(sctx); err == nil {
+		_, err = ps.ReceiveTimeout(sctx, 2*time.Second)
+		c.refused(node, "PING on a subscription", err)
+	}
+	if err := ps.SUnsubscribe(sctx, channel); err == nil {
+		_, err = ps.ReceiveTimeout(sctx, 2*time.Second)
+		if err != nil && isUnknownCommand(err) {
+			err = nil // classic pub/sub: UNSUBSCRIBE, as SUBSCRIBE was tried
+		}
+		c.refused(node, "SUNSUBSCRIBE", err)
+	}
+}
+
+// tryRules sends the command of each of aclRules that has one, on key
+// and channel, and reports those the ACL refuses (NOPERM): other errors
+// (a key of another type, say) come after the ACL's verdict.
+func (c *checker) tryRules(ctx context.Context, d *deployment, node, key, channel string) {
+	o := &c.l.opts
+	for _, r := range aclRules {
+		switch r.only {
+		case onlyReplicas:
+			if o.Replicas == 0 {
+				continue
+			}
+		case onlyFsync:
+			if !o.ReplicaFsync {
+				continue
+			}
+		case onlyCluster:
+			if cl, ok := d.client.(*redis.ClusterClient); ok {
+				c.refused(node, "CLUSTER SLOTS", cl.ClusterSlots(ctx).Err())
+			}
+			continue
+		}
+		try := r.try
+		if try == "" {
+			continue
+		}
+		err := d.client.Do(ctx, tryArgs(try, key, channel)...).Err()
+		if err != nil && r.try6 != "" && isUnknownCommand(err) {
+			try = r.try6
+			err = d.client.Do(ctx, tryArgs(try, key, channel)...).Err()
+		}
+		c.refused(node, try, err)
+	}
+	// The fencelock command reads a lock in a transaction.
+	cmds, err := d.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Get(ctx, key)
+		return nil
+	})
+	for _, cmd := range cmds {
+		if e := cmd.Err(); e != nil && strings.Contains(e.Error(), "NOPERM") {
+			err = e
+		}
+	}
+	c.refused(node, "MULTI, GET, EXEC", err)
+}
+
+// refused reports err of the command named by what when it is the ACL's
+// refusal, with the rule that would permit it.
+func (c *checker) refused(node, what string, err error) {
+	if err == nil || !strings.Contains(err.Error(), "NOPERM") { // EXEC: "EXECABORT ... because of: NOPERM ..."
+		return
+	}
+	f := Finding{Severity: SeverityWarning, Check: "permissions", Node: node,
+		Seen: what + " refused: " + oneLine(err.Error()),
+		Fix:  "grant the ACL user " + strings.ReplaceAll(aclAdvice(), "<KeyPrefix>", c.l.opts.KeyPrefix)}
+	for _, r := range aclRules {
+		for _, rule := range []string{r.rule, r.redis6} {
+			if rule != "" && strings.Contains(err.Error(), "'"+strings.TrimPrefix(rule, "+")+"'") {
+				f.Severity, f.Means, f.Fix = r.sev, r.needs+" fail without "+rule, "grant the ACL user "+rule
+			}
+		}
+	}
+	c.add(f)
+}
+
+// tryArgs splits a command of aclRules into arguments, with key and
+// channel in place of {key} and {channel}.
+func tryArgs(try, key, channel string) []any {
+	var args []any
+	for _, a := range strings.Fields(try) {
+		args = append(args, strings.NewReplacer("{key}", key, "{channel}", channel).Replace(a))
+	}
+	return args
 }
 
 // independence reports Redlock nodes that are one server, or replicas of

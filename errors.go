@@ -256,16 +256,17 @@ func advice(name string, err error) string {
 		return "NOAUTH: the server requires a password and refused a command before login (" + msg +
 			"): set Password (and Username) in the go-redis options"
 	}
-	switch errCode(err.Error()) {
+	code := errCode(err.Error())
+	if code == "ERR" && strings.Contains(msg, "The user executing the script can't") {
+		code = "NOPERM" // Redis 7.0 names a script's refused command so
+	}
+	switch code {
 	case "NOAUTH":
 		return msg + ": set Password (and Username) in the go-redis options"
 	case "WRONGPASS":
 		return msg + ": check Username and Password in the go-redis options"
 	case "NOPERM":
-		return msg + ": the ACL user needs +@scripting, +get, +set, +del, +pexpire, +pttl, +incr, +exists, +time, " +
-			"+zadd, +zrange, +zrem, +zscore, +hset, +hget, +hdel " +
-			"and +spublish, +ssubscribe, +sunsubscribe (Redis 6: +publish, +subscribe, +unsubscribe), " +
-			"with the keys ~<KeyPrefix>* and the channels &<KeyPrefix>*"
+		return msg + ": " + aclAdvice()
 	case "WRONGTYPE":
 		return fmt.Sprintf("%s: a key of lock %q holds another type: delete it or use another KeyPrefix", msg, name)
 	}

@@ -743,31 +743,3 @@ func TestHugeMaxRetryBackoffDoesNotPanic(t *testing.T) {
 		require.GreaterOrEqual(t, d, time.Duration(0), "step %d", i)
 	}
 }
-
-// The ACL the NOPERM advice names is enough: plain and fair waiting,
-// hand-off, Extend and Release all work for a user with just those
-// commands, keys and channels.
-func TestNOPERMAdviceIsEnough(t *testing.T) {
-	t.Parallel()
-	srv := redistest.Start(t)
-	_, err := srv.Do("ACL", "SETUSER", "app", "on", ">pw", "~lock:*", "&lock:*", "+@scripting",
-		"+get", "+set", "+del", "+pexpire", "+pttl", "+incr", "+exists", "+time",
-		"+zadd", "+zrange", "+zrem", "+zscore", "+hset", "+hget", "+hdel",
-		"+spublish", "+ssubscribe", "+sunsubscribe")
-	require.NoError(t, err)
-	c := srv.Client(&redis.Options{Username: "app", Password: "pw"})
-	l, err := New(c, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = l.Close() })
-	name := uniqueName(t)
-	held, err := l.Acquire(ctx, name)
-	require.NoError(t, err)
-	require.NoError(t, held.Extend(ctx, time.Minute))
-	for _, opts := range [][]Option{{WithWait(time.Minute)}, {WithWait(time.Minute), WithFair()}} {
-		got := acquireInBackground(t, l, name, opts...)
-		time.Sleep(50 * time.Millisecond)
-		require.NoError(t, held.Release(ctx))
-		held = requireAcquired(t, got, 5*time.Second, "woken").lease
-	}
-	require.NoError(t, held.Release(ctx))
-}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -542,4 +543,47 @@ func TestWatchFairHandOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.expect(t, evRelease, second.Fence())
+}
+
+// TestACL runs every command as an ACL user granted what the library's
+// NOPERM advice lists, read from the error of a user granted nothing.
+func TestACL(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	if _, err := srv.Do("ACL", "SETUSER", "nobody", "reset", "on", ">pw"); err != nil {
+		t.Fatal(err)
+	}
+	l := newLocker(t, srv.Client(&redis.Options{Username: "nobody", Password: "pw"}), "nobody", nil)
+	_, err := l.Acquire(ctx, "job")
+	if !errors.Is(err, fencelock.ErrMisconfigured) || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("Acquire as a user granted nothing: %v, want a NOPERM refusal", err)
+	}
+	// The rules, without what the advice says in parentheses (Redis 6,
+	// options, Cluster clients).
+	msg := regexp.MustCompile(`\([^)]*\)`).ReplaceAllString(err.Error(), "")
+	args := []any{"ACL", "SETUSER", "app", "reset", "on", ">pw"}
+	for _, f := range strings.FieldsFunc(msg, func(r rune) bool { return r == ' ' || r == ',' }) {
+		if strings.ContainsAny(f[:1], "+~&") {
+			args = append(args, strings.ReplaceAll(f, "<KeyPrefix>", "lock:"))
+		}
+	}
+	t.Logf("ACL SETUSER %v", args[3:])
+	if _, err := srv.Do(args...); err != nil {
+		t.Fatal(err)
+	}
+	u := "redis://app:pw@" + srv.Addr
+	a := newLocker(t, srv.Client(&redis.Options{Username: "app", Password: "pw"}), "pod-a", nil)
+	lease := acquire(t, a, "job")
+
+	fl(t, "ls", "--url", u).want(t, exitOK).wantOut(t, "job")
+	fl(t, "inspect", "--url", u, "job").want(t, exitOK).wantOut(t, "held        yes\n", "waiters     0\n")
+	fl(t, "watch", "--url", u, "--for", "300ms", "job").want(t, exitOK).wantOut(t, "held")
+	fl(t, "release", "--url", u, "--force", "--yes", "job").want(t, exitOK).wantOut(t, `deleted lock "job"`)
+	if err := lease.Release(ctx); !errors.Is(err, fencelock.ErrNotHeld) {
+		t.Fatalf("Release after the forced release: %v, want ErrNotHeld", err)
+	}
+	r := fl(t, "doctor", "--url", u)
+	if strings.Contains(r.stdout, "permissions") || strings.Contains(r.stdout, "config") || r.stderr != "" {
+		t.Fatalf("doctor as the advice's user reports refusals:\n%s%s", r.stdout, r.stderr)
+	}
 }

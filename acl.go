@@ -1,0 +1,87 @@
+package fencelock
+
+import "strings"
+
+// An aclRule is one rule of the ACL that a Redis user of the lock needs.
+// aclRules are all of them, in one place: the NOPERM advice lists them and
+// Check tries each. A test reads the scripts for their commands and fails
+// on a command missing here.
+type aclRule struct {
+	rule  string   // as ACL SETUSER takes it; <KeyPrefix> is Options.KeyPrefix
+	only  string   // "": always needed; else with what (see aclOnly)
+	needs string   // what fails without it
+	sev   Severity // of Check's finding without it
+	// try is the command with which Check tries the rule, {key} and
+	// {channel} standing for a test lock's; "" when Check's test lock,
+	// subscription or server checks try it.
+	try string
+	// redis6 is what Redis 6, without sharded pub/sub, needs instead, and
+	// try6 how Check tries it there; "" when the same.
+	redis6, try6 string
+}
+
+// Conditions of the rules that are not always needed.
+const (
+	onlyReplicas = "Options.Replicas"
+	onlyFsync    = "Options.ReplicaFsync"
+	onlyCluster  = "a Cluster client"
+)
+
+// Check tries the rules in this order: SET first, so that the writes
+// after it find a string with a TTL and fail on its type (after the ACL
+// let them through) instead of creating keys; DEL last.
+var aclRules = []aclRule{
+	{rule: "+@scripting", sev: SeverityCritical, needs: "the lock's scripts (EVALSHA, EVAL)"},
+	{rule: "~<KeyPrefix>*", sev: SeverityCritical, needs: "the lock's keys"},
+	{rule: "&<KeyPrefix>*", sev: SeverityCritical, needs: "the wake-up channels"},
+	{rule: "+set", sev: SeverityCritical, needs: "the scripts", try: "SET {key} x PX 1000"},
+	{rule: "+get", sev: SeverityCritical, needs: "the scripts", try: "GET {key}"},
+	{rule: "+pexpire", sev: SeverityCritical, needs: "the scripts", try: "PEXPIRE {key} 1000"},
+	{rule: "+pttl", sev: SeverityCritical, needs: "the scripts", try: "PTTL {key}"},
+	{rule: "+incr", sev: SeverityCritical, needs: "the scripts (fences)", try: "INCR {key}"},
+	{rule: "+exists", sev: SeverityCritical, needs: "the scripts", try: "EXISTS {key}"},
+	{rule: "+time", sev: SeverityCritical, needs: "the scripts (fences, lines)", try: "TIME"},
+	{rule: "+zadd", sev: SeverityCritical, needs: "fair and Redlock lines", try: "ZADD {key} 1 m"},
+	{rule: "+zrange", sev: SeverityCritical, needs: "fair and Redlock lines", try: "ZRANGE {key} 0 0"},
+	{rule: "+zrank", sev: SeverityCritical, needs: "Redlock lines", try: "ZRANK {key} m"},
+	{rule: "+zrem", sev: SeverityCritical, needs: "fair and Redlock lines", try: "ZREM {key} m"},
+	{rule: "+zscore", sev: SeverityCritical, needs: "fair and Redlock lines", try: "ZSCORE {key} m"},
+	{rule: "+hset", sev: SeverityCritical, needs: "fair and Redlock lines", try: "HSET {key} f v"},
+	{rule: "+hget", sev: SeverityCritical, needs: "fair and Redlock lines", try: "HGET {key} f"},
+	{rule: "+hdel", sev: SeverityCritical, needs: "fair and Redlock lines", try: "HDEL {key} f"},
+	{rule: "+spublish", sev: SeverityWarning, needs: "releases waking waiters", redis6: "+publish"},
+	{rule: "+ssubscribe", sev: SeverityWarning, needs: "waiters woken by releases", redis6: "+subscribe"},
+	{rule: "+sunsubscribe", sev: SeverityWarning, needs: "waiters' subscriptions", redis6: "+unsubscribe"},
+	{rule: "+pubsub|shardnumsub", sev: SeverityWarning, needs: "Inspect (LockInfo.Waiters)", try: "PUBSUB SHARDNUMSUB {channel}",
+		redis6: "+pubsub|numsub", try6: "PUBSUB NUMSUB {channel}"},
+	{rule: "+ping", sev: SeverityInfo, needs: "Check (the round trip)"},
+	{rule: "+info", sev: SeverityInfo, needs: "Check (the server's settings)"},
+	{rule: "+config|get", sev: SeverityInfo, needs: "Check (appendfsync)", try: "CONFIG GET appendfsync"},
+	{rule: "+scan", sev: SeverityInfo, needs: "the fencelock command's ls", try: "SCAN 0 MATCH {key} COUNT 1"},
+	{rule: "+multi", sev: SeverityInfo, needs: "the fencelock command's release --force"},
+	{rule: "+exec", sev: SeverityInfo, needs: "the fencelock command's release --force"},
+	{rule: "+del", sev: SeverityCritical, needs: "the scripts", try: "DEL {key}"},
+	{rule: "+wait", only: onlyReplicas, sev: SeverityCritical, needs: "acknowledgements by replicas", try: "WAIT 0 0"},
+	{rule: "+waitaof", only: onlyFsync, sev: SeverityCritical, needs: "acknowledgements by replicas", try: "WAITAOF 0 0 0"},
+	{rule: "+cluster|slots", only: onlyCluster, sev: SeverityCritical, needs: "go-redis finding the cluster's slots"},
+}
+
+// aclAdvice is the NOPERM advice: every rule, those needed always first,
+// then in parentheses those for Redis 6 and those needed only with an
+// option or a kind of client.
+func aclAdvice() string {
+	var always, redis6, only []string
+	for _, r := range aclRules {
+		switch {
+		case r.only != "":
+			only = append(only, "with "+r.only+" "+r.rule)
+		default:
+			always = append(always, r.rule)
+		}
+		if r.redis6 != "" {
+			redis6 = append(redis6, r.redis6+" for "+r.rule)
+		}
+	}
+	return "the ACL user needs " + strings.Join(always, " ") +
+		" (Redis 6: " + strings.Join(redis6, ", ") + "; " + strings.Join(only, ", ") + ")"
+}
