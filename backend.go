@@ -146,22 +146,28 @@ func (d *deployment) acquire(ctx context.Context, lease *Lease) attempt {
 	}
 	reply, err := d.run(ctx, acquireScript, false, lease.keyArgs[:], lease.tokenArg,
 		d.l.ttlArg(lease.ttl), d.l.retentionMillis, lease.ownerArg, fair, queueEntryMillis)
-	if err != nil && d.l.opts.Replicas > 0 && isReplicaShort(err) {
-		// Taken, but not on enough replicas to survive a failover: give it
-		// back, and try again, if at all, with a new token.
-		d.l.abandon(lease)
-		return attempt{err: err, retire: true}
-	}
-	if err != nil {
+	if err != nil && reply == nil { // the script did not run, or its reply was lost
 		return attempt{err: err}
 	}
-	ok, val, owner, err := decodeAcquire(reply)
+	// A write happened only when the script says so: any other answer
+	// stands whatever WAIT said.
+	ok, val, owner, derr := decodeAcquire(reply)
 	switch {
-	case err != nil:
+	case err != nil && (ok || errors.Is(derr, errReply)):
+		if isReplicaShort(err) {
+			// Taken, but not on enough replicas to survive a failover:
+			// give it back, and try again, if at all, with a new token.
+			d.l.abandon(lease)
+			return attempt{err: err, retire: true}
+		}
 		return attempt{err: err}
+	case derr != nil: // retired
+		return attempt{err: derr}
 	case ok:
 		return attempt{ok: true, fence: val}
 	}
+	// Busy: the script wrote no lock (at most a fair waiter's queue entry),
+	// so the answer stands whatever WAIT said.
 	if val == -3 { // free, but fair waiters are in line first
 		return attempt{pttl: -3, owner: "fair waiters in line"}
 	}
@@ -170,14 +176,17 @@ func (d *deployment) acquire(ctx context.Context, lease *Lease) attempt {
 
 func (d *deployment) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
 	reply, err := d.run(ctx, extendScript, renewal, lease.keyArgs[keyLock:keyLock+1], lease.tokenArg, d.l.ttlArg(ttl))
-	if err != nil {
+	if err != nil && reply == nil {
 		return 0, err
 	}
 	code, ok := reply.(int64)
-	if !ok {
+	switch {
+	case err != nil && (!ok || code == 1):
+		return 0, err // set (or unknown), but too few replicas have it
+	case !ok:
 		return 0, fmt.Errorf("%w from the extend script: %v", errReply, reply)
 	}
-	return code, nil
+	return code, nil // 0 or -1, which wrote nothing, stand whatever WAIT said
 }
 
 // run runs script on the lock's keys, given boxed (a Lease keeps its keys
@@ -187,8 +196,9 @@ func (d *deployment) extend(ctx context.Context, lease *Lease, ttl time.Duration
 // script in one pipeline on the connection to the node that serves the
 // first key: WAIT counts the writes of its own connection, so on any other
 // connection it would not count this one. It then returns a *replicaError,
-// wrapping ErrUnavailable, when fewer replicas acknowledged; the script's
-// reply is returned with it.
+// wrapping ErrUnavailable, when fewer replicas acknowledged, or WAIT's own
+// error; the script's reply is returned with it, and its decoder decides:
+// an answer that says the script wrote nothing stands whatever WAIT said.
 func (d *deployment) run(ctx context.Context, script *redis.Script, eval bool, keys []any, argv ...any) (any, error) {
 	o := &d.l.opts
 	if o.Replicas == 0 {
