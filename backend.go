@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -194,8 +195,9 @@ func (d *deployment) extend(ctx context.Context, lease *Lease, ttl time.Duration
 // then EVAL if the server does not have the script, or EVAL alone when
 // eval is set. With Options.Replicas, it sends WAIT (or WAITAOF) after the
 // script in one pipeline on the connection to the node that serves the
-// first key: WAIT counts the writes of its own connection, so on any other
-// connection it would not count this one. It then returns a *replicaError,
+// first key (on a Cluster, following MOVED and ASK there: see redirected):
+// WAIT counts the writes of its own connection, so on any other connection
+// it would not count this one. It then returns a *replicaError,
 // wrapping ErrUnavailable, when fewer replicas acknowledged, or WAIT's own
 // error; the script's reply is returned with it, and its decoder decides:
 // an answer that says the script wrote nothing stands whatever WAIT said.
@@ -210,8 +212,12 @@ func (d *deployment) run(ctx context.Context, script *redis.Script, eval bool, k
 		return nil, err
 	}
 	timeout := ttlMillis(o.ReplicaTimeout)
+	asking := false
 	exec := func(eval bool) (*redis.Cmd, *redis.Cmd, error) {
 		pipe := node.Pipeline()
+		if asking {
+			pipe.Do(ctx, "ASKING") // the next command on this connection only
+		}
 		cmd := pipe.Do(ctx, scriptArgs(script, eval, keys, argv)...)
 		var wait *redis.Cmd
 		if o.ReplicaFsync {
@@ -222,9 +228,26 @@ func (d *deployment) run(ctx context.Context, script *redis.Script, eval bool, k
 		_, err := pipe.Exec(ctx)
 		return cmd, wait, err
 	}
-	cmd, wait, err := exec(eval)
-	if err != nil && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		cmd, wait, err = exec(true)
+	var cmd, wait *redis.Cmd
+	for redirects := 0; ; redirects++ {
+		cmd, wait, err = exec(eval)
+		if err != nil && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			cmd, wait, err = exec(true)
+		}
+		addr, moved := redis.IsMovedError(cmd.Err())
+		if a, ask := redis.IsAskError(cmd.Err()); ask {
+			addr = a
+		} else if !moved {
+			break
+		}
+		cluster, isCluster := d.client.(*redis.ClusterClient)
+		if !isCluster {
+			break // not a Cluster's client: a refusal, as without Replicas
+		}
+		if node, err = redirected(ctx, cluster, addr, redirects); err != nil {
+			return nil, err
+		}
+		asking = !moved
 	}
 	if cmd.Err() != nil {
 		return nil, cmd.Err()
@@ -249,8 +272,9 @@ func (d *deployment) run(ctx context.Context, script *redis.Script, eval bool, k
 }
 
 // node returns the client to pipeline on for key: the master that serves
-// its slot on a Cluster, its shard on a Ring, the deployment's client
-// otherwise (a single server, or Sentinel's current master).
+// its slot on a Cluster (in the client's slot map, which may be out of
+// date), its shard on a Ring, the deployment's client otherwise (a single
+// server, or Sentinel's current master).
 func (d *deployment) node(ctx context.Context, key string) (redis.Cmdable, error) {
 	switch c := d.client.(type) {
 	case *redis.ClusterClient:
@@ -259,6 +283,33 @@ func (d *deployment) node(ctx context.Context, key string) (redis.Cmdable, error
 		return c.GetShardClientForKey(key)
 	}
 	return d.client, nil
+}
+
+// redirected returns the master at addr, named by a MOVED or ASK reply of
+// c, after reloading c's slot map (a MOVED means it is out of date). As
+// go-redis does for one command, it follows at most
+// ClusterOptions.MaxRedirects; past them, or when addr is no master of the
+// reloaded map, the slot is still moving: the error is then not the
+// redirect (a Redis error, which would read as a refusal), and classifies as
+// ErrUnavailable.
+func redirected(ctx context.Context, c *redis.ClusterClient, addr string, redirects int) (redis.Cmdable, error) {
+	if redirects >= c.Options().MaxRedirects {
+		return nil, fmt.Errorf("the lock's slot is moving: redirected to %s after %d redirects", addr, redirects)
+	}
+	var master atomic.Pointer[redis.Client]
+	err := c.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error { // reloads the slot map first
+		if m.Options().Addr == addr {
+			master.Store(m)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if m := master.Load(); m != nil {
+		return m, nil
+	}
+	return nil, fmt.Errorf("the lock's slot is moving: redirected to %s, no master in the slot map", addr)
 }
 
 // replicaError is an acquisition or extension that fewer replicas than
