@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -146,22 +147,28 @@ func (d *deployment) acquire(ctx context.Context, lease *Lease) attempt {
 	}
 	reply, err := d.run(ctx, acquireScript, false, lease.keyArgs[:], lease.tokenArg,
 		d.l.ttlArg(lease.ttl), d.l.retentionMillis, lease.ownerArg, fair, queueEntryMillis)
-	if err != nil && d.l.opts.Replicas > 0 && isReplicaShort(err) {
-		// Taken, but not on enough replicas to survive a failover: give it
-		// back, and try again, if at all, with a new token.
-		d.l.abandon(lease)
-		return attempt{err: err, retire: true}
-	}
-	if err != nil {
+	if err != nil && reply == nil { // the script did not run, or its reply was lost
 		return attempt{err: err}
 	}
-	ok, val, owner, err := decodeAcquire(reply)
+	// A write happened only when the script says so: any other answer
+	// stands whatever WAIT said.
+	ok, val, owner, derr := decodeAcquire(reply)
 	switch {
-	case err != nil:
+	case err != nil && (ok || errors.Is(derr, errReply)):
+		if isReplicaShort(err) {
+			// Taken, but not on enough replicas to survive a failover:
+			// give it back, and try again, if at all, with a new token.
+			d.l.abandon(lease)
+			return attempt{err: err, retire: true}
+		}
 		return attempt{err: err}
+	case derr != nil: // retired
+		return attempt{err: derr}
 	case ok:
 		return attempt{ok: true, fence: val}
 	}
+	// Busy: the script wrote no lock (at most a fair waiter's queue entry),
+	// so the answer stands whatever WAIT said.
 	if val == -3 { // free, but fair waiters are in line first
 		return attempt{pttl: -3, owner: "fair waiters in line"}
 	}
@@ -170,14 +177,17 @@ func (d *deployment) acquire(ctx context.Context, lease *Lease) attempt {
 
 func (d *deployment) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
 	reply, err := d.run(ctx, extendScript, renewal, lease.keyArgs[keyLock:keyLock+1], lease.tokenArg, d.l.ttlArg(ttl))
-	if err != nil {
+	if err != nil && reply == nil {
 		return 0, err
 	}
 	code, ok := reply.(int64)
-	if !ok {
+	switch {
+	case err != nil && (!ok || code == 1):
+		return 0, err // set (or unknown), but too few replicas have it
+	case !ok:
 		return 0, fmt.Errorf("%w from the extend script: %v", errReply, reply)
 	}
-	return code, nil
+	return code, nil // 0 or -1, which wrote nothing, stand whatever WAIT said
 }
 
 // run runs script on the lock's keys, given boxed (a Lease keeps its keys
@@ -185,10 +195,12 @@ func (d *deployment) extend(ctx context.Context, lease *Lease, ttl time.Duration
 // then EVAL if the server does not have the script, or EVAL alone when
 // eval is set. With Options.Replicas, it sends WAIT (or WAITAOF) after the
 // script in one pipeline on the connection to the node that serves the
-// first key: WAIT counts the writes of its own connection, so on any other
-// connection it would not count this one. It then returns a *replicaError,
-// wrapping ErrUnavailable, when fewer replicas acknowledged; the script's
-// reply is returned with it.
+// first key (on a Cluster, following MOVED and ASK there: see redirected):
+// WAIT counts the writes of its own connection, so on any other connection
+// it would not count this one. It then returns a *replicaError,
+// wrapping ErrUnavailable, when fewer replicas acknowledged, or WAIT's own
+// error; the script's reply is returned with it, and its decoder decides:
+// an answer that says the script wrote nothing stands whatever WAIT said.
 func (d *deployment) run(ctx context.Context, script *redis.Script, eval bool, keys []any, argv ...any) (any, error) {
 	o := &d.l.opts
 	if o.Replicas == 0 {
@@ -200,8 +212,12 @@ func (d *deployment) run(ctx context.Context, script *redis.Script, eval bool, k
 		return nil, err
 	}
 	timeout := ttlMillis(o.ReplicaTimeout)
+	asking := false
 	exec := func(eval bool) (*redis.Cmd, *redis.Cmd, error) {
 		pipe := node.Pipeline()
+		if asking {
+			pipe.Do(ctx, "ASKING") // the next command on this connection only
+		}
 		cmd := pipe.Do(ctx, scriptArgs(script, eval, keys, argv)...)
 		var wait *redis.Cmd
 		if o.ReplicaFsync {
@@ -212,9 +228,26 @@ func (d *deployment) run(ctx context.Context, script *redis.Script, eval bool, k
 		_, err := pipe.Exec(ctx)
 		return cmd, wait, err
 	}
-	cmd, wait, err := exec(eval)
-	if err != nil && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		cmd, wait, err = exec(true)
+	var cmd, wait *redis.Cmd
+	for redirects := 0; ; redirects++ {
+		cmd, wait, err = exec(eval)
+		if err != nil && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			cmd, wait, err = exec(true)
+		}
+		addr, moved := redis.IsMovedError(cmd.Err())
+		if a, ask := redis.IsAskError(cmd.Err()); ask {
+			addr = a
+		} else if !moved {
+			break
+		}
+		cluster, isCluster := d.client.(*redis.ClusterClient)
+		if !isCluster {
+			break // not a Cluster's client: a refusal, as without Replicas
+		}
+		if node, err = redirected(ctx, cluster, addr, redirects); err != nil {
+			return nil, err
+		}
+		asking = !moved
 	}
 	if cmd.Err() != nil {
 		return nil, cmd.Err()
@@ -239,8 +272,9 @@ func (d *deployment) run(ctx context.Context, script *redis.Script, eval bool, k
 }
 
 // node returns the client to pipeline on for key: the master that serves
-// its slot on a Cluster, its shard on a Ring, the deployment's client
-// otherwise (a single server, or Sentinel's current master).
+// its slot on a Cluster (in the client's slot map, which may be out of
+// date), its shard on a Ring, the deployment's client otherwise (a single
+// server, or Sentinel's current master).
 func (d *deployment) node(ctx context.Context, key string) (redis.Cmdable, error) {
 	switch c := d.client.(type) {
 	case *redis.ClusterClient:
@@ -249,6 +283,33 @@ func (d *deployment) node(ctx context.Context, key string) (redis.Cmdable, error
 		return c.GetShardClientForKey(key)
 	}
 	return d.client, nil
+}
+
+// redirected returns the master at addr, named by a MOVED or ASK reply of
+// c, after reloading c's slot map (a MOVED means it is out of date). As
+// go-redis does for one command, it follows at most
+// ClusterOptions.MaxRedirects; past them, or when addr is no master of the
+// reloaded map, the slot is still moving: the error is then not the
+// redirect (a Redis error, which would read as a refusal), and classifies as
+// ErrUnavailable.
+func redirected(ctx context.Context, c *redis.ClusterClient, addr string, redirects int) (redis.Cmdable, error) {
+	if redirects >= c.Options().MaxRedirects {
+		return nil, fmt.Errorf("the lock's slot is moving: redirected to %s after %d redirects", addr, redirects)
+	}
+	var master atomic.Pointer[redis.Client]
+	err := c.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error { // reloads the slot map first
+		if m.Options().Addr == addr {
+			master.Store(m)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if m := master.Load(); m != nil {
+		return m, nil
+	}
+	return nil, fmt.Errorf("the lock's slot is moving: redirected to %s, no master in the slot map", addr)
 }
 
 // replicaError is an acquisition or extension that fewer replicas than

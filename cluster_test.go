@@ -1,6 +1,7 @@
 package fencelock
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -99,4 +100,57 @@ func TestRing(t *testing.T) {
 	require.NoError(t, err)
 	assert.Positive(t, ka, "locks on shard a")
 	assert.Positive(t, kb, "locks on shard b")
+}
+
+// With Options.Replicas the scripts and their WAIT are pipelined to the
+// master of the lock's slot: a slot that moved (MOVED), or is moving (ASK),
+// is followed there, as go-redis follows it for a single command.
+func TestClusterReplicasFollowRedirects(t *testing.T) {
+	t.Parallel()
+	c := redistest.StartClusterN(t, 2, 1)
+	l, err := New(c.Client(nil), &Options{Replicas: 1})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	name := uniqueName(t)
+	key, _ := l.keys(name)
+	slot, err := c.Masters[0].Do("CLUSTER", "KEYSLOT", key)
+	require.NoError(t, err)
+	from := c.MasterOf(int(slot.(int64)))
+	to, toReplica := c.Masters[1], c.Replicas[1][0]
+	if from == to {
+		to, toReplica = c.Masters[0], c.Replicas[0][0]
+	}
+	lease, err := l.Acquire(ctx, name) // the client's slot map names from
+	require.NoError(t, err)
+	require.NoError(t, lease.Release(ctx))
+
+	// MOVED: the slot moved after the client read its map.
+	c.MigrateSlot(int(slot.(int64)), to)
+	lease, err = l.Acquire(ctx, name)
+	require.NoError(t, err, "Acquire follows MOVED")
+	pipe := toReplica.Client(nil).Pipeline() // one connection: READONLY lets the replica serve it
+	pipe.Do(ctx, "READONLY")
+	v := pipe.Get(ctx, key)
+	_, err = pipe.Exec(ctx)
+	require.NoError(t, err)
+	assert.True(t, strings.HasPrefix(v.Val(), lease.Token()+" "), "on the new master's replica when Acquire returns")
+	_, err = l.Acquire(ctx, name)
+	require.ErrorIs(t, err, ErrNotObtained)
+
+	// MOVED again, on Extend: the slot moved back.
+	c.MigrateSlot(int(slot.(int64)), from)
+	require.NoError(t, lease.Extend(ctx, time.Minute), "Extend follows MOVED")
+
+	// ASK: the slot is migrating to to, and the lock is there already.
+	require.NoError(t, to.Client(nil).Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", c.NodeID(from)).Err())
+	require.NoError(t, from.Client(nil).Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", c.NodeID(to)).Err())
+	_, port, _ := strings.Cut(to.Addr, ":")
+	require.NoError(t, from.Client(nil).Do(ctx, "MIGRATE", "127.0.0.1", port, key, 0, 5000).Err())
+	require.NoError(t, lease.Extend(ctx, 2*time.Minute), "Extend follows ASK")
+	pipe = to.Client(nil).Pipeline() // one connection: ASKING holds for the next command on it
+	pipe.Do(ctx, "ASKING")
+	pttl := pipe.PTTL(ctx, key)
+	_, err = pipe.Exec(ctx)
+	require.NoError(t, err)
+	assert.Greater(t, pttl.Val(), time.Minute, "extended on the importing master")
 }

@@ -86,10 +86,12 @@ type Options struct {
 	// fewer is released in the background and Acquire returns an error
 	// matching ErrUnavailable that says "k of n replicas acknowledged"; an
 	// extension acknowledged by fewer does not move Deadline and counts as a
-	// failed renewal. It makes a failover to an acknowledging replica keep
-	// the lock. An acknowledgement is not durability: the replica has the
-	// write in memory; with ReplicaFsync, on disk. 0, the default: do not
-	// wait.
+	// failed renewal. An answer that wrote no lock (busy; not held) stands
+	// whatever WAIT says: ErrNotObtained, ErrNotHeld. On a Cluster the
+	// script and WAIT follow MOVED and ASK to the slot's master. It makes a
+	// failover to an acknowledging replica keep the lock. An
+	// acknowledgement is not durability: the replica has the write in
+	// memory; with ReplicaFsync, on disk. 0, the default: do not wait.
 	Replicas int
 
 	// ReplicaTimeout bounds each WAIT. A replica in the same region

@@ -694,6 +694,8 @@ func (q *quorum) extend(ctx context.Context, lease *Lease, ttl time.Duration, re
 				code = 1
 			} else if g.err == nil {
 				code = -1 // taken meanwhile
+			} else if isReplicaShort(g.err) {
+				err = g.err // repaired, but too few replicas have it
 			}
 		}
 		if code == 1 {

@@ -2,6 +2,7 @@ package fencelock
 
 import (
 	"bufio"
+	"context"
 	"net"
 	"strings"
 	"testing"
@@ -218,4 +219,143 @@ func TestReplicasOnCluster(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, lease.Release(ctx))
 	}
+}
+
+// pausedReplica is a master with one replica, a Locker with Replicas 1 on
+// it, and the replica paused (SIGSTOP) until the test ends: every WAIT comes
+// back short.
+func pausedReplica(t *testing.T, opts Options) (*Locker, *redis.Client, *redistest.Server) {
+	t.Helper()
+	master, rs, _, admin := replicated(t, 1, nil)
+	opts.Replicas = 1
+	if opts.ReplicaTimeout == 0 {
+		opts.ReplicaTimeout = 50 * time.Millisecond
+	}
+	l, err := New(master.Client(nil), &opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	rs[0].Pause()
+	t.Cleanup(rs[0].Resume) // before the servers' own clean-up (last in, first out)
+	return l, admin, rs[0]
+}
+
+func TestReplicasShortWaitKeepsBusy(t *testing.T) {
+	// The script found the lock held and wrote nothing: its answer stands
+	// although no replica acknowledged.
+	t.Parallel()
+	l, admin, _ := pausedReplica(t, Options{})
+	name := uniqueName(t)
+	key, _ := l.keys(name)
+	require.NoError(t, admin.Set(ctx, key, "other-token 1 the-holder", time.Minute).Err())
+
+	_, err := l.Acquire(ctx, name)
+	var busy *BusyError
+	require.ErrorAs(t, err, &busy)
+	require.ErrorIs(t, err, ErrNotObtained)
+	assert.NotErrorIs(t, err, ErrUnavailable)
+	assert.Equal(t, "the-holder", busy.Owner)
+	assert.Equal(t, "other-token 1 the-holder", admin.Get(ctx, key).Val(), "the holder's lock untouched")
+}
+
+func TestReplicasShortWaitFailOpenKeepsBusy(t *testing.T) {
+	// FailOpen runs the work degraded only when Redis is unavailable, not
+	// while another holds the lock.
+	t.Parallel()
+	l, admin, _ := pausedReplica(t, Options{FailOpen: true})
+	name := uniqueName(t)
+	key, _ := l.keys(name)
+	require.NoError(t, admin.Set(ctx, key, "other-token 1 the-holder", time.Minute).Err())
+
+	ran := false
+	err := l.RunWithLock(ctx, name, func(context.Context, *Lease) error { ran = true; return nil })
+	require.ErrorIs(t, err, ErrNotObtained)
+	assert.False(t, ran, "FailOpen does not run the work while another holds the lock")
+	assert.Equal(t, "other-token 1 the-holder", admin.Get(ctx, key).Val(), "the holder's lock untouched")
+}
+
+func TestReplicasShortWaitKeepsNotHeld(t *testing.T) {
+	// The script found the lock gone, or another's, and wrote nothing:
+	// Extend says so.
+	t.Parallel()
+	master, rs, _, admin := replicated(t, 1, nil)
+	t.Cleanup(rs[0].Resume)
+	l, err := New(master.Client(nil), &Options{Replicas: 1, ReplicaTimeout: 50 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+
+	lease, err := l.Acquire(ctx, uniqueName(t))
+	require.NoError(t, err)
+	require.NoError(t, admin.Del(ctx, lease.Key()).Err())
+	rs[0].Pause()
+	err = lease.Extend(ctx, time.Minute)
+	require.ErrorIs(t, err, ErrNotHeld)
+	assert.NotErrorIs(t, err, ErrUnavailable)
+
+	// Taken over while the replica cannot acknowledge: not held either.
+	rs[0].Resume()
+	lease, err = l.Acquire(ctx, uniqueName(t)+"-taken")
+	require.NoError(t, err)
+	require.NoError(t, admin.Set(ctx, lease.Key(), "other-token 1 x", time.Minute).Err())
+	rs[0].Pause()
+	err = lease.Extend(ctx, time.Minute)
+	require.ErrorIs(t, err, ErrNotHeld)
+	assert.NotErrorIs(t, err, ErrUnavailable)
+}
+
+func TestReplicasShortWaitWatchdogLoses(t *testing.T) {
+	// A 600ms lease renewed every 200ms, its lock deleted while the
+	// replica cannot acknowledge, is lost at the next renewal, well before
+	// its deadline.
+	t.Parallel()
+	master, rs, _, admin := replicated(t, 1, nil)
+	t.Cleanup(rs[0].Resume)
+	l, err := New(master.Client(nil), &Options{Replicas: 1, ReplicaTimeout: 50 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	ttl := 600 * time.Millisecond
+	var cause error
+	var lostAfter time.Duration
+	err = l.RunWithLock(ctx, uniqueName(t), func(ctx context.Context, lease *Lease) error {
+		require.NoError(t, admin.Del(ctx, lease.Key()).Err())
+		rs[0].Pause()
+		start := time.Now()
+		select {
+		case <-ctx.Done():
+			cause, lostAfter = context.Cause(ctx), time.Since(start)
+		case <-time.After(5 * time.Second):
+		}
+		return nil
+	}, WithTTL(ttl))
+	require.ErrorIs(t, err, ErrLost)
+	require.ErrorIs(t, cause, ErrLost)
+	assert.NotContains(t, cause.Error(), "deadline passed", "lost at a renewal, not at the deadline")
+	assert.Contains(t, cause.Error(), "expired or was deleted")
+	assert.Less(t, lostAfter, ttl-drift(ttl)-50*time.Millisecond, "before the deadline")
+}
+
+func TestReplicasShortWaitStillGivesBackAWrite(t *testing.T) {
+	// What the script wrote and too few replicas acknowledged is refused
+	// and given back (acquire), or is a failed renewal (extend).
+	t.Parallel()
+	master, rs, _, admin := replicated(t, 1, nil)
+	t.Cleanup(rs[0].Resume)
+	l, err := New(master.Client(nil), &Options{Replicas: 1, ReplicaTimeout: 50 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	lease, err := l.Acquire(ctx, uniqueName(t))
+	require.NoError(t, err)
+
+	rs[0].Pause()
+	err = lease.Extend(ctx, time.Minute)
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.NotErrorIs(t, err, ErrNotHeld)
+	assert.Contains(t, err.Error(), "0 of 1 replicas acknowledged")
+
+	name := uniqueName(t) + "-short"
+	_, err = l.Acquire(ctx, name)
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.NotErrorIs(t, err, ErrNotObtained)
+	key, _ := l.keys(name)
+	require.Eventually(t, func() bool { return admin.Exists(ctx, key).Val() == 0 }, 5*time.Second, time.Millisecond,
+		"given back")
 }
