@@ -359,3 +359,41 @@ func TestReplicasShortWaitStillGivesBackAWrite(t *testing.T) {
 	require.Eventually(t, func() bool { return admin.Exists(ctx, key).Val() == 0 }, 5*time.Second, time.Millisecond,
 		"given back")
 }
+
+// TestReplicasFairWaiterLeavesNoDeadEntries (bug 3): a fair waiter whose
+// attempts come back short of replicas (a replica SIGSTOPped) keeps one
+// live entry in line, not one per attempt with a token it dropped; the
+// release after the replica resumes hands the lock to the waiter, not to a
+// dead token that would hold it, with nobody, for a whole TTL.
+func TestReplicasFairWaiterLeavesNoDeadEntries(t *testing.T) {
+	t.Parallel()
+	_, rs, l, admin := replicated(t, 1, &Options{Replicas: 1, ReplicaTimeout: 20 * time.Millisecond})
+	name := uniqueName(t)
+	held, err := l.Acquire(ctx, name, WithTTL(5*time.Second))
+	require.NoError(t, err)
+	rs[0].Pause()
+	t.Cleanup(rs[0].Resume)
+	got := make(chan *Lease, 1)
+	go func() {
+		lease, err := l.Acquire(ctx, name, WithWait(20*time.Second), WithFair(), WithTTL(5*time.Second))
+		if err != nil {
+			t.Errorf("fair Acquire: %v", err)
+		}
+		got <- lease
+	}()
+	time.Sleep(700 * time.Millisecond) // several attempts and keep-alives, each short of the replica
+	n, err := admin.ZCard(ctx, held.Key()+":q").Result()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), n, "one entry in line, the waiter's")
+	rs[0].Resume()
+	released := time.Now()
+	require.NoError(t, held.Release(ctx))
+	select {
+	case lease := <-got:
+		require.NotNil(t, lease)
+		assert.Less(t, time.Since(released), 2*time.Second, "handed the lock at the release, not after a dead token's TTL (5s)")
+		require.NoError(t, lease.Release(ctx))
+	case <-time.After(10 * time.Second):
+		t.Fatal("the fair waiter did not get the lock")
+	}
+}
