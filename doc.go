@@ -260,8 +260,12 @@
 // RunWithLock reports a loss). Calls to the nodes run in parallel, each
 // bounded, so that a hung node holds nothing up; a minority down or hung is
 // not an outage: ErrUnavailable, and FailOpen, only when fewer than a quorum
-// of nodes answer; an attempt waits for a hung minority only a little longer
-// than the quorum took to answer. A renewal puts the lock back on nodes that
+// of nodes answer. Once an Extend, Release, Inspect or Lease.TTL is decided
+// (a quorum answered, or cannot), the other nodes get about one more round
+// trip (twice what the deciding answers took, 5ms to 100ms) and no longer:
+// the healthy nodes have applied an Extend or a Release when it returns, and
+// a hung minority holds up no call. An attempt returns as soon as a quorum
+// granted the lock; the later grants are settled in the background. A renewal puts the lock back on nodes that
 // lost it (restarted empty) or never got it, where they are free, while the
 // lease still holds a quorum: a lease does not shrink to a bare quorum, and
 // a failed minority does not cost it the lock while a quorum of other nodes
@@ -358,7 +362,11 @@
 // on the same connection, to the master that serves the key: WAIT counts
 // only its own connection's writes). A lock that too few replicas
 // acknowledged is given back, and Acquire fails with ErrUnavailable; a
-// failover to an acknowledging replica then keeps the lock. It does not make
+// failover to an acknowledging replica then keeps the lock. An answer that
+// wrote nothing stands whatever WAIT says: a busy lock is ErrNotObtained,
+// and a lock gone or held by another token is ErrNotHeld on Extend. On a
+// Cluster the script and its WAIT follow MOVED and ASK to the slot's
+// master, up to ClusterOptions.MaxRedirects. It does not make
 // the failover itself safe: a spurious failover, or one that promotes a
 // replica that had not acknowledged, can still grant the lock twice, and the
 // fence is what keeps the data right then.
