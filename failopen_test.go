@@ -236,3 +236,50 @@ func TestFairAcquireWithEndedContextMakesNoRedisCall(t *testing.T) {
 	assert.Zero(t, openHubs(l))
 	assert.False(t, errors.Is(err, ErrUnavailable))
 }
+
+// TestOutagesAreBoundedAndClosable: on a hung or a refusing Redis, single
+// and Redlock, with go-redis's default options, a try-once Acquire is
+// ErrUnavailable at its AttemptTimeout, saying why; a waiting Acquire
+// returns ErrClosed when its Locker is closed, within a round trip; Close
+// returns within ReleaseTimeout and a little; and Acquire after Close is
+// ErrClosed at once.
+func TestOutagesAreBoundedAndClosable(t *testing.T) {
+	t.Parallel()
+	for _, o := range outages {
+		for _, nodes := range []int{1, 3} {
+			t.Run(o.name+map[int]string{1: "/single", 3: "/redlock"}[nodes], func(t *testing.T) {
+				t.Parallel()
+				l := lockerOn(t, o.start(t, nodes), &Options{AttemptTimeout: 300 * time.Millisecond, ReleaseTimeout: time.Second})
+				name := uniqueName(t)
+
+				start := time.Now()
+				_, err := l.Acquire(ctx, name)
+				took := time.Since(start)
+				require.ErrorIs(t, err, ErrUnavailable)
+				assert.Contains(t, err.Error(), o.cause)
+				assert.Less(t, took, time.Second, "at the 300ms AttemptTimeout")
+
+				waiting := make(chan error, 1)
+				go func() {
+					_, err := l.Acquire(ctx, name, WithWait(time.Minute))
+					waiting <- err
+				}()
+				time.Sleep(500 * time.Millisecond) // attempts in flight and timed out
+				closing := time.Now()
+				require.NoError(t, l.Close())
+				assert.Less(t, time.Since(closing), 1500*time.Millisecond, "Close within ReleaseTimeout (1s) and a little")
+				select {
+				case err := <-waiting:
+					require.ErrorIs(t, err, ErrClosed)
+					assert.NotErrorIs(t, err, ErrUnavailable, "ErrClosed alone")
+				case <-time.After(time.Second):
+					t.Fatal("the waiting Acquire did not return after Close")
+				}
+				start = time.Now()
+				_, err = l.Acquire(ctx, name)
+				require.ErrorIs(t, err, ErrClosed)
+				assert.Less(t, time.Since(start), 50*time.Millisecond, "at once")
+			})
+		}
+	}
+}
