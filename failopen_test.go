@@ -283,3 +283,62 @@ func TestOutagesAreBoundedAndClosable(t *testing.T) {
 		}
 	}
 }
+
+// TestFailOpenWaitingUnderADeadline: a fail-open RunWithLock that waits
+// (WithWait) longer than its ctx allows stops waiting for an outage at
+// half the time before its deadline, and runs its work degraded then,
+// plain and fair. Before, its attempts shrank with the time left and the
+// call ended with its ctx, the work never run.
+func TestFailOpenWaitingUnderADeadline(t *testing.T) {
+	t.Parallel()
+	for _, o := range outages {
+		for _, fair := range []bool{false, true} {
+			t.Run(o.name+map[bool]string{false: "/plain", true: "/fair"}[fair], func(t *testing.T) {
+				t.Parallel()
+				l := lockerOn(t, o.start(t, 1), &Options{FailOpen: true, ReleaseTimeout: time.Second})
+				opts := []Option{WithWait(5 * time.Second)}
+				if fair {
+					opts = append(opts, WithFair())
+				}
+				start := time.Now()
+				var ranAt time.Duration
+				err := l.RunWithLock(withTimeout(t, 2*time.Second), uniqueName(t), func(ctx context.Context, lease *Lease) error {
+					ranAt = time.Since(start)
+					require.True(t, lease.Degraded())
+					return ctx.Err()
+				}, opts...)
+				require.NoError(t, err)
+				assert.Greater(t, ranAt, 900*time.Millisecond, "it waited for the outage to end, about half the time")
+				assert.Less(t, ranAt, 1800*time.Millisecond, "and ran degraded before the 2s deadline")
+			})
+		}
+	}
+}
+
+// TestFairFailOpenNeverOnABusyLockAfterAnError: a fair waiter in line
+// whose keep-alive failed once, and whose later keep-alives found it still
+// waiting, ends its wait with ErrNotObtained, not the old error: fail-open
+// does not run the work while the lock is held.
+func TestFairFailOpenNeverOnABusyLockAfterAnError(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	name := uniqueName(t)
+	held, err := e.locker(t, nil).Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+	defer held.Release(ctx)
+	l := e.locker(t, &Options{FailOpen: true})
+	var failed atomic.Bool
+	e.hook.set(func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == "queue" && failed.CompareAndSwap(false, true) {
+			return errors.New("test: connection reset") // one keep-alive fails, not sent
+		}
+		return nil
+	}, nil)
+	ran := false
+	err = l.RunWithLock(ctx, name, func(context.Context, *Lease) error { ran = true; return nil },
+		WithWait(1500*time.Millisecond), WithFair())
+	require.True(t, failed.Load(), "a keep-alive failed")
+	require.ErrorIs(t, err, ErrNotObtained)
+	assert.NotErrorIs(t, err, ErrUnavailable)
+	assert.False(t, ran, "fail-open never runs the work on a busy lock")
+}

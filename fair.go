@@ -117,6 +117,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 	lease.fair = true
 	callStart := l.clock.Now()
 	waitEnd := callStart.Add(wait)
+	openEnd := l.openEnd(ctx, open, callStart)
 	every := keepAliveEvery(lease.ttl)
 	retryEvery := max(every, 100*time.Millisecond) // after an error: not a request per 10ms to a failing Redis
 	var (
@@ -277,7 +278,11 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 				waiting, joined, askAt = now, true, now.Add(untilExpiry(a.pttl))
 			}
 		}
-		if !now.Before(waitEnd) {
+		end := waitEnd
+		if !joined && openEnd.Before(end) && errors.Is(verdict, ErrUnavailable) {
+			end = openEnd // an outage, for a fail-open call
+		}
+		if !now.Before(end) {
 			return giveUp()
 		}
 		var wake <-chan struct{}
@@ -286,7 +291,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 			wake, granted = w.wake, w.granted
 		}
 		now = l.clock.Now()
-		due := waitEnd
+		due := end
 		if inflight == nil {
 			if !joined && askAt.Before(now) { // the attempt failed: try again in a while
 				askAt = now.Add(retryEvery)
@@ -325,7 +330,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 			t.Stop()
 			askAgain = inflight != nil // its answer may predate what this wake-up is about
 		case <-t.C:
-			if !l.clock.Now().Before(waitEnd) {
+			if !l.clock.Now().Before(end) {
 				continue // and give up
 			}
 		case r := <-inflight:
@@ -347,6 +352,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 					return got, err
 				}
 			case r.r.state == queueWaiting:
+				verdict = stillBusy(verdict, lease.name, r.r.pttl) // in line: not an outage
 				waiting, askAt = sent, sent.Add(untilExpiry(r.r.pttl))
 				if askAgain {
 					askAt = sent
@@ -376,6 +382,22 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 			inflight = l.keepAlive(ctx, lease)
 		}
 	}
+}
+
+// stillBusy is the verdict of a fair waiter that the server answered "still
+// waiting", the lock's PTTL pttl (-2: free, others ahead in line): busy,
+// whatever an earlier keep-alive's error said, with the holder named by
+// verdict when it was busy.
+func stillBusy(verdict error, name string, pttl time.Duration) error {
+	b := &BusyError{Name: name, TTL: pttl}
+	var was *BusyError
+	if errors.As(verdict, &was) {
+		b.Owner = was.Owner
+	}
+	if pttl < -1 {
+		b.TTL, b.Owner = -3, "fair waiters in line"
+	}
+	return b
 }
 
 // keepAlive sends a fair waiter's keep-alive on a goroutine that the Locker

@@ -431,6 +431,7 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 	log := l.opts.Logger
 	callStart := l.clock.Now()
 	waitEnd := callStart.Add(wait)
+	openEnd := l.openEnd(ctx, open, callStart)
 	var (
 		bo      = backoff{min: l.opts.MinRetryBackoff, max: l.opts.MaxRetryBackoff}
 		verdict error   // the last attempt's: busy, or a callError
@@ -538,7 +539,11 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 			unsure = false
 		}
 		now := l.clock.Now()
-		if wait == 0 || !now.Before(waitEnd) {
+		end := waitEnd
+		if openEnd.Before(end) && errors.Is(verdict, ErrUnavailable) {
+			end = openEnd
+		}
+		if wait == 0 || !now.Before(end) {
 			return giveUp()
 		}
 		busy := errors.Is(verdict, ErrNotObtained)
@@ -568,12 +573,12 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 				}
 			}
 		}
-		sleep := min(bo.next(), waitEnd.Sub(now))
+		sleep := min(bo.next(), end.Sub(now))
 		if lined {
 			// A release names the next in line; this pause is for a
 			// message lost, or one naming an Acquire that is gone.
 			m := l.opts.MaxRetryBackoff
-			sleep = min(m/2+mathrand.N(m/2+1), waitEnd.Sub(now))
+			sleep = min(m/2+mathrand.N(m/2+1), end.Sub(now))
 		}
 		if busy && a.pttl >= 0 && a.pttl < sleep {
 			sleep = max(a.pttl, time.Millisecond) // the holder's lock expires first
@@ -616,6 +621,17 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 			st.waited += l.clock.Now().Sub(slept)
 		}
 	}
+}
+
+// openEnd is when a fail-open call (open) that began at start, on the
+// Locker's clock, stops waiting for an outage to end: half the time before
+// ctx's deadline, so that its work runs degraded before it. It is the far
+// future for other calls.
+func (l *Locker) openEnd(ctx context.Context, open bool, start time.Time) time.Time {
+	if dl, ok := ctx.Deadline(); ok && open {
+		return start.Add(time.Until(dl) / 2)
+	}
+	return start.Add(maxTTL * 10)
 }
 
 // try runs one attempt of an Acquire for lease, bounded by ctx, by Close,
