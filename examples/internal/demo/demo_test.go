@@ -1,6 +1,8 @@
 package demo
 
 import (
+	"bytes"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -61,4 +63,12 @@ func TestRedisNoAnswer(t *testing.T) {
 	require.NoError(t, err)
 	assert.Less(t, time.Since(begin), 100*time.Millisecond, "no dial")
 	assert.NoError(t, c.Close())
+}
+
+func TestTimelineLogger(t *testing.T) {
+	var b bytes.Buffer
+	log := NewTimeline(&b).Logger("pod-1", slog.LevelWarn)
+	log.Info("not shown")
+	log.Error("fencelock: lost", "lock", "x")
+	assert.Regexp(t, `^ *\d+\.\d\ds  pod-1      level=ERROR msg="fencelock: lost" lock=x\n$`, b.String())
 }
