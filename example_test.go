@@ -191,11 +191,26 @@ func ExampleOptions_failOpen() {
 	m.Close() // Redis is down
 	ctx := context.Background()
 
-	// Refreshing a cache twice is harmless: rather run it without the lock
-	// than not at all while Redis is down.
+	// Shipping an order is safe to run twice, as the database lets it happen
+	// once: rather run it without the lock than not at all while Redis is
+	// down. (WithFailOpen(true) decides it for one call instead.)
 	locker, _ := fencelock.New(client, &fencelock.Options{FailOpen: true})
-	err = locker.RunWithLock(ctx, "cache:refresh", func(ctx context.Context, lease *fencelock.Lease) error {
-		fmt.Println("running without the lock:", lease.Degraded(), "fence", lease.Fence())
+	err = locker.RunWithLock(ctx, "order:42", func(ctx context.Context, lease *fencelock.Lease) error {
+		if lease.Degraded() {
+			// No lock and no fence: Fence is 0, which a fence check
+			// (fence_token < $2) refuses. Write through what holds without
+			// a lock, the row's own state and a unique key:
+			//
+			//	UPDATE orders SET status = 'shipped' WHERE id = $1 AND status = 'paid'
+			//	INSERT INTO shipments (order_id) VALUES ($1) ON CONFLICT (order_id) DO NOTHING
+			fmt.Println("degraded, fence", lease.Fence(), "- ship if the order is still paid")
+			return nil
+		}
+		// Holding the lock: the fenced write.
+		//
+		//	UPDATE orders SET status = 'shipped', fence_token = $2
+		//	WHERE id = $1 AND status = 'paid' AND fence_token < $2
+		fmt.Println("fenced, fence", lease.Fence())
 		return nil
 	})
 	// FailOpen opens on ErrUnavailable only: a busy lock, a Redis that
@@ -203,7 +218,7 @@ func ExampleOptions_failOpen() {
 	// their error without running the work.
 	fmt.Println("err:", err)
 	// Output:
-	// running without the lock: true fence 0
+	// degraded, fence 0 - ship if the order is still paid
 	// err: <nil>
 }
 

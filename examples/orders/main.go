@@ -3,9 +3,10 @@
 //
 // A payment provider delivers "payment completed" for order 42 twice, to two
 // instances of the order service at the same moment (at-least-once delivery
-// does that). Both call RunWithLock("order:42", ..., WithWait(5s)): one gets
-// the lock, picks and packs the order and marks it shipped; the other waits
-// for the lock, then finds the order shipped and acknowledges the duplicate.
+// does that). Both call RunWithLock("order:42", ..., WithWait(5s),
+// WithFailOpen(true)): one gets the lock, picks and packs the order and marks
+// it shipped; the other waits for the lock, then finds the order shipped and
+// acknowledges the duplicate.
 // The lock saves the second instance the work; the conditional update
 //
 //	UPDATE orders SET status = 'shipped', fence_token = ?
@@ -14,9 +15,23 @@
 // and the shipments table's primary key are what make "ships once" hold even
 // if a holder lost its lock without knowing it.
 //
-// Run it with nothing but Go installed:
+// Shipping is safe to run twice for that reason, so the instances fail open
+// (WithFailOpen(true)): when Redis is down they run the work anyway, on a
+// degraded lease with no lock and no fence, and let the database decide. A
+// degraded run's fence 0 would be refused by the fence check, so it writes
+// through the guards that hold without a lock:
+//
+//	UPDATE orders SET status = 'shipped' WHERE id = ? AND status = 'paid'
+//	INSERT INTO shipments ... ON CONFLICT (order_id) DO NOTHING
+//
+// With REDIS_ADDR pointing at nothing, both instances retry Redis for their
+// 5s wait, then run degraded at the same time: one ships, the other's update
+// matches no row and it acknowledges the duplicate.
+//
+// Run it with nothing but Go installed, and with a Redis that is down:
 //
 //	go run ./examples/orders
+//	REDIS_ADDR=127.0.0.1:1 go run ./examples/orders
 //
 // It starts an embedded miniredis on a loopback port and an SQLite file in a
 // temporary directory. REDIS_ADDR (host:port or redis:// URL) switches to a
@@ -29,11 +44,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/examples/internal/demo"
@@ -45,6 +63,10 @@ func main() {
 
 // runMain runs the story as the command does and returns its exit code.
 func runMain() int {
+	// go-redis logs each failed dial of its pools, dozens a second while
+	// Redis is down; the timeline shows the outage once per instance, as
+	// fencelock logs it.
+	redis.SetLogger(quietLogger{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	_, err := run(ctx, Config{
@@ -58,6 +80,10 @@ func runMain() int {
 	return 0
 }
 
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
+
 // Config configures one run of the story.
 type Config struct {
 	RedisAddr   string        // REDIS_ADDR; empty starts an embedded miniredis
@@ -69,9 +95,10 @@ type Config struct {
 // Handling is what one instance did with its notification.
 type Handling struct {
 	Instance string
-	Fence    int64         // the fencing token it held; 0 if it did not get the lock
-	Waited   time.Duration // how long it waited for the lock
-	Found    string        // the order's status when it looked, under the lock
+	Fence    int64         // the fencing token it held; 0 if it did not get the lock or ran degraded
+	Degraded bool          // it ran without the lock: Redis was unavailable (fail-open)
+	Waited   time.Duration // how long it waited for the lock, or for Redis before running degraded
+	Found    string        // the order's status when it looked, under the lock unless degraded
 	Shipped  bool          // this instance shipped the order
 	Err      error
 }
@@ -91,7 +118,7 @@ type Result struct {
 	Handlings []Handling
 	Shipments []Shipment
 	Tables    []string // the run's tables, dropped at the end of the run
-	Keys      []string // the run's Redis keys, deleted at the end of the run
+	Keys      []string // the run's Redis keys, deleted at the end of the run if Redis answers
 }
 
 const orderID = 42
@@ -110,7 +137,13 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 
 	tl := demo.NewTimeline(cfg.Out)
 	rds, err := demo.StartRedis(ctx, cfg.RedisAddr)
-	if err != nil {
+	redisDown := errors.Is(err, demo.ErrNoAnswer)
+	switch {
+	case redisDown:
+		// An outage, not a bad address: the instances fail open, so the
+		// story goes on without Redis.
+		rds = &demo.Redis{Addr: cfg.RedisAddr, Desc: err.Error() + "; the instances will fail open"}
+	case err != nil:
 		return res, err
 	}
 	defer rds.Close()
@@ -138,7 +171,12 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 	lockKey := prefix + "{" + lockName + "}" // Options.KeyPrefix documents the key format
 	res.Keys = []string{lockKey, lockKey + ":fence"}
 	defer func() {
-		if derr := demo.DeleteKeys(ctx, rds.Addr, res.Keys...); derr != nil && err == nil {
+		derr := demo.DeleteKeys(ctx, rds.Addr, res.Keys...)
+		if redisDown && errors.Is(derr, demo.ErrNoAnswer) {
+			tl.Printf("parent", "redis still does not answer: no clean-up of its keys (any written expire by themselves)")
+			derr = nil
+		}
+		if derr != nil && err == nil {
 			err = derr
 		}
 	}()
@@ -213,7 +251,8 @@ type instance struct {
 
 func newInstance(ctx context.Context, name, redisAddr string, shared *demo.DB, q queries,
 	prefix string, pack time.Duration, tl *demo.Timeline) (*instance, error) {
-	rdb, err := demo.NewRedisClient(ctx, redisAddr)
+	// No PING first: when Redis does not answer, the instance fails open.
+	rdb, err := demo.RedisClient(redisAddr)
 	if err != nil {
 		return nil, err
 	}
@@ -222,7 +261,12 @@ func newInstance(ctx context.Context, name, redisAddr string, shared *demo.DB, q
 		_ = rdb.Close()
 		return nil, err
 	}
-	locker, err := fencelock.New(rdb, &fencelock.Options{KeyPrefix: prefix})
+	locker, err := fencelock.New(rdb, &fencelock.Options{
+		KeyPrefix: prefix,
+		// A fail-open run is logged at Error level, with its cause: the
+		// timeline shows it.
+		Logger: tl.Logger(name, slog.LevelWarn),
+	})
 	if err != nil {
 		_ = db.Close()
 		_ = rdb.Close()
@@ -235,16 +279,23 @@ func newInstance(ctx context.Context, name, redisAddr string, shared *demo.DB, q
 }
 
 // handle handles a "payment completed" notification for the order: under the
-// order's lock, ship it unless it has been shipped already.
+// order's lock, ship it unless it has been shipped already. When Redis is
+// unavailable it runs and lets the database decide: shipping is guarded by
+// the order's status and the shipments key, which hold without a lock.
 func (in *instance) handle(ctx context.Context, lockName string) Handling {
 	h := Handling{Instance: in.name}
 	const wait = 5 * time.Second
-	in.tl.Printf(in.name, "payment completed for order %d: RunWithLock(%q, WithWait(%v))", orderID, lockName, wait)
+	in.tl.Printf(in.name, "payment completed for order %d: RunWithLock(%q, WithWait(%v), WithFailOpen(true))",
+		orderID, lockName, wait)
 	begin := time.Now()
 	err := in.locker.RunWithLock(ctx, lockName, func(ctx context.Context, lease *fencelock.Lease) error {
-		h.Fence, h.Waited = lease.Fence(), time.Since(begin)
+		h.Fence, h.Degraded, h.Waited = lease.Fence(), lease.Degraded(), time.Since(begin)
 		got := fmt.Sprintf("acquired the lock, fence %d", h.Fence)
-		if h.Waited > 50*time.Millisecond {
+		switch {
+		case h.Degraded:
+			got = fmt.Sprintf("redis unavailable for %.2fs (logged above): running degraded, without the lock and without a fence",
+				h.Waited.Seconds())
+		case h.Waited > 50*time.Millisecond:
 			got = fmt.Sprintf("acquired the lock after waiting %.2fs, fence %d", h.Waited.Seconds(), h.Fence)
 		}
 		if err := in.db.QueryRowContext(ctx, in.q.selectStatus, orderID).Scan(&h.Found); err != nil {
@@ -261,6 +312,23 @@ func (in *instance) handle(ctx context.Context, lockName string) Handling {
 		case <-ctx.Done(): // the lease was lost (or the run cancelled): stop here
 			return context.Cause(ctx)
 		}
+		if h.Degraded {
+			// No fence to pass: the fence check would refuse fence 0.
+			shipped, err := shipDegraded(ctx, in.db, in.q, orderID, in.name)
+			if err != nil {
+				return err
+			}
+			h.Shipped = shipped
+			if shipped {
+				in.tl.Printf(in.name, "conditional update matched the paid order: shipped, shipment recorded without a fence")
+			} else {
+				// Expected without the lock: the other instance ran the
+				// same work meanwhile and shipped first.
+				in.tl.Printf(in.name, "conditional update matched no row: shipped meanwhile, nothing written: "+
+					"acknowledge the duplicate notification")
+			}
+			return nil
+		}
 		shipped, err := ship(ctx, in.db, in.q, orderID, in.name, h.Fence)
 		if err != nil {
 			return err
@@ -274,7 +342,7 @@ func (in *instance) handle(ctx context.Context, lockName string) Handling {
 			in.tl.Printf(in.name, "conditional update matched no row: shipped already, nothing written")
 		}
 		return nil
-	}, fencelock.WithWait(wait))
+	}, fencelock.WithWait(wait), fencelock.WithFailOpen(true))
 	if err != nil {
 		if errors.Is(err, fencelock.ErrNotObtained) {
 			err = fmt.Errorf("the lock stayed busy for %v: %w", wait, err)
@@ -289,6 +357,21 @@ func (in *instance) handle(ctx context.Context, lockName string) Handling {
 // transaction, if the order is still paid and no holder with a newer fence
 // has written it. It reports whether it did.
 func ship(ctx context.Context, db *demo.DB, q queries, id int64, by string, fence int64) (shipped bool, err error) {
+	return shipTx(ctx, db, id, q.markShipped, []any{fence, id, fence}, q.insertShipment, []any{id, by, fence})
+}
+
+// shipDegraded is ship for a degraded run, which has no lock and no fence:
+// it marks the order shipped and records its shipment, in one transaction,
+// if the order is still paid and has no shipment, whoever else runs the same
+// work meanwhile. It reports whether it did.
+func shipDegraded(ctx context.Context, db *demo.DB, q queries, id int64, by string) (shipped bool, err error) {
+	return shipTx(ctx, db, id, q.markShippedDegraded, []any{id}, q.insertShipmentDegraded, []any{id, by})
+}
+
+// shipTx runs ship's or shipDegraded's update and insert in one
+// transaction, and commits only if each wrote a row.
+func shipTx(ctx context.Context, db *demo.DB, id int64, update string, updateArgs []any,
+	insert string, insertArgs []any) (shipped bool, err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return false, fmt.Errorf("ship order %d: %w", id, err)
@@ -298,7 +381,7 @@ func ship(ctx context.Context, db *demo.DB, q queries, id int64, by string, fenc
 			_ = tx.Rollback()
 		}
 	}()
-	res, err := tx.ExecContext(ctx, q.markShipped, fence, id, fence)
+	res, err := tx.ExecContext(ctx, update, updateArgs...)
 	if err != nil {
 		return false, fmt.Errorf("ship order %d: %w", id, err)
 	}
@@ -306,9 +389,13 @@ func ship(ctx context.Context, db *demo.DB, q queries, id int64, by string, fenc
 		return false, err
 	}
 	// The shipment's primary key is the order: even a write that got past
-	// the update could not record a second shipment.
-	if _, err := tx.ExecContext(ctx, q.insertShipment, id, by, fence); err != nil {
+	// the update could not record a second shipment (the fenced insert
+	// fails, the degraded one inserts nothing and the update is rolled back).
+	if res, err = tx.ExecContext(ctx, insert, insertArgs...); err != nil {
 		return false, fmt.Errorf("record shipment of order %d: %w", id, err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return false, err
 	}
 	if err := tx.Commit(); err != nil {
 		return false, fmt.Errorf("ship order %d: %w", id, err)
@@ -322,7 +409,9 @@ type queries struct {
 	orders, shipments string // table names
 	create            []string
 	insertOrder, selectStatus, selectOrder,
-	markShipped, insertShipment, selectShipments string
+	markShipped, insertShipment,
+	markShippedDegraded, insertShipmentDegraded,
+	selectShipments string
 }
 
 func newQueries(db *demo.DB, runID string) queries {
@@ -346,7 +435,16 @@ func newQueries(db *demo.DB, runID string) queries {
 		// newer holder has written.
 		markShipped: db.Rebind(`UPDATE ` + orders + ` SET status = 'shipped', fence_token = ?
 			WHERE id = ? AND status = 'paid' AND fence_token < ?`),
-		insertShipment:  db.Rebind(`INSERT INTO ` + shipments + ` (order_id, shipped_by, fence_token) VALUES (?, ?, ?)`),
+		insertShipment: db.Rebind(`INSERT INTO ` + shipments + ` (order_id, shipped_by, fence_token) VALUES (?, ?, ?)`),
+		// The degraded writes: no fence to check (fence_token < 0 would
+		// match nothing) nor to record (the order keeps the last fenced
+		// writer's; the shipment says 0, none). The order's own status and
+		// the shipments key decide. SQLite (3.24 and later) and PostgreSQL
+		// both take this ON CONFLICT.
+		markShippedDegraded: db.Rebind(`UPDATE ` + orders + ` SET status = 'shipped'
+			WHERE id = ? AND status = 'paid'`),
+		insertShipmentDegraded: db.Rebind(`INSERT INTO ` + shipments + ` (order_id, shipped_by, fence_token) VALUES (?, ?, 0)
+			ON CONFLICT (order_id) DO NOTHING`),
 		selectShipments: `SELECT order_id, shipped_by, fence_token FROM ` + shipments + ` ORDER BY order_id`,
 	}
 }

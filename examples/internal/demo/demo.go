@@ -17,6 +17,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -55,4 +56,30 @@ func (t *Timeline) Printf(who, format string, args ...any) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	fmt.Fprintf(t.w, "%5.2fs  %-10s %s\n", elapsed, who, msg)
+}
+
+// Logger returns a logger that prints each record of level or above as a
+// line of the timeline for who, without its time (the line has one), so an
+// example can show what the library logs.
+func (t *Timeline) Logger(who string, level slog.Level) *slog.Logger {
+	return slog.New(slog.NewTextHandler(timelineWriter{t, who}, &slog.HandlerOptions{
+		Level: level,
+		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey && len(groups) == 0 {
+				return slog.Attr{}
+			}
+			return a
+		},
+	}))
+}
+
+// timelineWriter prints each Write, one log record, as a line for who.
+type timelineWriter struct {
+	t   *Timeline
+	who string
+}
+
+func (w timelineWriter) Write(p []byte) (int, error) {
+	w.t.Printf(w.who, "%s", strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
 }

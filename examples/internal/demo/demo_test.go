@@ -1,9 +1,13 @@
 package demo
 
 import (
+	"bytes"
+	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
@@ -33,4 +37,38 @@ func TestOpenDBRejects(t *testing.T) {
 		_, err := OpenDB(t.Context(), url)
 		assert.Error(t, err, url)
 	}
+}
+
+// TestRedisNoAnswer: a Redis that is not there is an outage (ErrNoAnswer),
+// a bad address is not, and RedisClient makes no call to find out.
+func TestRedisNoAnswer(t *testing.T) {
+	const down = "127.0.0.1:1" // nothing listens on port 1
+	_, err := NewRedisClient(t.Context(), down)
+	require.ErrorIs(t, err, ErrNoAnswer)
+	assert.Contains(t, err.Error(), "redis at 127.0.0.1:1 does not answer: dial tcp")
+	_, err = StartRedis(t.Context(), down)
+	assert.ErrorIs(t, err, ErrNoAnswer)
+	assert.ErrorIs(t, DeleteKeys(t.Context(), down, "k"), ErrNoAnswer)
+
+	for _, addr := range []string{"localhost", "redis://%zz"} {
+		_, err := NewRedisClient(t.Context(), addr)
+		require.Error(t, err, addr)
+		assert.NotErrorIs(t, err, ErrNoAnswer, addr)
+		_, err = RedisClient(addr)
+		assert.Error(t, err, addr)
+	}
+
+	begin := time.Now()
+	c, err := RedisClient(down)
+	require.NoError(t, err)
+	assert.Less(t, time.Since(begin), 100*time.Millisecond, "no dial")
+	assert.NoError(t, c.Close())
+}
+
+func TestTimelineLogger(t *testing.T) {
+	var b bytes.Buffer
+	log := NewTimeline(&b).Logger("pod-1", slog.LevelWarn)
+	log.Info("not shown")
+	log.Error("fencelock: lost", "lock", "x")
+	assert.Regexp(t, `^ *\d+\.\d\ds  pod-1      level=ERROR msg="fencelock: lost" lock=x\n$`, b.String())
 }

@@ -2,6 +2,7 @@ package demo
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -55,10 +56,55 @@ func (r *Redis) Close() {
 	}
 }
 
-// NewRedisClient returns a client for addr, a host:port or a redis:// or
-// rediss:// URL, once the server answered a PING. The error says which of the
-// two went wrong.
+// ErrNoAnswer is matched by the errors of StartRedis, NewRedisClient and
+// DeleteKeys when the Redis named could not be reached or did not answer in
+// time: an outage, as opposed to a bad address or a refusal.
+var ErrNoAnswer = errors.New("does not answer")
+
+// RedisClient returns a client for addr, a host:port or a redis:// or
+// rediss:// URL, without contacting the server: for a service that goes on
+// when Redis is down. The error says what is wrong with addr.
+func RedisClient(addr string) (*redis.Client, error) {
+	opts, err := redisOptions(addr)
+	if err != nil {
+		return nil, err
+	}
+	return redis.NewClient(opts), nil
+}
+
+// NewRedisClient returns a client for addr, as RedisClient does, once the
+// server answered a PING. The error says which of the two went wrong; it
+// matches ErrNoAnswer when the server could not be reached or did not
+// answer in time.
 func NewRedisClient(ctx context.Context, addr string) (*redis.Client, error) {
+	opts, err := redisOptions(addr)
+	if err != nil {
+		return nil, err
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	// Dial once by hand first: for a server that is not there, go-redis
+	// would retry its dial many times and log every failure.
+	var d net.Dialer
+	conn, err := d.DialContext(pingCtx, opts.Network, opts.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("redis at %s %w: %w", opts.Addr, ErrNoAnswer, err)
+	}
+	_ = conn.Close()
+	c := redis.NewClient(opts)
+	if err := c.Ping(pingCtx).Err(); err != nil {
+		_ = c.Close()
+		var netErr net.Error
+		if errors.As(err, &netErr) || errors.Is(err, context.DeadlineExceeded) {
+			return nil, fmt.Errorf("redis at %s %w: %w", opts.Addr, ErrNoAnswer, err)
+		}
+		return nil, fmt.Errorf("redis at %s does not answer: %w", opts.Addr, err) // a refusal, such as NOAUTH
+	}
+	return c, nil
+}
+
+// redisOptions parses addr for RedisClient and NewRedisClient.
+func redisOptions(addr string) (*redis.Options, error) {
 	var opts *redis.Options
 	if strings.Contains(addr, "://") {
 		var err error
@@ -75,22 +121,7 @@ func NewRedisClient(ctx context.Context, addr string) (*redis.Client, error) {
 	// Let a context's deadline bound a call to a Redis that stopped
 	// answering (the README explains why the library recommends it).
 	opts.ContextTimeoutEnabled = true
-	pingCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	// Dial once by hand first: for a server that is not there, go-redis
-	// would retry its dial many times and log every failure.
-	var d net.Dialer
-	conn, err := d.DialContext(pingCtx, opts.Network, opts.Addr)
-	if err != nil {
-		return nil, fmt.Errorf("redis at %s does not answer: %w", opts.Addr, err)
-	}
-	_ = conn.Close()
-	c := redis.NewClient(opts)
-	if err := c.Ping(pingCtx).Err(); err != nil {
-		_ = c.Close()
-		return nil, fmt.Errorf("redis at %s does not answer: %w", opts.Addr, err)
-	}
-	return c, nil
+	return opts, nil
 }
 
 // DeleteKeys deletes keys from the Redis at addr, on a context that outlives
