@@ -147,8 +147,9 @@ func (c *checker) deployment(ctx context.Context, d *deployment, node string) {
 		}
 		c.server(ctx, d, s, name)
 	}
-	c.roundTrip(ctx, d, node)
-	c.permissions(ctx, d, node)
+	if c.roundTrip(ctx, d, node) { // unreachable: reported by the server checks, and nothing to try
+		c.permissions(ctx, d, node)
+	}
 }
 
 // serversOf returns a client for each server that holds locks: the masters
@@ -318,13 +319,13 @@ func fields(s string) map[string]string {
 }
 
 // roundTrip measures PING's round trip to d and compares it with the
-// drift allowance of the default TTL.
-func (c *checker) roundTrip(ctx context.Context, d *deployment, node string) {
+// drift allowance of the default TTL. It reports whether d answered.
+func (c *checker) roundTrip(ctx context.Context, d *deployment, node string) bool {
 	var worst time.Duration
 	for range 5 {
 		start := time.Now()
 		if err := d.client.Ping(ctx).Err(); err != nil {
-			return // reported by the server checks
+			return false // reported by the server checks
 		}
 		worst = max(worst, time.Since(start))
 	}
@@ -338,6 +339,7 @@ func (c *checker) roundTrip(ctx context.Context, d *deployment, node string) {
 		f.Fix = "a longer TTL (the allowance is TTL/100 + 2ms), or a Redis closer to the clients"
 	}
 	c.add(f)
+	return true
 }
 
 // permissions tries each command of aclRules on a test key, takes and
@@ -414,8 +416,20 @@ func (c *checker) permissions(ctx context.Context, d *deployment, node string) {
 // tryRules sends the command of each of aclRules that has one, on key
 // and channel, and reports those the ACL refuses (NOPERM): other errors
 // (a key of another type, say) come after the ACL's verdict.
+// creates reports whether the command of a rule's try would create its key
+// if it did not exist.
+func creates(try string) bool {
+	cmd, _, _ := strings.Cut(try, " ")
+	switch cmd {
+	case "ZADD", "HSET", "INCR":
+		return true
+	}
+	return false
+}
+
 func (c *checker) tryRules(ctx context.Context, d *deployment, node, key, channel string) {
 	o := &c.l.opts
+	keySet := false // SET made the test key, with a TTL: the writes after it fail on its type
 	for _, r := range aclRules {
 		switch r.only {
 		case onlyReplicas:
@@ -428,7 +442,10 @@ func (c *checker) tryRules(ctx context.Context, d *deployment, node, key, channe
 			}
 		case onlyCluster:
 			if cl, ok := d.client.(*redis.ClusterClient); ok {
-				c.refused(node, "CLUSTER SLOTS", cl.ClusterSlots(ctx).Err())
+				// go-redis finds the slots with CLUSTER SLOTS (its
+				// ClusterSlots method is deprecated for our use: try the
+				// command go-redis sends).
+				c.refused(node, "CLUSTER SLOTS", cl.Do(ctx, "cluster", "slots").Err())
 			}
 			continue
 		}
@@ -436,7 +453,13 @@ func (c *checker) tryRules(ctx context.Context, d *deployment, node, key, channe
 		if try == "" {
 			continue
 		}
+		if !keySet && r.rule != "+set" && creates(try) {
+			continue // without the key, it would make one with no TTL
+		}
 		err := d.client.Do(ctx, tryArgs(try, key, channel)...).Err()
+		if r.rule == "+set" {
+			keySet = err == nil
+		}
 		if err != nil && r.try6 != "" && isUnknownCommand(err) {
 			try = r.try6
 			err = d.client.Do(ctx, tryArgs(try, key, channel)...).Err()

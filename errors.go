@@ -305,6 +305,10 @@ func isTimeout(err error) bool {
 // server became unreachable, counts as not sent; the server then was going
 // away, and a lock it took expires after its TTL.
 func notSent(err error) bool {
+	var nr *noReplyError
+	if errors.As(err, &nr) { // a dial error as its cause proves nothing on a quorum
+		return nr.unsent
+	}
 	var qe *quorumError
 	if errors.As(err, &qe) { // not sent to any node
 		for _, e := range qe.errs {

@@ -342,3 +342,100 @@ func TestFairFailOpenNeverOnABusyLockAfterAnError(t *testing.T) {
 	assert.NotErrorIs(t, err, ErrUnavailable)
 	assert.False(t, ran, "fail-open never runs the work on a busy lock")
 }
+
+// TestFailOpenNeverAfterABusyAnswer: a fail-open call that found the lock
+// busy, and then Redis hung, does not run its work degraded while the
+// holder it was told of still holds the lock: its error is the busy one.
+func TestFailOpenNeverAfterABusyAnswer(t *testing.T) {
+	t.Parallel()
+	for _, fair := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "fair"}[fair], func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, nil)
+			name := uniqueName(t)
+			_, err := e.locker(t, nil).Acquire(ctx, name, WithTTL(time.Minute))
+			require.NoError(t, err)
+			l := e.locker(t, &Options{ReleaseTimeout: time.Second})
+			afterFirstAcquire(e, func() { e.srv.Pause() })
+			t.Cleanup(e.srv.Resume)
+			opts := []Option{WithWait(5 * time.Second), WithFailOpen(true)}
+			if fair {
+				opts = append(opts, WithFair())
+			}
+			ran := false
+			err = l.RunWithLock(withTimeout(t, 2*time.Second), name,
+				func(context.Context, *Lease) error { ran = true; return nil }, opts...)
+			require.ErrorIs(t, err, ErrNotObtained)
+			assert.NotErrorIs(t, err, ErrUnavailable)
+			assert.False(t, ran, "the holder still holds the lock: no degraded run")
+			e.srv.Resume()
+		})
+	}
+}
+
+// TestCloseEndsARedlockAttemptInFlight: a Redlock Acquire whose attempt is
+// in flight on hung nodes (AttemptTimeout 5s) returns ErrClosed within a
+// round trip of Close, not at its AttemptTimeout.
+func TestCloseEndsARedlockAttemptInFlight(t *testing.T) {
+	t.Parallel()
+	l := lockerOn(t, outages[0].start(t, 3), &Options{AttemptTimeout: 5 * time.Second, ReleaseTimeout: time.Second})
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Acquire(ctx, uniqueName(t), WithWait(time.Minute))
+		done <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // its first attempt in flight
+	closed := time.Now()
+	require.NoError(t, l.Close())
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, ErrClosed)
+		assert.Less(t, time.Since(closed), 1500*time.Millisecond, "within Close's own bound, not at AttemptTimeout")
+	case <-time.After(6 * time.Second):
+		t.Fatal("the Acquire did not return after Close")
+	}
+}
+
+// TestRefusedAttemptNeedsNoCleanup: an attempt that timed out with every
+// dial of its own refused never reached Redis: no clean-up follows.
+func TestRefusedAttemptNeedsNoCleanup(t *testing.T) {
+	t.Parallel()
+	log, logs := testLogger()
+	l := lockerOn(t, outages[1].start(t, 1), &Options{Logger: log, AttemptTimeout: 300 * time.Millisecond})
+	name := uniqueName(t)
+	_, err := l.Acquire(ctx, name)
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.Contains(t, err.Error(), "no reply within 300ms (AttemptTimeout): dial tcp")
+	assert.False(t, logged(logs, name, "clean-up"), "no clean-up:\n%s", logs)
+}
+
+// TestRedlockTimedOutAttemptIsCleanedUp: a Redlock attempt that timed out
+// while one node refused connections and two hung is of unknown outcome on
+// the hung nodes, whatever the refused one's dials said: once they resume,
+// the grants they applied late are given back.
+func TestRedlockTimedOutAttemptIsCleanedUp(t *testing.T) {
+	t.Parallel()
+	refused := outages[1].start(t, 1)
+	var srvs []*redistest.Server
+	cs := []redis.UniversalClient{refused[0]}
+	for range 2 {
+		srv := redistest.Start(t)
+		c := srv.Client(nil)
+		require.NoError(t, c.Ping(ctx).Err())
+		srvs = append(srvs, srv)
+		cs = append(cs, c)
+	}
+	l := lockerOn(t, cs, &Options{AttemptTimeout: 300 * time.Millisecond, ReleaseTimeout: time.Second})
+	for _, s := range srvs {
+		pause(t, s)
+	}
+	name := uniqueName(t)
+	_, err := l.Acquire(ctx, name)
+	require.ErrorIs(t, err, ErrUnavailable)
+	for _, s := range srvs {
+		s.Resume()
+	}
+	key, _ := l.keys(name)
+	require.Eventually(t, func() bool { return !keyExists(t, srvs[0], key) && !keyExists(t, srvs[1], key) },
+		10*time.Second, 10*time.Millisecond, "the hung nodes' late grants given back")
+}

@@ -121,7 +121,8 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 	every := keepAliveEvery(lease.ttl)
 	retryEvery := max(every, 100*time.Millisecond) // after an error: not a request per 10ms to a failing Redis
 	var (
-		verdict    error            // the last verdict: busy, or a callError
+		verdict    error // the last verdict: busy, or a callError
+		seen       busySeen
 		unsure     bool             // an attempt or a keep-alive whose outcome is unknown
 		waiting    = callStart      // before the server last answered "waiting", or before the token existed
 		askAt      time.Time        // the next keep-alive's time, counted from the last one's send time
@@ -177,6 +178,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 		if l.isClosed() {
 			return nil, closedError(lease.name, verdict)
 		}
+		verdict = seen.verdict(verdict, l.clock.Now())
 		ctxE := ctxErr(ctx)
 		if verdict == nil {
 			return nil, ctxEnded(ctx, fmt.Sprintf("acquire %q", lease.name))
@@ -201,9 +203,9 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 		// is, so that it counts only once replicas have it (the release
 		// that granted it did not WAIT).
 		if !l.clock.Now().Before(lease.deadline) || (granted && l.opts.Replicas > 0) {
-			err, done := call(l, ctx.Done(), nil, func() error { return lease.extend(ctx, lease.ttl, false, new(extendState)) }, nil)
+			err, done := call(l, ctx.Done(), l.closed, func() error { return lease.extend(ctx, lease.ttl, false, new(extendState)) }, nil)
 			switch {
-			case !done: // ctx ended: the lock may be this waiter's
+			case !done: // ctx ended, or Close: the lock may be this waiter's
 				joined = true
 				return giveUp()
 			case err == nil:
@@ -241,7 +243,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 			if w != nil { // a wake-up that came before the attempt tells nothing new
 				w.drain()
 			}
-			a, done := l.try(ctx, lease, open, l.dialFailures.Load())
+			a, done := l.try(ctx, lease, open)
 			if !done {
 				unsure = true
 				return giveUp()
@@ -249,15 +251,13 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 			switch {
 			case a.err != nil && a.retire:
 				// Taken without enough replicas: the backend gives it
-				// back and retires the token. Leave the line too: an
-				// entry of the old token would be granted the lock in
-				// vain.
+				// back and retires the token (taking the lock took its
+				// entry out of the line).
 				verdict = callError(lease.name, a.err)
-				joined = true // giveUp or rotate leaves the line
 				if !now.Before(waitEnd) {
 					return giveUp()
 				}
-				rotate(true)
+				rotate(false)
 				attemptNow = false // after a pause, as for any failed attempt
 			case a.err != nil:
 				verdict = callError(lease.name, a.err)
@@ -274,7 +274,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 				}
 				continue
 			default:
-				verdict = &BusyError{Name: lease.name, Owner: a.owner, TTL: a.pttl}
+				verdict = seen.see(&BusyError{Name: lease.name, Owner: a.owner, TTL: a.pttl}, now)
 				waiting, joined, askAt = now, true, now.Add(untilExpiry(a.pttl))
 			}
 		}
@@ -352,7 +352,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 					return got, err
 				}
 			case r.r.state == queueWaiting:
-				verdict = stillBusy(verdict, lease.name, r.r.pttl) // in line: not an outage
+				verdict = seen.see(stillBusy(verdict, lease.name, r.r.pttl), sent) // in line: not an outage
 				waiting, askAt = sent, sent.Add(untilExpiry(r.r.pttl))
 				if askAgain {
 					askAt = sent
@@ -388,7 +388,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 // waiting", the lock's PTTL pttl (-2: free, others ahead in line): busy,
 // whatever an earlier keep-alive's error said, with the holder named by
 // verdict when it was busy.
-func stillBusy(verdict error, name string, pttl time.Duration) error {
+func stillBusy(verdict error, name string, pttl time.Duration) *BusyError {
 	b := &BusyError{Name: name, TTL: pttl}
 	var was *BusyError
 	if errors.As(verdict, &was) {

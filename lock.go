@@ -39,6 +39,7 @@ type Locker struct {
 	closed    chan struct{} // closed by Close: Acquire returns ErrClosed
 	closeOnce sync.Once
 
+	dials        atomic.Int64          // dials of the client that succeeded, counted by dialWatch
 	dialFailures atomic.Int64          // failed dials of the client, counted by dialWatch
 	lastDialErr  atomic.Pointer[error] // the last one's error
 }
@@ -86,7 +87,10 @@ type dialWatch struct{ l *Locker }
 func (h dialWatch) DialHook(next redis.DialHook) redis.DialHook {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := next(ctx, network, addr)
-		if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		switch {
+		case err == nil:
+			h.l.dials.Add(1)
+		case !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded):
 			h.l.lastDialErr.Store(&err)
 			h.l.dialFailures.Add(1)
 		}
@@ -332,6 +336,8 @@ func (l *Locker) acquireObserved(ctx context.Context, name string, co callOption
 
 // acquireWith is acquireObserved without the Observer's Start and End.
 func (l *Locker) acquireWith(ctx context.Context, name string, co callOptions, open bool, st *acquireStats) (*Lease, error) {
+	l.bg.add() // Close waits for the call, and for the clean-ups it starts when Close ends it
+	defer l.bg.finish()
 	lease := l.newLease(name, co.ttl)
 	if co.owner != "" {
 		lease.owner, lease.ownerArg = co.owner, co.owner
@@ -434,7 +440,8 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 	openEnd := l.openEnd(ctx, open, callStart)
 	var (
 		bo      = backoff{min: l.opts.MinRetryBackoff, max: l.opts.MaxRetryBackoff}
-		verdict error   // the last attempt's: busy, or a callError
+		verdict error // the last attempt's: busy, or a callError
+		seen    busySeen
 		unsure  bool    // an attempt's outcome is unknown: it may have taken the lock
 		w       *waiter // wake-ups on release, once the lock was found busy
 		wokeAt  time.Time
@@ -456,6 +463,7 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 		if l.isClosed() {
 			return nil, closedError(lease.name, verdict)
 		}
+		verdict = seen.verdict(verdict, l.clock.Now())
 		ctxE := ctxErr(ctx)
 		if log.Enabled(ctx, slog.LevelDebug) {
 			log.LogAttrs(ctx, slog.LevelDebug, "fencelock: not obtained",
@@ -477,7 +485,7 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 		}
 		start := l.clock.Now()
 		dials := l.dialFailures.Load()
-		a, done := l.try(ctx, lease, open, dials)
+		a, done := l.try(ctx, lease, open)
 		if !done {
 			// ctx ended, or Close was called, with the attempt in flight
 			// or cut short, before Redis gave a verdict: it may have
@@ -527,7 +535,7 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 				continue
 			}
 		default:
-			verdict = &BusyError{Name: lease.name, Owner: a.owner, TTL: a.pttl}
+			verdict = seen.see(&BusyError{Name: lease.name, Owner: a.owner, TTL: a.pttl}, start)
 		}
 		if a.retire {
 			// The try may hold the lock somewhere without having got it;
@@ -540,7 +548,7 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 		}
 		now := l.clock.Now()
 		end := waitEnd
-		if openEnd.Before(end) && errors.Is(verdict, ErrUnavailable) {
+		if openEnd.Before(end) && errors.Is(seen.verdict(verdict, now), ErrUnavailable) {
 			end = openEnd
 		}
 		if wait == 0 || !now.Before(end) {
@@ -623,6 +631,32 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 	}
 }
 
+// busySeen is the last busy answer of an Acquire, and until when, at least,
+// the holder it named holds the lock: an outage after it is no reason to
+// fail open while that lasts.
+type busySeen struct {
+	err   *BusyError
+	until time.Time
+}
+
+// see records busy, an answer to the attempt sent at sent, and returns it.
+func (b *busySeen) see(busy *BusyError, sent time.Time) error {
+	b.err, b.until = busy, sent.Add(max(busy.TTL, 0))
+	if busy.TTL == -1 { // no expiry
+		b.until = sent.Add(maxTTL * 10)
+	}
+	return busy
+}
+
+// verdict is v, or the busy answer when v is an outage that came while the
+// holder it named still held the lock.
+func (b *busySeen) verdict(v error, now time.Time) error {
+	if b.err != nil && now.Before(b.until) && errors.Is(v, ErrUnavailable) {
+		return b.err
+	}
+	return v
+}
+
 // openEnd is when a fail-open call (open) that began at start, on the
 // Locker's clock, stops waiting for an outage to end: half the time before
 // ctx's deadline, so that its work runs degraded before it. It is the far
@@ -640,18 +674,22 @@ func (l *Locker) openEnd(ctx context.Context, open bool, start time.Time) time.T
 // it may still be in flight, on a goroutine the Locker tracks. An attempt
 // that outlived AttemptTimeout alone is a verdict: a *noReplyError, which
 // names the cause when a dial failed since dials (the count before it).
-func (l *Locker) try(ctx context.Context, lease *Lease, open bool, dials int64) (a attempt, done bool) {
+func (l *Locker) try(ctx context.Context, lease *Lease, open bool) (a attempt, done bool) {
 	timeout, half := l.opts.AttemptTimeout, false
 	if dl, ok := ctx.Deadline(); ok && open {
-		if left := time.Until(dl) / 2; left < timeout {
+		if left := time.Until(dl) / 2; left < timeout { // real time, as ctx's deadline
 			timeout, half = max(left, time.Millisecond), true
 		}
 	}
 	actx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	dials, failures := l.dials.Load(), l.dialFailures.Load()
 	done = true
 	if l.b.acquireStops() || (ctx.Done() == nil && l.b.honoursDeadlines()) { // it returns by actx's end by itself
 		a = l.b.acquire(actx, lease)
+		if a.err != nil && l.isClosed() {
+			return a, false
+		}
 	} else {
 		a, done = call(l, actx.Done(), l.closed, func() attempt { return l.b.acquire(actx, lease) }, nil)
 	}
@@ -661,15 +699,22 @@ func (l *Locker) try(ctx context.Context, lease *Lease, open bool, dials int64) 
 	if ctxErr(ctx) != nil || l.isClosed() {
 		return a, false
 	}
-	return attempt{err: &noReplyError{timeout: timeout, half: half, cause: l.dialErrorSince(dials)}}, true
+	e := &noReplyError{timeout: timeout, half: half, cause: l.dialErrorSince(failures)}
+	// Dials failed and none succeeded while the attempt ran: on one
+	// deployment the server refuses connections, and the attempt's script
+	// was not sent (see notSent for the one exception). A quorum's nodes
+	// may have had it on connections already open.
+	e.unsent = e.cause != nil && l.dials.Load() == dials && !l.b.acquireStops()
+	return attempt{err: e}, true
 }
 
 // A noReplyError is an attempt that got no reply within its bound. It
-// matches the failed dial that explains it, if one is known.
+// matches the failed dial that explains it, when dials failed meanwhile.
 type noReplyError struct {
 	timeout time.Duration
 	half    bool // the bound was half the time left before a fail-open call's deadline
 	cause   error
+	unsent  bool // the script was provably not sent (see notSent)
 }
 
 func (e *noReplyError) Error() string {

@@ -131,12 +131,13 @@ func each[T any](ctx context.Context, q *quorum, timeout time.Duration, detach b
 
 // results are the nodes' results of each, as they come.
 type results[T any] struct {
-	ch    chan T // buffered: no node's goroutine waits for the reader
-	n     int    // how many results come: one per node
-	ctx   context.Context
-	timer *time.Timer // the calls' timeout
-	clock Clock
-	start time.Time // when the calls began, on clock
+	ch     chan T // buffered: no node's goroutine waits for the reader
+	n      int    // how many results come: one per node
+	ctx    context.Context
+	closed <-chan struct{} // an attempt's: the Locker's Close stops the reading too
+	timer  *time.Timer     // the calls' timeout
+	clock  Clock
+	start  time.Time // when the calls began, on clock
 }
 
 // collect passes the results to take as they come, until every node has
@@ -192,6 +193,7 @@ func (r *results[T]) nextOr(or <-chan time.Time) (T, bool) {
 		return v, true
 	case <-r.timer.C:
 	case <-r.ctx.Done():
+	case <-r.closed:
 	case <-or:
 	}
 	var zero T
@@ -280,7 +282,10 @@ func decodeGrant(reply any) nodeGrant {
 func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 	validity := lease.ttl - drift(lease.ttl)
 	start := q.l.clock.Now()
-	// A grant after the validity is of no use.
+	// A grant after the validity is of no use. The node calls are
+	// detached from ctx, which ends with the attempt (AttemptTimeout):
+	// the grants that come after it returns are read by settle, or given
+	// back by the clean-up of an Acquire that gives up.
 	grants := each(ctx, q, validity, true, func(ctx context.Context, i int, d *deployment) nodeGrant {
 		lineID := ""
 		if i == 0 {
@@ -293,6 +298,7 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 		}
 		return g
 	})
+	grants.closed = q.l.closed
 	defer grants.stop()
 	var ok, busy, failed []nodeGrant
 	answered := make([]bool, len(q.nodes))
