@@ -34,17 +34,14 @@
 //
 // # Errors
 //
-// Each class is handled differently, and no error matches two of the first
-// three: ErrNotObtained (busy: another holder has it; a *BusyError says
-// who), ErrUnavailable (Redis unreachable, not answering in time, or in a
-// transient state), ErrMisconfigured (Redis answered and refuses the lock's
-// commands; the message says what to fix), ErrNotHeld (the lease no longer
-// holds the lock, and why), ErrLost (lost while the work ran), ErrInvalid
-// (rejected before any Redis call) and ErrClosed (the Locker was closed: no
-// Redis call). Each sentinel's documentation says what falls under it. When
-// the caller's context ends before Redis gave any verdict, the error matches
-// ctx.Err() and none of the classes: a shutdown is not "another instance is
-// on it". Error messages are one line.
+// Errors fall in classes a caller handles differently, each a sentinel to
+// match with errors.Is: ErrNotObtained (busy; a *BusyError says who),
+// ErrUnavailable, ErrMisconfigured (the message says what to fix),
+// ErrNotHeld, ErrLost, ErrInvalid and ErrClosed; each one's documentation
+// says what falls under it, and no error matches two of the first three.
+// When the caller's context ends before Redis gave any verdict, the error
+// matches ctx.Err() and none of the classes: a shutdown is not "another
+// instance is on it". Error messages are one line.
 //
 // # Fencing tokens
 //
