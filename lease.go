@@ -293,17 +293,15 @@ func (l *Lease) markDoneLocked(at time.Time, why error) {
 // bounded by Options.ReleaseTimeout.
 //
 // It returns nil when the lock was deleted (also when go-redis resent the
-// request after a lost reply), or ErrNotHeld when it was no longer this
-// lease's, saying why when Redis told (expired or deleted, taken over, or
-// released already); in both cases the lease is done. On ErrUnavailable
-// (Redis not reached, or no answer within ReleaseTimeout, which does not
-// match context.DeadlineExceeded) or ErrMisconfigured the lock may still be
-// held: Release may be called again, and if it is not the lock expires
-// after its TTL. When ctx ends
-// first, Release returns an error matching ctx.Err() within a few
-// milliseconds and the deletion goes on in the background. In every case
-// the watchdog is stopped for good. On a nil or degraded lease Release
-// returns ErrNotHeld.
+// request after a lost reply), or ErrNotHeld, saying why when Redis told,
+// when it was no longer this lease's; either way the lease is done. On
+// ErrUnavailable (Redis not reached, or no answer within ReleaseTimeout,
+// which does not match context.DeadlineExceeded) or ErrMisconfigured the
+// lock may still be held: Release may be called again, or it expires after
+// its TTL. When ctx ends first, Release returns an error matching ctx.Err()
+// within a few milliseconds and the deletion goes on in the background. The
+// watchdog is stopped for good in every case. On a nil or degraded lease
+// Release returns ErrNotHeld.
 func (l *Lease) Release(ctx context.Context) error {
 	if l == nil || l.locker == nil {
 		return ErrNotHeld

@@ -9,26 +9,23 @@ import (
 	"time"
 )
 
-// RunWithLock acquires the lock called name as Acquire does (without
-// WithWait it tries once), runs work while a watchdog renews the lease (see
-// Lease.KeepAlive), then releases it, also when work panics (the panic then
-// continues) or calls runtime.Goexit. work's context is derived from ctx and
-// is cancelled with cause ErrLost (see context.Cause) as soon as the lease
-// is no longer certainly held. Pass lease.Fence() to the resource the work
-// writes.
+// RunWithLock acquires the lock called name as Acquire does, runs work
+// while a watchdog renews the lease (see Lease.KeepAlive), then releases it
+// within Release's bounds, also when work panics (the panic then continues)
+// or calls runtime.Goexit. work's context, derived from ctx, is cancelled
+// with cause ErrLost as soon as the lease is no longer certainly held; pass
+// lease.Fence() to the resource the work writes.
 //
-// It returns Acquire's error when the lock was not acquired, and work did
-// not run, except on ErrUnavailable alone with fail-open (WithFailOpen,
-// Options.FailOpen), when work runs on a degraded lease and its error is
-// returned; ErrInvalid for a nil work, which did not run; otherwise work's
-// error, joined (on one line) with an error matching ErrLost whenever the
-// lease was lost while work ran or was found not held when released, even
-// if work returned nil: mutual exclusion may have been broken. If work
-// calls lease.Release itself, it is joined with ErrLost only if the lease
-// was lost before that. A release that fails is logged at Warn level and
-// not returned: the work's outcome stands, and the lock expires after its
-// TTL. A lost lease is released in the background at once, so that
-// RunWithLock returns when work does; otherwise Release's bounds apply.
+// It returns Acquire's error, work not having run, unless fail-open
+// (WithFailOpen, Options.FailOpen) ran it on a degraded lease after
+// ErrUnavailable (work's error is then returned); ErrInvalid for a nil
+// work; otherwise work's error, joined (on one line) with an error matching
+// ErrLost whenever the lease was lost while work ran or was found not held
+// when released (if work called lease.Release itself, only a loss before
+// that counts), even if work returned nil: mutual exclusion may have been
+// broken. A failed release is logged at Warn level, not returned, and the
+// lock expires after its TTL; a lost lease is released in the background at
+// once, so that RunWithLock returns when work does.
 func (l *Locker) RunWithLock(ctx context.Context, name string,
 	work func(ctx context.Context, lease *Lease) error, opts ...Option) error {
 	if err := l.usable(); err != nil {
