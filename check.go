@@ -80,16 +80,14 @@ func (f Finding) String() string {
 // lock keys, persistence off (a restart grants held locks again), fewer
 // connected replicas than Options.Replicas, a server without sharded
 // pub/sub, an ACL user refused a command that the lock, Check or the
-// fencelock command sends (it tries each), the round-trip time against the TTL's drift
-// allowance, Redlock nodes that are not independent. It takes and releases a
-// lock named "fencelock-check:<random>" on each server to test the
-// permissions, which leaves nothing behind once its fence counter expires.
-//
-// A command that is not permitted (managed services block CONFIG) or a
-// server that cannot be reached is reported as a finding, never as an
-// error. Check returns an error only for a Locker not made with New or
-// NewRedlock (ErrInvalid), or when ctx ends (its error, with the findings
-// so far).
+// fencelock command sends (it tries each, with a lock named
+// "fencelock-check:<random>" that leaves nothing behind once its fence
+// counter expires), the round-trip time against the TTL's drift allowance,
+// Redlock nodes that are not independent. A command that is not permitted
+// (managed services block CONFIG) or a server that cannot be reached is a
+// finding, never an error: Check returns an error only for a Locker not
+// made with New or NewRedlock (ErrInvalid), or when ctx ends (its error,
+// with the findings so far).
 func (l *Locker) Check(ctx context.Context) ([]Finding, error) {
 	if err := l.usable(); err != nil {
 		return nil, err

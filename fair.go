@@ -8,10 +8,10 @@ import (
 	"time"
 )
 
-// Fair waiting, as documented in doc.go: a fair waiter joins the lock's
-// queue, keeps its entry alive, and a release hands the lock to the first
-// live waiter in line (release.lua), which holds it when the grant's
-// message arrives.
+// Fair waiting, as documented in GUARANTEES.md ("How fair waiting works"): a
+// fair waiter joins the lock's queue, keeps its entry alive, and a release
+// hands the lock to the first live waiter in line (release.lua), which holds
+// it when the grant's message arrives.
 
 // queueEntryTTL is how long a fair waiter's queue entry lives without a
 // keep-alive: a waiter that crashed is skipped after it. A release within

@@ -6,8 +6,8 @@ import (
 	"strings"
 )
 
-// The fencing token's format and guarantees are documented in doc.go; the
-// acquire script (acquire.lua) issues it.
+// The fencing token's format and guarantees are documented in GUARANTEES.md
+// ("Fencing tokens"); the acquire script (acquire.lua) issues it.
 
 // decodeAcquire decodes the acquire script's reply: {1, fence} with the fence
 // as a decimal string, {0, pttl, owner} with the holder's PTTL in

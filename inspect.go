@@ -24,12 +24,11 @@ type LockInfo struct {
 	// it can be below or above the last fence issued.
 	LastFence int64
 	// Waiters is how many Lockers wait for the lock's release (subscribed
-	// to its channel). Several waiting Acquire calls of one Locker count
-	// once; waits that poll (after Close, or without pub/sub permissions)
-	// are not counted; a Locker whose last fair wait (WithFair), or last
-	// wait in a Redlock's line, for the lock ended less than a second ago
-	// still counts, even if that wait took the lock (its subscription
-	// lingers, so that its next wait starts subscribed).
+	// to its channel): several waiting calls of one Locker count once, waits
+	// that poll (without pub/sub permissions) not at all, and a Locker whose
+	// last fair wait, or wait in a Redlock's line, for the lock ended less
+	// than a second ago still counts, even if that wait took the lock (its
+	// subscription lingers).
 	Waiters int
 }
 

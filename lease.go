@@ -80,8 +80,8 @@ func (l *Lease) Token() string {
 }
 
 // Fence returns the fencing token issued with this acquisition. Fences are
-// strictly increasing across all acquisitions of the same name; see the
-// package documentation for their format. A degraded or nil lease's fence is
+// strictly increasing across all acquisitions of the same name (see Fencing
+// tokens in the package documentation). A degraded or nil lease's fence is
 // 0.
 func (l *Lease) Fence() int64 {
 	if l == nil {
@@ -90,8 +90,9 @@ func (l *Lease) Fence() int64 {
 	return l.fence
 }
 
-// Degraded reports whether this is a fail-open stand-in (Options.FailOpen):
-// RunWithLock could not reach Redis and ran the work without a lock.
+// Degraded reports whether this is a fail-open stand-in (WithFailOpen,
+// Options.FailOpen): Redis was unavailable at acquisition, and the lease
+// holds no lock.
 func (l *Lease) Degraded() bool {
 	return l != nil && l.degraded
 }
@@ -99,9 +100,8 @@ func (l *Lease) Degraded() bool {
 // Deadline returns the local time until which the lock is certainly held,
 // barring a process pause or a failover: the monotonic time taken before the
 // acquire (or last successful extend) request was sent, plus the TTL, minus a
-// drift allowance of TTL/100 + 2ms. For a lock a release handed to a fair
-// waiter (WithFair), the request is the waiter's last one the server
-// answered "still waiting", sent before the grant. After Release, or once
+// drift allowance of TTL/100 + 2ms (for a lock handed to a fair waiter, see
+// GUARANTEES.md, "How fair waiting works"). After Release, or once
 // Extend or Release found the lock not held, it returns a time that has
 // passed. A nil lease's deadline is the zero time.
 func (l *Lease) Deadline() time.Time {
@@ -115,25 +115,20 @@ func (l *Lease) Deadline() time.Time {
 
 // Extend resets the lock's time to live to ttl, if this lease still holds it,
 // and moves Deadline to the time before the request plus ttl minus drift. It
-// never recreates a lock that has expired. Concurrent calls, the watchdog's
-// renewals and Release reach Redis one at a time, in order.
+// never recreates a lock that has expired.
 //
 // It returns nil when the TTL was set; ErrNotHeld when the lock is no longer
 // this lease's, saying why when Redis told (the lease is then done: later
 // calls return ErrNotHeld without a Redis call), or when the lease was lost
-// (the error then also matches ErrLost) or released; ErrUnavailable when
-// Redis could not be reached or did not answer; ErrMisconfigured when Redis
-// refused the command; ErrInvalid for a ttl out of range (see WithTTL), or
-// not longer than Options.RenewInterval plus its drift allowance when
-// RenewInterval is set; or an error matching ctx.Err() when ctx ended first.
-// Extend returns within a few milliseconds of ctx's deadline or
-// cancellation; its call may then still reach Redis.
-//
-// When the outcome is unknown (ErrUnavailable, or ctx ended after the
-// request was sent), the TTL may or may not have been set: Deadline becomes
-// the earlier of its old value and the one this call would have set, and
-// stays bounded by that shorter TTL after later extensions, as the request
-// may still reach Redis after them.
+// (the error then also matches ErrLost) or released; ErrUnavailable or
+// ErrMisconfigured when Redis could not be reached, did not answer, or
+// refused; ErrInvalid for a ttl out of range (see WithTTL), or not longer
+// than Options.RenewInterval plus its drift allowance when RenewInterval is
+// set; or, within a few milliseconds, an error matching ctx.Err() when ctx
+// ended first. When the outcome is unknown (ErrUnavailable, or ctx ended
+// after the request was sent), Deadline becomes the earlier of its old value
+// and the one this call would have set (GUARANTEES.md, "Deadlines and the
+// watchdog").
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l == nil || l.locker == nil || l.degraded {
 		return ErrNotHeld
@@ -294,23 +289,19 @@ func (l *Lease) markDoneLocked(at time.Time, why error) {
 // if KeepAlive started one, and waits for it to exit, so no renewal is sent
 // after Release (one already sent may still be answered). It then deletes
 // the lock if this lease still holds it, leaving another holder's lock
-// alone. The deletion runs on a context that keeps ctx's values but not its
-// cancellation, bounded by Options.ReleaseTimeout, so that a cancelled
-// request still gives its lock back.
+// alone, on a context that keeps ctx's values but not its cancellation,
+// bounded by Options.ReleaseTimeout.
 //
 // It returns nil when the lock was deleted (also when go-redis resent the
-// request after a lost reply); ErrNotHeld when it was no longer this lease's,
-// saying why when Redis told (expired or deleted, taken over, or released
-// already); in both cases the lease is done. It returns ErrUnavailable when
-// Redis could not be reached or did not answer within ReleaseTimeout (the
-// error says so; it does not match context.DeadlineExceeded), and
-// ErrMisconfigured when Redis refused the command: the lock may still be
-// held, Release may be called again, and if it is not the lock expires after
+// request after a lost reply), or ErrNotHeld, saying why when Redis told,
+// when it was no longer this lease's; either way the lease is done. On
+// ErrUnavailable (Redis not reached, or no answer within ReleaseTimeout,
+// which does not match context.DeadlineExceeded) or ErrMisconfigured the
+// lock may still be held: Release may be called again, or it expires after
 // its TTL. When ctx ends first, Release returns an error matching ctx.Err()
-// within a few milliseconds and the deletion goes on in the background,
-// bounded by ReleaseTimeout (Locker.Close waits for it). In every case the
-// watchdog is stopped for good and later KeepAlive calls return a cancelled
-// context. On a nil or degraded lease Release returns ErrNotHeld.
+// within a few milliseconds and the deletion goes on in the background. The
+// watchdog is stopped for good in every case. On a nil or degraded lease
+// Release returns ErrNotHeld.
 func (l *Lease) Release(ctx context.Context) error {
 	if l == nil || l.locker == nil {
 		return ErrNotHeld

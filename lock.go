@@ -46,12 +46,10 @@ type Locker struct {
 
 // New returns a Locker that keeps its locks in client, configured by opts (nil
 // means all defaults). It returns an error wrapping ErrInvalid for a nil
-// client or an option it cannot honour, and makes no Redis call.
-//
-// New adds a hook to client (AddHook) that only records the client's failed
-// dials, so that an error can name why Redis could not be reached
-// ("connection refused") when go-redis itself reports only that the
-// caller's context ended during its retries.
+// client or an option it cannot honour, and makes no Redis call. It adds a
+// hook to client (AddHook) that only records the client's failed dials, so
+// that an error can name why Redis could not be reached ("connection
+// refused").
 func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 	if isNil(client) {
 		return nil, invalidf("nil redis client")
@@ -122,17 +120,12 @@ func (l *Locker) dialErrorSince(seen int64) error {
 // and what its attempts may have taken is given back in the background, as
 // for any Acquire that gives up. Close then closes the subscription
 // connection that waiting calls share, and waits for the background work
-// (clean-ups, releases whose caller's context ended first, attempts still in
-// flight) for at most Options.ReleaseTimeout: a clean-up is tried once more
-// at most, and a call still unanswered then (a hung Redis) ends on its own
-// when go-redis gives up on it, changing nothing that its lock's TTL does
-// not end.
-//
-// Leases already held are not touched: their watchdogs go on renewing,
-// RunWithLock's work goes on to its end, and Release and Extend work as
-// before, so that closing a Locker at shutdown does not break the exclusion
-// of work still running. Close does not close the Redis client. It always
-// returns nil.
+// for at most Options.ReleaseTimeout (GUARANTEES.md, "Acquire, release and
+// the keys"). Leases already held are not touched: their watchdogs go on
+// renewing, RunWithLock's work goes on to its end, and Release and Extend
+// work as before, so that closing a Locker at shutdown does not break the
+// exclusion of work still running. Close does not close the Redis client.
+// It always returns nil.
 func (l *Locker) Close() error {
 	if l == nil || l.b == nil {
 		return nil
@@ -260,42 +253,22 @@ func (l *Locker) callOptions(name string, opts []Option) (callOptions, error) {
 	return co, nil
 }
 
-// Acquire takes the lock called name and returns its Lease, or an error:
+// Acquire takes the lock called name and returns its Lease. Without
+// WithWait it tries once; with WithWait(d) it tries again until the lock is
+// obtained or d has passed, and retries ErrUnavailable like a busy lock.
 //
-//   - ErrNotObtained when another holder has the lock. Without WithWait,
-//     Acquire tries once. With WithWait(d) it tries again until the lock is
-//     obtained or d has passed; between attempts it sleeps until the holder
-//     releases the lock (a pub/sub wake-up), the holder's remaining TTL runs
-//     out, or a capped, jittered backoff (Options) ends, whichever comes
-//     first.
-//   - ErrUnavailable, wrapping the cause, when Redis could not be reached,
-//     did not answer, or answered with a transient state. With WithWait,
-//     such attempts are retried like busy ones until d has passed.
-//   - ErrMisconfigured when Redis refuses the lock's commands (a password,
-//     an ACL, a key of another type); it is not retried.
-//   - an error matching ctx.Err() when ctx ended. It also matches
-//     ErrNotObtained or ErrUnavailable when an earlier attempt found the lock
-//     busy or Redis unavailable, and neither when no attempt got a verdict
-//     (ctx ended before or during the first one).
-//   - ErrInvalid for an empty name, a name containing '{' or '}', a TTL out
-//     of range, or a negative wait; no Redis call is made then.
-//
-// Acquire returns within a few milliseconds of ctx's deadline or
-// cancellation, whatever the go-redis client's options: an attempt in
-// flight then goes on in the background. WithWait bounds the waiting
-// between attempts, not an attempt in flight.
-//
-// All attempts of one call use the same random token, so an attempt whose
-// reply was lost in transit (including go-redis's own retries) finds the lock
-// already its own and succeeds instead of locking itself out. When Acquire
-// gives up after an attempt whose outcome is unknown, a clean-up in the
-// background (see Close) deletes the lock if that attempt took it, and
-// retires the token so that the attempt, if it reaches Redis only later,
-// does not take the lock; no lock is left held after a failed or cancelled
-// Acquire once Redis answers again (if Redis never does within the lock's
-// TTL, the lock expires). An attempt that provably never reached Redis (the
-// connection was refused) needs no clean-up.
-//
+// It returns ErrNotObtained when another holder has the lock;
+// ErrUnavailable, wrapping the cause, when Redis could not be reached, did
+// not answer or answered with a transient state; ErrMisconfigured, not
+// retried, when Redis refuses the lock's commands; ErrInvalid, with no Redis
+// call, for an empty name, a name containing '{' or '}', a TTL out of range,
+// or a negative wait; ErrClosed after Close; or an error matching ctx.Err()
+// when ctx ended, which also matches ErrNotObtained or ErrUnavailable when
+// an earlier attempt found the lock busy or Redis unavailable, and neither
+// when no attempt got a verdict. It returns within a few milliseconds of
+// ctx's end, an attempt in flight going on in the background; after a failed
+// or cancelled Acquire, a clean-up in the background gives back what its
+// attempts may have taken (GUARANTEES.md, "Acquire, release and the keys").
 // Acquire never returns a lease whose Deadline has passed.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lease, error) {
 	co, err := l.callOptions(name, opts)

@@ -14,17 +14,16 @@ import (
 // default; New applies the defaults in one place and rejects values it cannot
 // honour with ErrInvalid. A nil *Options means all defaults.
 type Options struct {
-	// KeyPrefix is prepended to every lock name. The lock for name is stored
-	// at KeyPrefix+"{"+name+"}" and its fence counter at the same key plus
-	// ":fence", so both share one Redis Cluster hash slot. It must not
+	// KeyPrefix is prepended to every lock name: the lock for name is stored
+	// at KeyPrefix+"{"+name+"}", a hash tag its other keys share. It must not
 	// contain '{' or '}'. Default "lock:".
 	KeyPrefix string
 
 	// Owner says who this Locker is: it is stored with every lock it takes,
 	// shown by Locker.Inspect and the fencelock command, and named in the
-	// ErrNotObtained of another Acquire ("held by pod-2 (pid 7) for 2.4s
-	// more"). At most 200 bytes of printable UTF-8. WithOwner overrides it
-	// per call. Default: the hostname and the process id, "pod-2 (pid 7)".
+	// ErrNotObtained of another Acquire. At most 200 bytes of printable
+	// UTF-8; WithOwner overrides it per call. Default: the hostname and the
+	// process id, "pod-2 (pid 7)".
 	Owner string
 
 	// TTL is how long Redis keeps a lock that is not extended or released.
@@ -34,36 +33,29 @@ type Options struct {
 	TTL time.Duration
 
 	// MinRetryBackoff is the first pause between two attempts of an Acquire
-	// that waits (WithWait). The pause doubles after each busy attempt up to
-	// MaxRetryBackoff, is jittered to between half and all of that value, and
-	// is never longer than the holder's remaining TTL nor than what is left
-	// of the wait. It must be at least 1ms. Default 8ms.
+	// that waits (WithWait); the pause doubles after each busy attempt up to
+	// MaxRetryBackoff, jittered (GUARANTEES.md, "Waiting"). It must be at
+	// least 1ms. Default 8ms.
 	MinRetryBackoff time.Duration
 
 	// MaxRetryBackoff caps the pause between two attempts of an Acquire that
-	// waits. It must not be smaller than MinRetryBackoff. Default 256ms. On
-	// a Redlock, an Acquire in line (see Redlock in the package
-	// documentation) pauses between half and all of MaxRetryBackoff between
-	// attempts, as releases name it when its turn comes, and its entry in
-	// the line lives max(1s, 4 × MaxRetryBackoff) after its last attempt.
+	// waits; on a Redlock it also sets the pauses of a call in line and how
+	// long its entry there lives ("How Redlock works"). It must not be
+	// smaller than MinRetryBackoff. Default 256ms.
 	MaxRetryBackoff time.Duration
 
-	// ReleaseTimeout bounds the Redis calls that give a lock back: Release,
-	// and the clean-up after an Acquire whose outcome is unknown. They run
-	// on a context that is not cancelled with the caller's, so a cancelled
-	// request does not leave its lock held for a whole TTL; when the caller's
-	// context ends first, the call returns and the clean-up goes on in the
-	// background (Locker.Close waits for it). A released lease's token is
-	// remembered in Redis for ReleaseTimeout, so that a release resent by
-	// go-redis after a lost reply reports what the first one did. Default 5s.
+	// ReleaseTimeout bounds the Redis calls that give a lock back (Release,
+	// and the clean-up after an Acquire whose outcome is unknown), which run
+	// on a context not cancelled with the caller's; a released lease's token
+	// is remembered in Redis as long, so that a release resent by go-redis
+	// after a lost reply reports what the first one did. Default 5s.
 	ReleaseTimeout time.Duration
 
 	// FenceRetention is how long a lock name's fence counter is kept after
-	// the name's last acquisition. Fences stay strictly increasing after the
-	// counter expired because each is floored by the server's clock (see
-	// the package documentation): the retention only has to outlast the
-	// largest step back of that clock. A longer retention costs one small
-	// key per name acquired within it. Default 1h.
+	// the name's last acquisition; as fences are floored by the server's
+	// clock, it only has to outlast the largest step back of that clock
+	// ("Fencing tokens"). A longer retention costs one small key per name
+	// acquired within it. Default 1h.
 	FenceRetention time.Duration
 
 	// RenewInterval is how often the watchdog (Lease.KeepAlive and
@@ -72,34 +64,25 @@ type Options struct {
 	// lease's TTL.
 	RenewInterval time.Duration
 
-	// MaxHold caps how long the watchdog keeps renewing one lease. Once a
-	// lease has been held this long it is no longer renewed, and its work
-	// context is cancelled with ErrLost at its deadline, within one TTL.
-	// Unbounded renewal lets a hung (not crashed) holder keep the lock
-	// forever; set MaxHold to the longest the work may legitimately take.
-	// Default 0: no cap.
+	// MaxHold caps how long the watchdog keeps renewing one lease, so that a
+	// hung (not crashed) holder cannot keep the lock forever: past it the
+	// work context is cancelled with ErrLost at the lease's deadline, within
+	// one TTL. Set it to the longest the work may legitimately take. Default
+	// 0: no cap.
 	MaxHold time.Duration
 
 	// Replicas is how many replicas must acknowledge an acquisition or an
 	// extension before it counts (WAIT, on the connection that ran the
-	// script, so that it counts that write). An acquisition acknowledged by
-	// fewer is released in the background and Acquire returns an error
-	// matching ErrUnavailable that says "k of n replicas acknowledged"; an
-	// extension acknowledged by fewer does not move Deadline and counts as a
-	// failed renewal. An answer that wrote no lock (busy; not held) stands
-	// whatever WAIT says: ErrNotObtained, ErrNotHeld. On a Cluster the
-	// script and WAIT follow MOVED and ASK to the slot's master. It makes a
-	// failover to an acknowledging replica keep the lock. An
-	// acknowledgement is not durability: the replica has the write in
-	// memory; with ReplicaFsync, on disk. 0, the default: do not wait.
+	// script). An acquisition acknowledged by fewer is given back and
+	// Acquire returns ErrUnavailable ("k of n replicas acknowledged"); an
+	// extension acknowledged by fewer does not move Deadline. An answer that
+	// wrote no lock (busy; not held) stands whatever WAIT says. See
+	// "Replicas and failover". 0, the default: do not wait.
 	Replicas int
 
-	// ReplicaTimeout bounds each WAIT. A replica in the same region
-	// acknowledges within milliseconds; 100ms absorbs a replica's pause
-	// without letting an unhealthy one delay every acquisition for long. It
-	// must be shorter than a third of the TTL (the watchdog renews at that
-	// interval, and each renewal waits for it too). Default 100ms; used only
-	// when Replicas is positive.
+	// ReplicaTimeout bounds each WAIT. It must be shorter than a third of the
+	// TTL (the watchdog renews at that interval, and each renewal waits for
+	// it too). Default 100ms; used only when Replicas is positive.
 	ReplicaTimeout time.Duration
 
 	// ReplicaFsync makes the wait WAITAOF (Redis 7.2 and later, with
@@ -109,33 +92,22 @@ type Options struct {
 	// false.
 	ReplicaFsync bool
 
-	// AttemptTimeout bounds how long one attempt of an Acquire (one script
-	// call to the deployment, or to a quorum's nodes) waits for its reply:
-	// past it the attempt counts as Redis unavailable ("no reply within
-	// AttemptTimeout"), whatever the go-redis client's options, and a wait
-	// (WithWait) tries again. An attempt of a fail-open call also ends at
-	// half the time left before its context's deadline, so that the work
-	// can still run degraded before it. A reply that comes later is made
-	// harmless, as for any attempt of unknown outcome. It must be at least
-	// 1ms. Default 1s: above what a working Redis takes even on a new
-	// connection over a slow link (a dial, HELLO, EVALSHA, NOSCRIPT and EVAL:
-	// five round trips, 500ms at 100ms each), and below go-redis's own
-	// bounds on a dead one (a 3s ReadTimeout, retried; dial retries of about
-	// 1.7s on a refused port), so that a call without a deadline learns of
-	// an outage within a second. A fail-open call with a 1s deadline gives
-	// its attempt 500ms by the rule above, and runs its work degraded with
-	// half a second left.
+	// AttemptTimeout bounds how long one attempt of an Acquire waits for its
+	// reply, whatever the go-redis client's options: past it the attempt
+	// counts as Redis unavailable ("no reply within AttemptTimeout"), and a
+	// wait (WithWait) tries again. An attempt of a fail-open call also ends
+	// at half the time left before its context's deadline. It must be at
+	// least 1ms. Default 1s (why: "Deadlines and the watchdog").
 	AttemptTimeout time.Duration
 
 	// FailOpen decides in advance what RunWithLock does when Redis is
-	// unavailable at acquisition. false (the default, fail-closed):
-	// RunWithLock returns ErrUnavailable and does not run the work. true
-	// (fail-open): the work runs without the lock, on a degraded Lease whose
-	// Degraded reports true and whose Fence is 0, and the event is logged at
+	// unavailable at acquisition: false (the default, fail-closed) returns
+	// ErrUnavailable without running the work; true runs the work without
+	// the lock, on a degraded Lease (Degraded true, Fence 0), logged at
 	// Error level. WithFailOpen overrides it per call, and makes Acquire
 	// fail open too. Choose fail-open only where running the work twice is
-	// acceptable, or where the resource's own checks make it safe (see
-	// "Degraded runs" in the package documentation).
+	// acceptable, or where the resource's own checks make it safe ("Fail-open
+	// and degraded runs").
 	FailOpen bool
 
 	// Logger receives the library's events: acquired, not obtained and
@@ -145,25 +117,19 @@ type Options struct {
 	Logger *slog.Logger
 
 	// Observer, if set, is told of every Acquire, Release and RunWithLock,
-	// renewal and loss, for metrics and traces (the module
-	// github.com/fencelock/fencelock/otel implements it with OpenTelemetry).
-	// Default nil.
+	// renewal and loss, for metrics and traces (see Observer). Default nil.
 	Observer Observer
 
-	// OnLost, if set, is called once for each lease lost while the watchdog
-	// ran (taken over, deleted, or its deadline passed unrenewed), after the
-	// work context was cancelled, with the cause (which matches ErrLost);
-	// also when RunWithLock finds the loss only as its work returns (the
-	// deadline passed, or the release after the work found the lock gone).
+	// OnLost, if set, is called once for each lease lost (see KeepAlive),
+	// after the work context was cancelled, with the cause (which matches
+	// ErrLost); also when RunWithLock finds the loss only as its work returns.
 	// It runs on the watchdog's goroutine, or RunWithLock's, and must not
-	// block for long nor call the lease's Release.
-	// Default nil.
+	// block for long nor call the lease's Release. Default nil.
 	OnLost func(lease *Lease, cause error)
 
 	// Clock is the local time source for lease deadlines, the watchdog's
-	// timers and the pauses of a wait. Replace it only to test how the lock
-	// behaves when the local clock runs fast or slow. Default: the system's
-	// monotonic clock (time.Now and time.NewTimer).
+	// timers and the pauses of a wait; replace it only to test a local clock
+	// that runs fast or slow. Default: the system's monotonic clock.
 	Clock Clock
 }
 
@@ -381,17 +347,13 @@ func WithWait(d time.Duration) Option {
 }
 
 // WithFair makes a waiting Acquire (WithWait) wait in line: fair waiters of
-// a lock are served in the order their first attempts reached Redis (see
-// "Fair waiting" in the package documentation), and a release hands
-// the lock straight to the first one, fence and all, in the same step
-// (release.lua): the waiter holds the lock when the release's message
-// arrives, with no further round trip, and confirms it with a keep-alive if
-// the message is lost. A plain Acquire of a lock with fair waiters in line
+// a lock are served in the order their first attempts reached Redis, and a
+// release hands the lock straight to the first one, fence and all, so that
+// it holds the lock when the release's message arrives (GUARANTEES.md, "How
+// fair waiting works"). A plain Acquire of a lock with fair waiters in line
 // does not jump the queue: it finds the lock busy until the queue is empty.
-// Without WithWait, WithFair changes nothing: a single attempt takes the lock
-// only if it is free and nobody is in line. A NewRedlock Locker rejects
-// WithFair with ErrInvalid: a queue kept on a quorum of nodes would need
-// consensus among them, which Redis does not offer.
+// Without WithWait, WithFair changes nothing. A NewRedlock Locker rejects
+// WithFair with ErrInvalid.
 func WithFair() Option {
 	return func(c callOptions) callOptions { c.fair = true; return c }
 }

@@ -12,9 +12,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Push-based waiting, as documented in doc.go: the release script publishes
-// on a channel named like the lock key, and waiting Acquire calls listen
-// through a notifier.
+// Push-based waiting, as documented in GUARANTEES.md ("Waiting"): the release
+// script publishes on a channel named like the lock key, and waiting Acquire
+// calls listen through a notifier.
 //
 // A waiter's registration and departure only change maps under notifier.mu
 // and kick a hub: subscribing and unsubscribing never sit on Acquire's

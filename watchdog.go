@@ -9,36 +9,23 @@ import (
 	"time"
 )
 
-// RunWithLock acquires the lock called name, runs work while a watchdog
-// renews the lease, then releases it. Without WithWait it tries once.
+// RunWithLock acquires the lock called name as Acquire does, runs work
+// while a watchdog renews the lease (see Lease.KeepAlive), then releases it
+// within Release's bounds, also when work panics (the panic then continues)
+// or calls runtime.Goexit. work's context, derived from ctx, is cancelled
+// with cause ErrLost as soon as the lease is no longer certainly held; pass
+// lease.Fence() to the resource the work writes.
 //
-// work's context is derived from ctx and is cancelled with cause ErrLost
-// (see context.Cause) as soon as the lease is no longer certainly held: the
-// lock was taken over or deleted, or Redis could not renew it before the
-// lease's local Deadline, which comes before the server could grant the lock
-// to anyone else. Pass lease.Fence() to the resource the work writes.
-//
-// RunWithLock returns
-//
-//   - Acquire's error when the lock was not acquired (ErrNotObtained,
-//     ErrUnavailable, ErrMisconfigured, ctx's error, ErrInvalid); work did
-//     not run, except with Options.FailOpen on ErrUnavailable alone, when
-//     work runs on a degraded lease and its error is returned;
-//   - ErrInvalid for a nil work; work did not run;
-//   - otherwise work's error, joined (on one line) with an error matching
-//     ErrLost whenever the lease was lost while work ran or was found not
-//     held when released, even if work returned nil: mutual exclusion may
-//     have been broken.
-//
-// If work calls lease.Release itself, RunWithLock returns work's error (joined
-// with ErrLost only if the lease was lost before that). Otherwise the lock is
-// released when work returns, also when work panics (the panic then
-// continues) or calls runtime.Goexit: see Release, whose bounds apply (ctx's
-// deadline, ReleaseTimeout; past them the release goes on in the
-// background). A lost lease is released in the background at once, so that
-// RunWithLock returns when work does. A release that fails is logged at Warn
-// level and not returned: the work's outcome stands, and the lock expires
-// after its TTL.
+// It returns Acquire's error, work not having run, unless fail-open
+// (WithFailOpen, Options.FailOpen) ran it on a degraded lease after
+// ErrUnavailable (work's error is then returned); ErrInvalid for a nil
+// work; otherwise work's error, joined (on one line) with an error matching
+// ErrLost whenever the lease was lost while work ran or was found not held
+// when released (if work called lease.Release itself, only a loss before
+// that counts), even if work returned nil: mutual exclusion may have been
+// broken. A failed release is logged at Warn level, not returned, and the
+// lock expires after its TTL; a lost lease is released in the background at
+// once, so that RunWithLock returns when work does.
 func (l *Locker) RunWithLock(ctx context.Context, name string,
 	work func(ctx context.Context, lease *Lease) error, opts ...Option) error {
 	if err := l.usable(); err != nil {
@@ -140,27 +127,19 @@ func joinErr(werr, lost error) error {
 
 // KeepAlive starts the lease's watchdog, if it is not running yet, and returns
 // a context derived from ctx that is cancelled with cause ErrLost when the
-// lease is lost. The watchdog renews the lock every Options.RenewInterval
-// (default TTL/3) from the start of the previous renewal, and sooner when
-// less than that is left (a KeepAlive called late, an Extend that shortened
-// the TTL). It cancels the context when a renewal finds the lock taken over
-// or deleted, or when the lease's Deadline passes before a renewal succeeded
-// (a local timer: a hung Redis call does not delay it). Failed renewals are
-// retried with a short, capped, jittered backoff.
-//
-// The watchdog follows the caller's own Extend calls: it renews by the TTL
-// the last one set, moves its deadline timer with them, and cancels the
-// context at once when one finds the lock no longer held.
+// lease is lost: a renewal, or an Extend of the caller's, found the lock
+// taken over or deleted, or the lease's Deadline passed before a renewal
+// succeeded. The watchdog renews the lock every Options.RenewInterval
+// (default TTL/3) and follows the caller's own Extend calls (GUARANTEES.md,
+// "Deadlines and the watchdog").
 //
 // The watchdog runs until Release, which cancels the returned context (with a
 // cause matching ErrNotHeld), stops the watchdog and waits for it to exit.
 // Cancelling ctx cancels the returned context but does not stop the watchdog:
 // the lock stays held until Release. Call Release exactly when the work is
-// done, also on error paths (defer it).
-//
-// On a lease that is already lost, released or found not held, and on a nil
-// lease, KeepAlive returns a context that is already cancelled with the
-// cause.
+// done, also on error paths (defer it). On a lease that is already lost,
+// released or found not held, and on a nil lease, KeepAlive returns a
+// context that is already cancelled with the cause.
 func (l *Lease) KeepAlive(ctx context.Context) context.Context {
 	workCtx, cancel := context.WithCancelCause(ctx)
 	if l == nil || l.locker == nil {
