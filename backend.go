@@ -25,7 +25,8 @@ type backend interface {
 	// token holds it.
 	extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error)
 	// release deletes the lock if lease's token holds it and retires the
-	// token (mode: modeRelease or modeAbandon; see release.lua). It returns
+	// token (mode: modeRelease or modeAbandon; see release.lua and
+	// redlock_release.lua). It returns
 	// 1 when the lock was deleted (now or by an earlier try), 0 when it
 	// does not exist, -1 when another token holds it, and in perr the
 	// error of a wake-up that could not be published.
@@ -342,30 +343,31 @@ func isReplicaShort(err error) bool {
 }
 
 func (d *deployment) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
-	return d.releaseIn(ctx, lease, mode, "")
-}
-
-// releaseIn is release that also takes the call lineID out of the node's
-// Redlock line, in the same script ("" for none; see line).
-func (d *deployment) releaseIn(ctx context.Context, lease *Lease, mode, lineID string) (int64, error, error) {
 	markerTTL := d.l.releaseTimeoutMillis
 	if mode != modeRelease {
 		// A late attempt is refused for as long as its lock would live.
-		markerTTL = ttlMillis(max(lease.ttl, d.l.opts.ReleaseTimeout))
+		markerTTL = d.abandonMarkerMillis(lease)
 	}
-	channel := lease.keyArgs[keyLock] // the wake-up channel is the lock key on database 0
-	if d.dbTag != "" {
-		channel = d.channel(lease.keys[keyLock])
-	}
-	argv := []any{lease.tokenArg, channel, mode, markerTTL, d.l.retentionMillis}
-	if lineID != "" {
-		argv = append(argv, lineID)
-	}
-	reply, err := evalScript(ctx, d.client, releaseScript, false, lease.keyArgs[:], argv).Result()
+	reply, err := evalScript(ctx, d.client, releaseScript, false, lease.keyArgs[:],
+		[]any{lease.tokenArg, d.channelArg(lease), mode, markerTTL, d.l.retentionMillis}).Result()
 	if err != nil {
 		return 0, nil, err
 	}
 	return decodeRelease(reply)
+}
+
+// abandonMarkerMillis is how long a token marker that refuses a late
+// attempt of lease is kept: as long as its lock would live.
+func (d *deployment) abandonMarkerMillis(lease *Lease) int64 {
+	return ttlMillis(max(lease.ttl, d.l.opts.ReleaseTimeout))
+}
+
+// channelArg returns the wake-up channel of lease's lock, boxed.
+func (d *deployment) channelArg(lease *Lease) any {
+	if d.dbTag == "" {
+		return lease.keyArgs[keyLock] // the lock key on database 0
+	}
+	return d.channel(lease.keys[keyLock])
 }
 
 func (d *deployment) register(key, token string, _ *line) *waiter {

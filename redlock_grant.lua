@@ -4,7 +4,7 @@
 -- (a repair, with the lease's fence).
 --
 -- KEYS[1]  lock key, whose value is "<token> <fence> <owner>"
--- KEYS[2]  token marker, lock:{name}:t:<token> (see release.lua)
+-- KEYS[2]  token marker, lock:{name}:t:<token> (see redlock_release.lua)
 -- KEYS[3]  fence counter, lock:{name}:fence
 -- KEYS[4]  line, lock:{name}:q: waiting Acquire calls by when they joined
 --          (TIME, microseconds)
@@ -23,7 +23,7 @@
 -- ARGV[7]  entry ttl        milliseconds a line entry lives unless the
 --                           call's next attempt comes (its Locker's)
 --
--- The line orders wake-ups only (release.lua names its first live entry):
+-- The line orders wake-ups only (redlock_release.lua names its first live entry):
 -- an attempt that finds the lock held joins it, or keeps its place and
 -- entry alive; one that gets the lock here leaves it. Nothing here waits
 -- for it: any attempt may take a free lock.

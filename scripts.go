@@ -38,6 +38,10 @@ var (
 	grantLua    string
 	grantScript = redis.NewScript(grantLua)
 
+	//go:embed redlock_release.lua
+	redlockReleaseLua    string
+	redlockReleaseScript = redis.NewScript(redlockReleaseLua)
+
 	//go:embed redlock_fence.lua
 	setFenceLua    string
 	setFenceScript = redis.NewScript(setFenceLua)
@@ -72,7 +76,7 @@ var scriptHashes, scriptSources = func() (h, src map[*redis.Script]any) {
 	h, src = make(map[*redis.Script]any), make(map[*redis.Script]any)
 	for s, lua := range map[*redis.Script]string{
 		acquireScript: acquireLua, releaseScript: releaseLua, extendScript: extendLua,
-		inspectScript: inspectLua, grantScript: grantLua, setFenceScript: setFenceLua, queueScript: queueLua,
+		inspectScript: inspectLua, grantScript: grantLua, redlockReleaseScript: redlockReleaseLua, setFenceScript: setFenceLua, queueScript: queueLua,
 	} {
 		h[s], src[s] = s.Hash(), lua
 	}
