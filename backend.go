@@ -176,6 +176,39 @@ func (d *deployment) acquire(ctx context.Context, lease *Lease) attempt {
 	return attempt{pttl: time.Duration(val) * time.Millisecond, owner: owner}
 }
 
+// errRetired is the acquire script's refusal of a token whose Acquire gave
+// up or whose lease was released: only a late copy of an attempt meets it.
+var errRetired = errors.New("the acquisition was given up")
+
+// decodeAcquire decodes the acquire script's reply: {1, fence} with the fence
+// as a decimal string, {0, pttl, owner} with the holder's PTTL in
+// milliseconds and its owner, or {2} for a retired token, which reads as an
+// error.
+func decodeAcquire(reply any) (ok bool, value int64, owner string, err error) {
+	arr, isArr := reply.([]any)
+	if !isArr || len(arr) == 0 {
+		return false, 0, "", fmt.Errorf("%w from the acquire script: %v", errReply, reply)
+	}
+	flag, _ := arr[0].(int64)
+	switch {
+	case flag == 0 && len(arr) == 3:
+		pttl, isInt := arr[1].(int64)
+		owner, isStr := arr[2].(string)
+		if isInt && isStr {
+			return false, pttl, owner, nil
+		}
+	case flag == 1 && len(arr) == 2:
+		s, isStr := arr[1].(string)
+		fence, err := strconv.ParseInt(s, 10, 64)
+		if isStr && err == nil && fence > 0 {
+			return true, fence, "", nil
+		}
+	case flag == 2 && len(arr) == 1:
+		return false, 0, "", errRetired
+	}
+	return false, 0, "", fmt.Errorf("%w from the acquire script: %v", errReply, reply)
+}
+
 func (d *deployment) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
 	reply, err := d.run(ctx, extendScript, renewal, lease.keyArgs[keyLock:keyLock+1], lease.tokenArg, d.l.ttlArg(ttl))
 	if err != nil && reply == nil {
@@ -354,6 +387,26 @@ func (d *deployment) release(ctx context.Context, lease *Lease, mode string) (in
 		return 0, nil, err
 	}
 	return decodeRelease(reply)
+}
+
+// decodeRelease decodes the reply of release.lua (and redlock_release.lua):
+// 1, 0 or -1, or {1, error}
+// when the lock was deleted but the wake-up could not be published.
+func decodeRelease(reply any) (code int64, perr, err error) {
+	switch r := reply.(type) {
+	case int64:
+		if r >= -1 && r <= 1 {
+			return r, nil, nil
+		}
+	case []any:
+		if len(r) == 2 {
+			msg, _ := r[1].(string)
+			if c, _ := r[0].(int64); c == 1 {
+				return 1, errors.New(oneLine(msg)), nil
+			}
+		}
+	}
+	return 0, nil, fmt.Errorf("%w from the release script: %v", errReply, reply)
 }
 
 // abandonMarkerMillis is how long a token marker that refuses a late
