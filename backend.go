@@ -224,7 +224,7 @@ func (d *deployment) extend(ctx context.Context, lease *Lease, ttl time.Duration
 	return code, nil // 0 or -1, which wrote nothing, stand whatever WAIT said
 }
 
-// run runs script on the lock's keys, given boxed (a Lease keeps its keys
+// run runs s on the lock's keys, given boxed (a Lease keeps its keys
 // boxed, so that the scripts of one lease do not box them again): EVALSHA,
 // then EVAL if the server does not have the script, or EVAL alone when
 // eval is set. With Options.Replicas, it sends WAIT (or WAITAOF) after the
@@ -235,10 +235,10 @@ func (d *deployment) extend(ctx context.Context, lease *Lease, ttl time.Duration
 // wrapping ErrUnavailable, when fewer replicas acknowledged, or WAIT's own
 // error; the script's reply is returned with it, and its decoder decides:
 // an answer that says the script wrote nothing stands whatever WAIT said.
-func (d *deployment) run(ctx context.Context, script *redis.Script, eval bool, keys []any, argv ...any) (any, error) {
+func (d *deployment) run(ctx context.Context, s *script, eval bool, keys []any, argv ...any) (any, error) {
 	o := &d.l.opts
 	if o.Replicas == 0 {
-		return evalScript(ctx, d.client, script, eval, keys, argv).Result()
+		return evalScript(ctx, d.client, s, eval, keys, argv).Result()
 	}
 	key, _ := keys[0].(string)
 	node, err := d.node(ctx, key)
@@ -252,7 +252,7 @@ func (d *deployment) run(ctx context.Context, script *redis.Script, eval bool, k
 		if asking {
 			pipe.Do(ctx, "ASKING") // the next command on this connection only
 		}
-		cmd := pipe.Do(ctx, scriptArgs(script, eval, keys, argv)...)
+		cmd := pipe.Do(ctx, scriptArgs(s, eval, keys, argv)...)
 		var wait *redis.Cmd
 		if o.ReplicaFsync {
 			wait = pipe.Do(ctx, "WAITAOF", 1, o.Replicas, timeout)
@@ -389,9 +389,9 @@ func (d *deployment) release(ctx context.Context, lease *Lease, mode string) (in
 	return decodeRelease(reply)
 }
 
-// decodeRelease decodes the reply of release.lua (and redlock_release.lua):
-// 1, 0 or -1, or {1, error}
-// when the lock was deleted but the wake-up could not be published.
+// decodeRelease decodes the reply of release.lua and redlock_release.lua: 1,
+// 0 or -1, or {1, error} when the lock was deleted but the wake-up could not
+// be published.
 func decodeRelease(reply any) (code int64, perr, err error) {
 	switch r := reply.(type) {
 	case int64:

@@ -2,82 +2,66 @@ package fencelock
 
 import (
 	"context"
-	_ "embed"
+	"crypto/sha1"
+	"embed"
+	"encoding/hex"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// The Lua scripts, one per file. Each is compiled once and run with
-// Script.Run, which sends EVALSHA and falls back to EVAL when the server does
-// not have the script cached; only the watchdog's renewals send EVAL directly
+// A script is one of the library's Lua scripts, one file each. They are sent
+// as EVALSHA, and as EVAL when the server does not have the script cached
+// (evalScript, deployment.run); the watchdog's renewals send EVAL directly
 // (see Lease.extend). Every key a script touches is passed in KEYS.
+type script struct {
+	name      string // the file's, without ".lua"
+	src, hash any    // the source and its SHA1, boxed once for the commands' arguments
+}
+
+//go:embed *.lua
+var luaFiles embed.FS
+
+// newScript reads the script name.lua.
+func newScript(name string) *script {
+	src, err := luaFiles.ReadFile(name + ".lua")
+	if err != nil {
+		panic("fencelock: " + err.Error())
+	}
+	sum := sha1.Sum(src)
+	return &script{name: name, src: string(src), hash: hex.EncodeToString(sum[:])}
+}
+
 var (
-	//go:embed acquire.lua
-	acquireLua    string
-	acquireScript = redis.NewScript(acquireLua)
-
-	//go:embed release.lua
-	releaseLua    string
-	releaseScript = redis.NewScript(releaseLua)
-
-	//go:embed extend.lua
-	extendLua    string
-	extendScript = redis.NewScript(extendLua)
-
-	//go:embed queue.lua
-	queueLua    string
-	queueScript = redis.NewScript(queueLua)
-
-	//go:embed inspect.lua
-	inspectLua    string
-	inspectScript = redis.NewScript(inspectLua)
-
-	//go:embed redlock_grant.lua
-	grantLua    string
-	grantScript = redis.NewScript(grantLua)
-
-	//go:embed redlock_release.lua
-	redlockReleaseLua    string
-	redlockReleaseScript = redis.NewScript(redlockReleaseLua)
-
-	//go:embed redlock_fence.lua
-	setFenceLua    string
-	setFenceScript = redis.NewScript(setFenceLua)
+	acquireScript        = newScript("acquire")
+	releaseScript        = newScript("release")
+	extendScript         = newScript("extend")
+	queueScript          = newScript("queue")
+	inspectScript        = newScript("inspect")
+	grantScript          = newScript("redlock_grant")
+	redlockReleaseScript = newScript("redlock_release")
+	setFenceScript       = newScript("redlock_fence")
 )
 
-// scriptHashes and scriptSources are each script's SHA1 and source, boxed
-// once for the commands' arguments.
-var scriptHashes, scriptSources = func() (h, src map[*redis.Script]any) {
-	h, src = make(map[*redis.Script]any), make(map[*redis.Script]any)
-	for s, lua := range map[*redis.Script]string{
-		acquireScript: acquireLua, releaseScript: releaseLua, extendScript: extendLua,
-		inspectScript: inspectLua, grantScript: grantLua, redlockReleaseScript: redlockReleaseLua, setFenceScript: setFenceLua, queueScript: queueLua,
-	} {
-		h[s], src[s] = s.Hash(), lua
-	}
-	return h, src
-}()
-
-// scriptArgs returns the arguments of EVALSHA (or EVAL) running script:
-// what Script.Run sends, without boxing the keys and the hash again.
-func scriptArgs(script *redis.Script, eval bool, keys, argv []any) []any {
+// scriptArgs returns the arguments of EVALSHA (or EVAL) running s, without
+// boxing the keys and the hash again.
+func scriptArgs(s *script, eval bool, keys, argv []any) []any {
 	args := make([]any, 0, 3+len(keys)+len(argv))
 	if eval {
-		args = append(args, "eval", scriptSources[script])
+		args = append(args, "eval", s.src)
 	} else {
-		args = append(args, "evalsha", scriptHashes[script])
+		args = append(args, "evalsha", s.hash)
 	}
 	args = append(args, len(keys))
 	args = append(args, keys...)
 	return append(args, argv...)
 }
 
-// evalScript runs script on c: EVALSHA, then EVAL when the server does not
-// have it cached (NOSCRIPT), or EVAL alone when eval is set.
-func evalScript(ctx context.Context, c redis.UniversalClient, script *redis.Script, eval bool, keys, argv []any) *redis.Cmd {
-	cmd := c.Do(ctx, scriptArgs(script, eval, keys, argv)...)
+// evalScript runs s on c: EVALSHA, then EVAL when the server does not have
+// it cached (NOSCRIPT), or EVAL alone when eval is set.
+func evalScript(ctx context.Context, c redis.UniversalClient, s *script, eval bool, keys, argv []any) *redis.Cmd {
+	cmd := c.Do(ctx, scriptArgs(s, eval, keys, argv)...)
 	if err := cmd.Err(); !eval && err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") { // no allocation on success
-		cmd = c.Do(ctx, scriptArgs(script, true, keys, argv)...)
+		cmd = c.Do(ctx, scriptArgs(s, true, keys, argv)...)
 	}
 	return cmd
 }
