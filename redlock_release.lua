@@ -32,37 +32,18 @@
 -- Returns what release.lua returns: 1, 0, -1, or {1, error} when the
 -- message could not be published.
 
--- clock returns this node's TIME in microseconds, as a decimal string, and
--- in milliseconds.
-local function clock()
-	local t = redis.call('TIME')
-	return t[1] .. string.rep('0', 6 - #t[2]) .. t[2], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
 if ARGV[5] then
 	-- The releasing lease's Acquire leaves this node's Redlock line: it may
 	-- have kept its entry alive here while another still held this node.
-	redis.call('ZREM', KEYS[3], ARGV[5])
-	redis.call('HDEL', KEYS[4], ARGV[5])
+	drop(KEYS[3], KEYS[4], ARGV[5])
 end
-local code
-local held = redis.call('GET', KEYS[1])
-if held and string.sub(held, 1, #ARGV[1] + 1) == ARGV[1] .. ' ' then
-	redis.call('DEL', KEYS[1])
-	code = 1
-elseif redis.call('GET', KEYS[2]) == 'r' then
-	return 1
-elseif held then
-	code = -1
-else
-	code = 0
-end
-if code == 1 then
+local code, deleted = unlock(KEYS[1], KEYS[2], ARGV[1])
+if deleted then
 	redis.call('SET', KEYS[2], 'r', 'PX', ARGV[4])
-else
+elseif code ~= 1 then
 	redis.call('SET', KEYS[2], 'a', 'PX', ARGV[4])
 end
-if code ~= 1 or ARGV[3] == 'a' then
+if not deleted or ARGV[3] == 'a' then
 	return code
 end
 
@@ -70,32 +51,14 @@ local message = 'released'
 local channel = ARGV[2]
 if redis.call('EXISTS', KEYS[3]) == 1 then
 	local _, nowMs = clock()
-	while true do
-		local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-		if not head then
-			break
+	local head = firstLive(KEYS[3], KEYS[4], nowMs)
+	if head then
+		message = 'next ' .. head
+		-- Heard by the named call's Locker alone, when the id has its tag.
+		local tag = string.match(head, '^(%x+)%.')
+		if tag then
+			channel = ARGV[2] .. ':n:' .. tag
 		end
-		local expiry = tonumber(redis.call('HGET', KEYS[4], head))
-		if expiry and expiry >= nowMs then
-			message = 'next ' .. head
-			-- Heard by the named call's Locker alone, when the id has its
-			-- tag.
-			local tag = string.match(head, '^(%x+)%.')
-			if tag then
-				channel = ARGV[2] .. ':n:' .. tag
-			end
-			break
-		end
-		redis.call('ZREM', KEYS[3], head)
-		redis.call('HDEL', KEYS[4], head)
 	end
 end
-local ok, err = pcall(redis.call, 'SPUBLISH', channel, message)
-if not ok then
-	local ok2 = pcall(redis.call, 'PUBLISH', channel, message)
-	if not ok2 then
-		if type(err) == 'table' then err = err.err end
-		return {1, tostring(err)}
-	end
-end
-return 1
+return publish(channel, message)

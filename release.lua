@@ -38,56 +38,30 @@
 -- Messages use sharded pub/sub (SPUBLISH, Redis 7) and fall back to PUBLISH
 -- on a server without it; waiters subscribe the same way.
 
--- clock returns this node's TIME in microseconds, as a decimal string, and
--- in milliseconds.
-local function clock()
-	local t = redis.call('TIME')
-	return t[1] .. string.rep('0', 6 - #t[2]) .. t[2], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
-local code
-local held = redis.call('GET', KEYS[1])
-if held and string.sub(held, 1, #ARGV[1] + 1) == ARGV[1] .. ' ' then
-	redis.call('DEL', KEYS[1])
-	code = 1
-elseif redis.call('GET', KEYS[2]) == 'r' then
-	return 1
-elseif held then
-	code = -1
-else
-	code = 0
-end
-if code == 1 then
+local code, deleted = unlock(KEYS[1], KEYS[2], ARGV[1])
+if deleted then
 	redis.call('SET', KEYS[2], 'r', 'PX', ARGV[4])
-elseif ARGV[3] ~= 'r' then
+elseif code ~= 1 and ARGV[3] ~= 'r' then
 	redis.call('SET', KEYS[2], 'a', 'PX', ARGV[4])
 end
-if code ~= 1 then
+if not deleted then
 	return code
 end
 
 local message = 'released'
-local channel = ARGV[2]
 if redis.call('EXISTS', KEYS[4]) == 1 then
 	local now, nowMs = clock()
 	while true do
-		local head = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
+		-- The first live waiter leaves the queue and gets the lock, with
+		-- its TTL and owner (an entry in another shape is dropped).
+		local head, entry = firstLive(KEYS[4], KEYS[5], nowMs)
 		if not head then
 			break
 		end
-		local entry = redis.call('HGET', KEYS[5], head)
-		redis.call('ZREM', KEYS[4], head)
-		redis.call('HDEL', KEYS[5], head)
-		local expiry, ttl, owner = string.match(entry or '', '^(%d+) (%d+) (.*)$')
-		if expiry and tonumber(expiry) >= nowMs then
-			-- The fence, as acquire.lua issues it.
-			local fence = now
-			local prev = redis.call('SET', KEYS[3], now, 'PX', ARGV[5], 'GET')
-			if prev and (#prev > #now or (#prev == #now and prev >= now)) then
-				redis.call('SET', KEYS[3], prev, 'PX', ARGV[5])
-				redis.call('INCR', KEYS[3])
-				fence = redis.call('GET', KEYS[3])
-			end
+		drop(KEYS[4], KEYS[5], head)
+		local ttl, owner = string.match(entry, '^%d+ (%d+) (.*)$')
+		if ttl then
+			local fence = issueFence(KEYS[3], now, ARGV[5])
 			redis.call('SET', KEYS[1], head .. ' ' .. fence .. ' ' .. owner, 'PX', ttl)
 			message = 'granted ' .. head .. ' ' .. fence
 			break
@@ -97,12 +71,4 @@ end
 if message == 'released' and ARGV[3] == 'a' then
 	return code
 end
-local ok, err = pcall(redis.call, 'SPUBLISH', channel, message)
-if not ok then
-	local ok2 = pcall(redis.call, 'PUBLISH', channel, message)
-	if not ok2 then
-		if type(err) == 'table' then err = err.err end
-		return {1, tostring(err)}
-	end
-end
-return 1
+return publish(ARGV[2], message)

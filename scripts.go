@@ -21,25 +21,34 @@ type script struct {
 //go:embed *.lua
 var luaFiles embed.FS
 
-// newScript reads the script name.lua.
-func newScript(name string) *script {
+// newScript reads the script name.lua, after the functions the scripts
+// share (prelude.lua, local to each script) when prelude is set.
+func newScript(name string, prelude bool) *script {
+	src := readLua(name)
+	if prelude {
+		src = readLua("prelude") + "\n" + src
+	}
+	sum := sha1.Sum([]byte(src))
+	return &script{name: name, src: src, hash: hex.EncodeToString(sum[:])}
+}
+
+func readLua(name string) string {
 	src, err := luaFiles.ReadFile(name + ".lua")
 	if err != nil {
 		panic("fencelock: " + err.Error())
 	}
-	sum := sha1.Sum(src)
-	return &script{name: name, src: string(src), hash: hex.EncodeToString(sum[:])}
+	return string(src)
 }
 
 var (
-	acquireScript        = newScript("acquire")
-	releaseScript        = newScript("release")
-	extendScript         = newScript("extend")
-	queueScript          = newScript("queue")
-	inspectScript        = newScript("inspect")
-	grantScript          = newScript("redlock_grant")
-	redlockReleaseScript = newScript("redlock_release")
-	setFenceScript       = newScript("redlock_fence")
+	acquireScript        = newScript("acquire", true)
+	releaseScript        = newScript("release", true)
+	extendScript         = newScript("extend", true)
+	queueScript          = newScript("queue", true)
+	inspectScript        = newScript("inspect", false)
+	grantScript          = newScript("redlock_grant", true)
+	redlockReleaseScript = newScript("redlock_release", true)
+	setFenceScript       = newScript("redlock_fence", true)
 )
 
 // scriptArgs returns the arguments of EVALSHA (or EVAL) running s, without
