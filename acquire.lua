@@ -34,27 +34,21 @@
 --                     lease was released; a late copy of the attempt must
 --                     not take the lock
 --
--- The fence is the previous fence plus one, floored by the server's TIME in
--- microseconds, so it keeps increasing when the counter key is lost or has
--- expired. Nothing is written when the counter cannot be incremented (at
--- its maximum: INCR fails before writing). release.lua issues fences the
--- same way when it hands the lock to a waiter.
+-- The fence is issued by issueFence (prelude.lua), as release.lua issues it
+-- when it hands the lock to a waiter.
 
 if redis.call('EXISTS', KEYS[2]) == 1 then
 	return {2}
 end
 local token = ARGV[1]
 local held = redis.call('GET', KEYS[1])
-if held and string.sub(held, 1, #token + 1) == token .. ' ' then
+if holds(held, token) then
 	redis.call('PEXPIRE', KEYS[1], ARGV[2])
-	redis.call('ZREM', KEYS[4], token)
-	redis.call('HDEL', KEYS[5], token)
+	drop(KEYS[4], KEYS[5], token)
 	return {1, string.match(held, '^(%d+)', #token + 2)}
 end
 
-local t = redis.call('TIME')
-local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-local nowMs = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now, nowMs = clock()
 
 -- join the queue, or refresh this waiter's entry
 local function join()
@@ -70,25 +64,11 @@ if held then
 	if ARGV[5] == '1' then
 		join()
 	end
-	return {0, redis.call('PTTL', KEYS[1]), string.match(held, '^%S+ %S+ (.*)$') or ''}
+	return {0, redis.call('PTTL', KEYS[1]), ownerOf(held)}
 end
 
--- Free: the first live waiter in the queue goes first. Entries whose waiter
--- stopped keeping them alive are dropped.
-local first
-while true do
-	local head = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
-	if not head then
-		break
-	end
-	local entry = redis.call('HGET', KEYS[5], head)
-	if entry and tonumber(string.match(entry, '^(%d+)')) >= nowMs then
-		first = head
-		break
-	end
-	redis.call('ZREM', KEYS[4], head)
-	redis.call('HDEL', KEYS[5], head)
-end
+-- Free: the first live waiter in the queue goes first.
+local first = firstLive(KEYS[4], KEYS[5], nowMs)
 if first and first ~= token then
 	if ARGV[5] == '1' then
 		join()
@@ -96,21 +76,9 @@ if first and first ~= token then
 	return {0, -3, 'the fair queue'}
 end
 if first then
-	redis.call('ZREM', KEYS[4], token)
-	redis.call('HDEL', KEYS[5], token)
+	drop(KEYS[4], KEYS[5], token)
 end
 
-local fence = now
-local prev = redis.call('SET', KEYS[3], now, 'PX', ARGV[3], 'GET')
-if prev and (#prev > #now or (#prev == #now and prev >= now)) then
-	-- The counter is ahead of the clock (several fences within one
-	-- microsecond, or a server clock that stepped back): put it back and
-	-- count on from it, with INCR's exact 64-bit arithmetic, which fails
-	-- at the maximum (or on a value that is not a number) before the lock
-	-- is set.
-	redis.call('SET', KEYS[3], prev, 'PX', ARGV[3])
-	redis.call('INCR', KEYS[3])
-	fence = redis.call('GET', KEYS[3])
-end
+local fence = issueFence(KEYS[3], now, ARGV[3])
 redis.call('SET', KEYS[1], token .. ' ' .. fence .. ' ' .. ARGV[4], 'PX', ARGV[2])
 return {1, fence}

@@ -25,7 +25,8 @@ type backend interface {
 	// token holds it.
 	extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error)
 	// release deletes the lock if lease's token holds it and retires the
-	// token (mode: modeRelease or modeAbandon; see release.lua). It returns
+	// token (mode: modeRelease or modeAbandon; see release.lua and
+	// redlock_release.lua). It returns
 	// 1 when the lock was deleted (now or by an earlier try), 0 when it
 	// does not exist, -1 when another token holds it, and in perr the
 	// error of a wake-up that could not be published.
@@ -175,6 +176,39 @@ func (d *deployment) acquire(ctx context.Context, lease *Lease) attempt {
 	return attempt{pttl: time.Duration(val) * time.Millisecond, owner: owner}
 }
 
+// errRetired is the acquire script's refusal of a token whose Acquire gave
+// up or whose lease was released: only a late copy of an attempt meets it.
+var errRetired = errors.New("the acquisition was given up")
+
+// decodeAcquire decodes the acquire script's reply: {1, fence} with the fence
+// as a decimal string, {0, pttl, owner} with the holder's PTTL in
+// milliseconds and its owner, or {2} for a retired token, which reads as an
+// error.
+func decodeAcquire(reply any) (ok bool, value int64, owner string, err error) {
+	arr, isArr := reply.([]any)
+	if !isArr || len(arr) == 0 {
+		return false, 0, "", fmt.Errorf("%w from the acquire script: %v", errReply, reply)
+	}
+	flag, _ := arr[0].(int64)
+	switch {
+	case flag == 0 && len(arr) == 3:
+		pttl, isInt := arr[1].(int64)
+		owner, isStr := arr[2].(string)
+		if isInt && isStr {
+			return false, pttl, owner, nil
+		}
+	case flag == 1 && len(arr) == 2:
+		s, isStr := arr[1].(string)
+		fence, err := strconv.ParseInt(s, 10, 64)
+		if isStr && err == nil && fence > 0 {
+			return true, fence, "", nil
+		}
+	case flag == 2 && len(arr) == 1:
+		return false, 0, "", errRetired
+	}
+	return false, 0, "", fmt.Errorf("%w from the acquire script: %v", errReply, reply)
+}
+
 func (d *deployment) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
 	reply, err := d.run(ctx, extendScript, renewal, lease.keyArgs[keyLock:keyLock+1], lease.tokenArg, d.l.ttlArg(ttl))
 	if err != nil && reply == nil {
@@ -190,7 +224,7 @@ func (d *deployment) extend(ctx context.Context, lease *Lease, ttl time.Duration
 	return code, nil // 0 or -1, which wrote nothing, stand whatever WAIT said
 }
 
-// run runs script on the lock's keys, given boxed (a Lease keeps its keys
+// run runs s on the lock's keys, given boxed (a Lease keeps its keys
 // boxed, so that the scripts of one lease do not box them again): EVALSHA,
 // then EVAL if the server does not have the script, or EVAL alone when
 // eval is set. With Options.Replicas, it sends WAIT (or WAITAOF) after the
@@ -201,10 +235,10 @@ func (d *deployment) extend(ctx context.Context, lease *Lease, ttl time.Duration
 // wrapping ErrUnavailable, when fewer replicas acknowledged, or WAIT's own
 // error; the script's reply is returned with it, and its decoder decides:
 // an answer that says the script wrote nothing stands whatever WAIT said.
-func (d *deployment) run(ctx context.Context, script *redis.Script, eval bool, keys []any, argv ...any) (any, error) {
+func (d *deployment) run(ctx context.Context, s *script, eval bool, keys []any, argv ...any) (any, error) {
 	o := &d.l.opts
 	if o.Replicas == 0 {
-		return evalScript(ctx, d.client, script, eval, keys, argv).Result()
+		return evalScript(ctx, d.client, s, eval, keys, argv).Result()
 	}
 	key, _ := keys[0].(string)
 	node, err := d.node(ctx, key)
@@ -218,7 +252,7 @@ func (d *deployment) run(ctx context.Context, script *redis.Script, eval bool, k
 		if asking {
 			pipe.Do(ctx, "ASKING") // the next command on this connection only
 		}
-		cmd := pipe.Do(ctx, scriptArgs(script, eval, keys, argv)...)
+		cmd := pipe.Do(ctx, scriptArgs(s, eval, keys, argv)...)
 		var wait *redis.Cmd
 		if o.ReplicaFsync {
 			wait = pipe.Do(ctx, "WAITAOF", 1, o.Replicas, timeout)
@@ -342,30 +376,51 @@ func isReplicaShort(err error) bool {
 }
 
 func (d *deployment) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
-	return d.releaseIn(ctx, lease, mode, "")
-}
-
-// releaseIn is release that also takes the call lineID out of the node's
-// Redlock line, in the same script ("" for none; see line).
-func (d *deployment) releaseIn(ctx context.Context, lease *Lease, mode, lineID string) (int64, error, error) {
 	markerTTL := d.l.releaseTimeoutMillis
 	if mode != modeRelease {
 		// A late attempt is refused for as long as its lock would live.
-		markerTTL = ttlMillis(max(lease.ttl, d.l.opts.ReleaseTimeout))
+		markerTTL = d.abandonMarkerMillis(lease)
 	}
-	channel := lease.keyArgs[keyLock] // the wake-up channel is the lock key on database 0
-	if d.dbTag != "" {
-		channel = d.channel(lease.keys[keyLock])
-	}
-	argv := []any{lease.tokenArg, channel, mode, markerTTL, d.l.retentionMillis}
-	if lineID != "" {
-		argv = append(argv, lineID)
-	}
-	reply, err := evalScript(ctx, d.client, releaseScript, false, lease.keyArgs[:], argv).Result()
+	reply, err := evalScript(ctx, d.client, releaseScript, false, lease.keyArgs[:],
+		[]any{lease.tokenArg, d.channelArg(lease), mode, markerTTL, d.l.retentionMillis}).Result()
 	if err != nil {
 		return 0, nil, err
 	}
 	return decodeRelease(reply)
+}
+
+// decodeRelease decodes the reply of release.lua and redlock_release.lua: 1,
+// 0 or -1, or {1, error} when the lock was deleted but the wake-up could not
+// be published.
+func decodeRelease(reply any) (code int64, perr, err error) {
+	switch r := reply.(type) {
+	case int64:
+		if r >= -1 && r <= 1 {
+			return r, nil, nil
+		}
+	case []any:
+		if len(r) == 2 {
+			msg, _ := r[1].(string)
+			if c, _ := r[0].(int64); c == 1 {
+				return 1, errors.New(oneLine(msg)), nil
+			}
+		}
+	}
+	return 0, nil, fmt.Errorf("%w from the release script: %v", errReply, reply)
+}
+
+// abandonMarkerMillis is how long a token marker that refuses a late
+// attempt of lease is kept: as long as its lock would live.
+func (d *deployment) abandonMarkerMillis(lease *Lease) int64 {
+	return ttlMillis(max(lease.ttl, d.l.opts.ReleaseTimeout))
+}
+
+// channelArg returns the wake-up channel of lease's lock, boxed.
+func (d *deployment) channelArg(lease *Lease) any {
+	if d.dbTag == "" {
+		return lease.keyArgs[keyLock] // the lock key on database 0
+	}
+	return d.channel(lease.keys[keyLock])
 }
 
 func (d *deployment) register(key, token string, _ *line) *waiter {

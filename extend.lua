@@ -12,7 +12,7 @@ local held = redis.call('GET', KEYS[1])
 if not held then
 	return 0
 end
-if string.sub(held, 1, #ARGV[1] + 1) ~= ARGV[1] .. ' ' then
+if not holds(held, ARGV[1]) then
 	return -1
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])

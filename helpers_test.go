@@ -80,7 +80,12 @@ func (h *faultHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// scriptName tells which of our scripts cmd runs, or "".
+// allScripts are the library's scripts, for scriptName.
+var allScripts = []*script{acquireScript, releaseScript, extendScript, queueScript, inspectScript,
+	grantScript, redlockReleaseScript, setFenceScript}
+
+// scriptName tells which of our scripts cmd runs (the name of its file,
+// without ".lua"), or "".
 func scriptName(cmd redis.Cmder) string {
 	args := cmd.Args()
 	if len(args) < 2 {
@@ -89,30 +94,26 @@ func scriptName(cmd redis.Cmder) string {
 	body, _ := args[1].(string)
 	switch cmd.Name() {
 	case "evalsha", "eval":
-		for name, s := range map[string]*redis.Script{"acquire": acquireScript, "release": releaseScript, "extend": extendScript, "queue": queueScript, "redlock_grant": grantScript} {
-			if body == s.Hash() || body == scriptSource(s) {
-				return name
+		for _, s := range allScripts {
+			if body == s.Hash() || body == s.src {
+				return s.name
 			}
 		}
 	}
 	return ""
 }
 
-func scriptSource(s *redis.Script) string {
-	switch s {
-	case acquireScript:
-		return acquireLua
-	case releaseScript:
-		return releaseLua
-	case extendScript:
-		return extendLua
-	case queueScript:
-		return queueLua
-	case grantScript:
-		return grantLua
-	}
-	return ""
+// Run, Load and Hash make a script usable as a *redis.Script, for tests that
+// run one directly on a client.
+func (s *script) Run(ctx context.Context, c redis.Scripter, keys []string, args ...any) *redis.Cmd {
+	return redis.NewScript(s.src.(string)).Run(ctx, c, keys, args...)
 }
+
+func (s *script) Load(ctx context.Context, c redis.Scripter) *redis.StringCmd {
+	return redis.NewScript(s.src.(string)).Load(ctx, c)
+}
+
+func (s *script) Hash() string { return s.hash.(string) }
 
 // onScript returns a hook function that returns err for the named script.
 func onScript(name string, err error) func(context.Context, redis.Cmder) error {

@@ -115,7 +115,7 @@ type holdingResult struct {
 // inspect reads the lock at key and its fence counter in one step, then,
 // with waiters, counts the subscribers of its channel.
 func (d *deployment) inspect(ctx context.Context, key, fenceKey string, waiters bool) (holding, error) {
-	reply, err := inspectScript.Run(ctx, d.client, []string{key, fenceKey}).Slice()
+	reply, err := evalScript(ctx, d.client, inspectScript, false, []any{key, fenceKey}, nil).Slice()
 	if err != nil {
 		return holding{}, err
 	}

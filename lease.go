@@ -419,12 +419,10 @@ func (l *Lease) release(ctx context.Context) error {
 	}
 }
 
-// Release script modes.
+// Release script modes (release.lua, redlock_release.lua).
 const (
-	modeRelease       = "r"
-	modeAbandon       = "a"
-	modeQuorumRelease = "q"
-	modeQuorumAbandon = "b"
+	modeRelease = "r"
+	modeAbandon = "a"
 )
 
 // runRelease runs the release script in mode; perr is set when the lock was

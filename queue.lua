@@ -22,41 +22,30 @@
 
 local token = ARGV[1]
 local held = redis.call('GET', KEYS[1])
-if held and string.sub(held, 1, #token + 1) == token .. ' ' then
-	redis.call('ZREM', KEYS[2], token)
-	redis.call('HDEL', KEYS[3], token)
+if holds(held, token) then
+	drop(KEYS[2], KEYS[3], token)
 	return {1, string.match(held, '^(%d+)', #token + 2), redis.call('PTTL', KEYS[1])}
 end
 if ARGV[2] == 'd' then
-	redis.call('ZREM', KEYS[2], token)
-	redis.call('HDEL', KEYS[3], token)
+	drop(KEYS[2], KEYS[3], token)
 	return {0}
 end
 if not redis.call('ZSCORE', KEYS[2], token) then
 	return {3}
 end
-local t = redis.call('TIME')
-local nowMs = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local _, nowMs = clock()
 redis.call('HSET', KEYS[3], token, (nowMs + tonumber(ARGV[3])) .. ' ' .. ARGV[4] .. ' ' .. ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
 if not held then
 	-- Free (its holder's lock expired: no release handed it over). Is this
-	-- waiter the first live one?
-	while true do
-		local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-		if head == token then
-			return {4}
-		end
-		if not head then
-			return {3}
-		end
-		local entry = redis.call('HGET', KEYS[3], head)
-		if entry and tonumber(string.match(entry, '^(%d+)')) >= nowMs then
-			break
-		end
-		redis.call('ZREM', KEYS[2], head)
-		redis.call('HDEL', KEYS[3], head)
+	-- waiter the first live one? (Its own entry was just kept alive.)
+	local first = firstLive(KEYS[2], KEYS[3], nowMs)
+	if first == token then
+		return {4}
+	end
+	if not first then
+		return {3}
 	end
 	return {0, -2}
 end

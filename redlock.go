@@ -231,6 +231,24 @@ func (d *deployment) grant(ctx context.Context, lease *Lease, ttl time.Duration,
 	return decodeGrant(reply)
 }
 
+// releaseNode runs redlock_release.lua on the node in mode (modeRelease or
+// modeAbandon), which also takes the call lineID out of the node's line
+// ("" for none; see line). Its marker refuses a late attempt for as long as
+// the lock would live, whatever the mode: a grant still in flight to a slow
+// node must not take the lock.
+func (d *deployment) releaseNode(ctx context.Context, lease *Lease, mode, lineID string) (int64, error, error) {
+	keys := []any{lease.keyArgs[keyLock], lease.keyArgs[keyMarker], lease.keyArgs[keyQueue], lease.keyArgs[keyQueueInfo]}
+	argv := []any{lease.tokenArg, d.channelArg(lease), mode, d.abandonMarkerMillis(lease)}
+	if lineID != "" {
+		argv = append(argv, lineID)
+	}
+	reply, err := evalScript(ctx, d.client, redlockReleaseScript, false, keys, argv).Result()
+	if err != nil {
+		return 0, nil, err
+	}
+	return decodeRelease(reply)
+}
+
 // decodeGrant decodes redlock_grant.lua's reply.
 func decodeGrant(reply any) nodeGrant {
 	arr, _ := reply.([]any)
@@ -647,7 +665,7 @@ func (q *quorum) retire(lease *Lease, nodes []int) {
 			go func() {
 				defer q.l.bg.finish()
 				// The call goes on waiting: it keeps its place in line.
-				code, _, err := d.release(ctx, lease, modeQuorumAbandon)
+				code, _, err := d.releaseNode(ctx, lease, modeAbandon, "")
 				out <- rel{code, err}
 			}()
 		}
@@ -746,12 +764,6 @@ func (q *quorum) extend(ctx context.Context, lease *Lease, ttl time.Duration, re
 }
 
 func (q *quorum) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
-	switch mode {
-	case modeRelease:
-		mode = modeQuorumRelease // retire the token everywhere: a grant still in flight to a slow node must not take the lock
-	case modeAbandon:
-		mode = modeQuorumAbandon // the nodes' lines are no fair queues: nothing is handed over
-	}
 	type rel struct {
 		node      int
 		code      int64
@@ -763,7 +775,7 @@ func (q *quorum) release(ctx context.Context, lease *Lease, mode string) (int64,
 		if i == 0 {
 			lineID = lease.line // the lease's Acquire, or one that gave up, is out of line
 		}
-		code, perr, err := d.releaseIn(ctx, lease, mode, lineID)
+		code, perr, err := d.releaseNode(ctx, lease, mode, lineID)
 		return rel{node: i, code: code, perr: perr, err: err}
 	})
 	defer rels.stop()
@@ -825,7 +837,7 @@ func (q *quorum) release(ctx context.Context, lease *Lease, mode string) (int64,
 }
 
 func (q *quorum) leaveLine(ctx context.Context, lease *Lease) error {
-	_, _, err := q.nodes[0].releaseIn(ctx, lease, modeQuorumAbandon, lease.line)
+	_, _, err := q.nodes[0].releaseNode(ctx, lease, modeAbandon, lease.line)
 	return err
 }
 
@@ -834,7 +846,7 @@ func (q *quorum) leaveLine(ctx context.Context, lease *Lease) error {
 // line tag, a dot, and its first attempt's token); its attempts that find
 // the lock held there join the line, or keep their place, and the one that
 // gets the lock there leaves it (redlock_grant.lua). A release there names
-// the first live entry ("next <id>", release.lua), on the named call's
+// the first live entry ("next <id>", redlock_release.lua), on the named call's
 // Locker's turn channel, and only that Acquire tries: without the line,
 // every waiter would try on every release, a call to every node each, and
 // all but one in vain; on the lock's channel, every waiting Locker would
@@ -924,7 +936,7 @@ func (q *quorum) register(key, token string, ln *line) *waiter {
 }
 
 // turnChannel is the channel on which the first node's releases name this
-// Locker's calls in the line of the lock at key ("next <id>", release.lua):
+// Locker's calls in the line of the lock at key ("next <id>", redlock_release.lua):
 // the lock's channel plus ":n:" and the Locker's line tag, the part of the
 // call's id before the dot. Only the named call's Locker hears it.
 func (q *quorum) turnChannel(key string) string {

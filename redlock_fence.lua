@@ -13,11 +13,11 @@
 -- holds it, 0 when the lock is not this token's on this node (any more).
 
 local held = redis.call('GET', KEYS[1])
-if not held or string.sub(held, 1, #ARGV[1] + 1) ~= ARGV[1] .. ' ' then
+if not holds(held, ARGV[1]) then
 	return 0
 end
 local c = redis.call('GET', KEYS[2])
-if not c or #c < #ARGV[2] or (#c == #ARGV[2] and c < ARGV[2]) then
+if not c or below(c, ARGV[2]) then
 	redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 else
 	redis.call('PEXPIRE', KEYS[2], ARGV[3])

@@ -4,7 +4,7 @@
 -- (a repair, with the lease's fence).
 --
 -- KEYS[1]  lock key, whose value is "<token> <fence> <owner>"
--- KEYS[2]  token marker, lock:{name}:t:<token> (see release.lua)
+-- KEYS[2]  token marker, lock:{name}:t:<token> (see redlock_release.lua)
 -- KEYS[3]  fence counter, lock:{name}:fence
 -- KEYS[4]  line, lock:{name}:q: waiting Acquire calls by when they joined
 --          (TIME, microseconds)
@@ -23,7 +23,7 @@
 -- ARGV[7]  entry ttl        milliseconds a line entry lives unless the
 --                           call's next attempt comes (its Locker's)
 --
--- The line orders wake-ups only (release.lua names its first live entry):
+-- The line orders wake-ups only (redlock_release.lua names its first live entry):
 -- an attempt that finds the lock held joins it, or keeps its place and
 -- entry alive; one that gets the lock here leaves it. Nothing here waits
 -- for it: any attempt may take a free lock.
@@ -48,24 +48,18 @@
 --   {2}               this token is retired (released, or its attempt
 --                     given up): a late request must not take the lock
 
-local function now()
-	local t = redis.call('TIME')
-	return t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-end
-
 if redis.call('EXISTS', KEYS[2]) == 1 then
 	return {2}
 end
 local held = redis.call('GET', KEYS[1])
 if held then
-	if string.sub(held, 1, #ARGV[1] + 1) ~= ARGV[1] .. ' ' then
+	if not holds(held, ARGV[1]) then
 		if ARGV[6] ~= '' then
-			local t = redis.call('TIME')
+			local now, nowMs = clock()
 			if not redis.call('ZSCORE', KEYS[4], ARGV[6]) then
-				redis.call('ZADD', KEYS[4], t[1] .. string.rep('0', 6 - #t[2]) .. t[2], ARGV[6])
+				redis.call('ZADD', KEYS[4], now, ARGV[6])
 			end
-			local expiry = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[7])
-			redis.call('HSET', KEYS[5], ARGV[6], string.format('%.0f', expiry))
+			redis.call('HSET', KEYS[5], ARGV[6], string.format('%.0f', nowMs + tonumber(ARGV[7])))
 			-- The keys live as long as their longest-lived entry (Lockers
 			-- may keep entries for different times): only ever extended.
 			for k = 4, 5 do
@@ -73,13 +67,12 @@ if held then
 					redis.call('PEXPIRE', KEYS[k], ARGV[7])
 				end
 			end
-			return {0, redis.call('PTTL', KEYS[1]), string.match(held, '^%S+ %S+ (.*)$') or '',
-				redis.call('ZRANK', KEYS[4], ARGV[6])}
+			return {0, redis.call('PTTL', KEYS[1]), ownerOf(held), redis.call('ZRANK', KEYS[4], ARGV[6])}
 		end
-		return {0, redis.call('PTTL', KEYS[1]), string.match(held, '^%S+ %S+ (.*)$') or ''}
+		return {0, redis.call('PTTL', KEYS[1]), ownerOf(held)}
 	end
 	redis.call('PEXPIRE', KEYS[1], ARGV[2])
-	return {1, string.match(held, '^%S+ (%S+)'), now()}
+	return {1, string.match(held, '^%S+ (%S+)'), (clock())}
 end
 
 local fence = ARGV[3]
@@ -87,7 +80,7 @@ if fence == '0' then
 	local n = redis.call('INCR', KEYS[3])
 	if n <= 1 then
 		-- No counter here: start it from the clock.
-		fence = now()
+		fence = clock()
 		redis.call('SET', KEYS[3], fence, 'PX', ARGV[5])
 	else
 		if n < 9007199254740992 then
@@ -99,13 +92,12 @@ if fence == '0' then
 	end
 else
 	local c = redis.call('GET', KEYS[3])
-	if not c or #c < #fence or (#c == #fence and c < fence) then
+	if not c or below(c, fence) then
 		redis.call('SET', KEYS[3], fence, 'PX', ARGV[5])
 	end
 end
 redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. fence .. ' ' .. ARGV[4], 'PX', ARGV[2])
 if ARGV[6] ~= '' then
-	redis.call('ZREM', KEYS[4], ARGV[6])
-	redis.call('HDEL', KEYS[5], ARGV[6])
+	drop(KEYS[4], KEYS[5], ARGV[6])
 end
-return {1, fence, now()}
+return {1, fence, (clock())}

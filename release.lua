@@ -1,6 +1,6 @@
 -- release: delete the lock only if this token holds it and retire the
 -- token; hand the lock to the first fair waiter in line, or wake the
--- waiters.
+-- waiters. A node of a Redlock quorum has its own (redlock_release.lua).
 --
 -- KEYS[1]  lock key, whose value is "<token> <fence> <owner>"
 -- KEYS[2]  token marker, lock:{name}:t:<token>
@@ -10,37 +10,22 @@
 -- ARGV[1]  token
 -- ARGV[2]  wake-up channel: the lock key, plus the database number on a
 --          database other than 0 (channels are not per database)
--- ARGV[3]  'r' to release a lease, 'a' to abandon an Acquire that gave up,
---          'q' to release a lease on one node of a Redlock quorum, 'b' to
---          abandon an attempt there (its line is not a fair queue: no
---          hand-over)
+-- ARGV[3]  'r' to release a lease, 'a' to abandon an Acquire that gave up
 -- ARGV[4]  how long the marker is kept, milliseconds
 -- ARGV[5]  fence retention, milliseconds
--- ARGV[6]  optional, for 'q' and 'b' on a Redlock's first node: the line
---          id of the Acquire that took the lease, or that gave up; it
---          leaves the node's line (redlock_grant.lua) in the same step as
---          its token is retired, so that a late attempt does not put it
---          back
 --
 -- The marker retires the token. Written as 'r' whenever the lock is
 -- deleted, it makes a release resent after a lost reply report what the
 -- first one did. Written as 'a' where the lock was not this token's, for
--- 'a', 'b' and 'q', it makes a late copy of an acquire request (acquire.lua,
--- redlock_grant.lua) refuse to take the lock.
+-- 'a', it makes a late copy of an acquire request (acquire.lua) refuse to
+-- take the lock.
 --
 -- When the lock was deleted and a fair waiter is in line (its queue entry
 -- kept alive), the lock is granted to the first one in the same step: set
 -- to its token with its TTL and owner, with a fence issued as acquire.lua
 -- issues them, and "granted <token> <fence>" is published; the waiter holds
--- the lock when the message arrives. On a node of a Redlock quorum ('q'),
--- the queue keys hold the node's line instead (redlock_grant.lua): nothing
--- is handed over, and "next <id>" names the first live entry, whose
--- Acquire alone is woken by it; it is published on the channel plus
--- ":n:" and the id's tag (the hex digits before its first dot, the named
--- call's Locker's), which only that Locker hears, or on the channel itself
--- for an id without one. Otherwise "released" is published (except
--- for 'a' and 'b': an abandoned attempt's lock wakes nobody, so that
--- contenders that split a Redlock quorum retry after their backoff).
+-- the lock when the message arrives. Otherwise "released" is published
+-- (except for 'a': an abandoned attempt's lock wakes nobody).
 --
 -- Returns 1 when the lock was ours and is now deleted (by this call or, per
 -- the marker, an earlier one), 0 when it does not exist (expired or
@@ -53,89 +38,30 @@
 -- Messages use sharded pub/sub (SPUBLISH, Redis 7) and fall back to PUBLISH
 -- on a server without it; waiters subscribe the same way.
 
--- clock returns this node's TIME in microseconds, as a decimal string, and
--- in milliseconds.
-local function clock()
-	local t = redis.call('TIME')
-	return t[1] .. string.rep('0', 6 - #t[2]) .. t[2], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
-if ARGV[6] then
-	-- The releasing lease's Acquire leaves this node's Redlock line: it may
-	-- have kept its entry alive here while another still held this node.
-	redis.call('ZREM', KEYS[4], ARGV[6])
-	redis.call('HDEL', KEYS[5], ARGV[6])
-end
-local code
-local held = redis.call('GET', KEYS[1])
-if held and string.sub(held, 1, #ARGV[1] + 1) == ARGV[1] .. ' ' then
-	redis.call('DEL', KEYS[1])
-	code = 1
-elseif redis.call('GET', KEYS[2]) == 'r' then
-	return 1
-elseif held then
-	code = -1
-else
-	code = 0
-end
-if code == 1 then
+local code, deleted = unlock(KEYS[1], KEYS[2], ARGV[1])
+if deleted then
 	redis.call('SET', KEYS[2], 'r', 'PX', ARGV[4])
-elseif ARGV[3] ~= 'r' then
+elseif code ~= 1 and ARGV[3] ~= 'r' then
 	redis.call('SET', KEYS[2], 'a', 'PX', ARGV[4])
 end
-if code ~= 1 then
+if not deleted then
 	return code
 end
 
 local message = 'released'
-local channel = ARGV[2]
-if ARGV[3] == 'q' then
-	-- A node of a Redlock quorum: name the first live entry of its line
-	-- (redlock_grant.lua), whose Acquire alone tries next.
-	if redis.call('EXISTS', KEYS[4]) == 1 then
-		local _, nowMs = clock()
-		while true do
-			local head = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
-			if not head then
-				break
-			end
-			local expiry = tonumber(redis.call('HGET', KEYS[5], head))
-			if expiry and expiry >= nowMs then
-				message = 'next ' .. head
-				-- Heard by the named call's Locker alone, when the id
-				-- has its tag.
-				local tag = string.match(head, '^(%x+)%.')
-				if tag then
-					channel = ARGV[2] .. ':n:' .. tag
-				end
-				break
-			end
-			redis.call('ZREM', KEYS[4], head)
-			redis.call('HDEL', KEYS[5], head)
-		end
-	end
-elseif ARGV[3] == 'b' then
-	return code -- an abandoned attempt's lock wakes nobody (see below)
-elseif redis.call('EXISTS', KEYS[4]) == 1 then
+if redis.call('EXISTS', KEYS[4]) == 1 then
 	local now, nowMs = clock()
 	while true do
-		local head = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
+		-- The first live waiter leaves the queue and gets the lock, with
+		-- its TTL and owner (an entry in another shape is dropped).
+		local head, entry = firstLive(KEYS[4], KEYS[5], nowMs)
 		if not head then
 			break
 		end
-		local entry = redis.call('HGET', KEYS[5], head)
-		redis.call('ZREM', KEYS[4], head)
-		redis.call('HDEL', KEYS[5], head)
-		local expiry, ttl, owner = string.match(entry or '', '^(%d+) (%d+) (.*)$')
-		if expiry and tonumber(expiry) >= nowMs then
-			-- The fence, as acquire.lua issues it.
-			local fence = now
-			local prev = redis.call('SET', KEYS[3], now, 'PX', ARGV[5], 'GET')
-			if prev and (#prev > #now or (#prev == #now and prev >= now)) then
-				redis.call('SET', KEYS[3], prev, 'PX', ARGV[5])
-				redis.call('INCR', KEYS[3])
-				fence = redis.call('GET', KEYS[3])
-			end
+		drop(KEYS[4], KEYS[5], head)
+		local ttl, owner = string.match(entry, '^%d+ (%d+) (.*)$')
+		if ttl then
+			local fence = issueFence(KEYS[3], now, ARGV[5])
 			redis.call('SET', KEYS[1], head .. ' ' .. fence .. ' ' .. owner, 'PX', ttl)
 			message = 'granted ' .. head .. ' ' .. fence
 			break
@@ -145,12 +71,4 @@ end
 if message == 'released' and ARGV[3] == 'a' then
 	return code
 end
-local ok, err = pcall(redis.call, 'SPUBLISH', channel, message)
-if not ok then
-	local ok2 = pcall(redis.call, 'PUBLISH', channel, message)
-	if not ok2 then
-		if type(err) == 'table' then err = err.err end
-		return {1, tostring(err)}
-	end
-end
-return 1
+return publish(ARGV[2], message)

@@ -2,103 +2,75 @@ package fencelock
 
 import (
 	"context"
-	_ "embed"
-	"errors"
-	"fmt"
+	"crypto/sha1"
+	"embed"
+	"encoding/hex"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// The Lua scripts, one per file. Each is compiled once and run with
-// Script.Run, which sends EVALSHA and falls back to EVAL when the server does
-// not have the script cached; only the watchdog's renewals send EVAL directly
+// A script is one of the library's Lua scripts, one file each. They are sent
+// as EVALSHA, and as EVAL when the server does not have the script cached
+// (evalScript, deployment.run); the watchdog's renewals send EVAL directly
 // (see Lease.extend). Every key a script touches is passed in KEYS.
-var (
-	//go:embed acquire.lua
-	acquireLua    string
-	acquireScript = redis.NewScript(acquireLua)
-
-	//go:embed release.lua
-	releaseLua    string
-	releaseScript = redis.NewScript(releaseLua)
-
-	//go:embed extend.lua
-	extendLua    string
-	extendScript = redis.NewScript(extendLua)
-
-	//go:embed queue.lua
-	queueLua    string
-	queueScript = redis.NewScript(queueLua)
-
-	//go:embed inspect.lua
-	inspectLua    string
-	inspectScript = redis.NewScript(inspectLua)
-
-	//go:embed redlock_grant.lua
-	grantLua    string
-	grantScript = redis.NewScript(grantLua)
-
-	//go:embed redlock_fence.lua
-	setFenceLua    string
-	setFenceScript = redis.NewScript(setFenceLua)
-)
-
-// errRetired is the acquire script's refusal of a token whose Acquire gave
-// up or whose lease was released: only a late copy of an attempt meets it.
-var errRetired = errors.New("the acquisition was given up")
-
-// decodeRelease decodes the release script's reply: 1, 0 or -1, or {1, error}
-// when the lock was deleted but the wake-up could not be published.
-func decodeRelease(reply any) (code int64, perr, err error) {
-	switch r := reply.(type) {
-	case int64:
-		if r >= -1 && r <= 1 {
-			return r, nil, nil
-		}
-	case []any:
-		if len(r) == 2 {
-			msg, _ := r[1].(string)
-			if c, _ := r[0].(int64); c == 1 {
-				return 1, errors.New(oneLine(msg)), nil
-			}
-		}
-	}
-	return 0, nil, fmt.Errorf("%w from the release script: %v", errReply, reply)
+type script struct {
+	name      string // the file's, without ".lua"
+	src, hash any    // the source and its SHA1, boxed once for the commands' arguments
 }
 
-// scriptHashes and scriptSources are each script's SHA1 and source, boxed
-// once for the commands' arguments.
-var scriptHashes, scriptSources = func() (h, src map[*redis.Script]any) {
-	h, src = make(map[*redis.Script]any), make(map[*redis.Script]any)
-	for s, lua := range map[*redis.Script]string{
-		acquireScript: acquireLua, releaseScript: releaseLua, extendScript: extendLua,
-		inspectScript: inspectLua, grantScript: grantLua, setFenceScript: setFenceLua, queueScript: queueLua,
-	} {
-		h[s], src[s] = s.Hash(), lua
-	}
-	return h, src
-}()
+//go:embed *.lua
+var luaFiles embed.FS
 
-// scriptArgs returns the arguments of EVALSHA (or EVAL) running script:
-// what Script.Run sends, without boxing the keys and the hash again.
-func scriptArgs(script *redis.Script, eval bool, keys, argv []any) []any {
+// newScript reads the script name.lua, after the functions the scripts
+// share (prelude.lua, local to each script) when prelude is set.
+func newScript(name string, prelude bool) *script {
+	src := readLua(name)
+	if prelude {
+		src = readLua("prelude") + "\n" + src
+	}
+	sum := sha1.Sum([]byte(src))
+	return &script{name: name, src: src, hash: hex.EncodeToString(sum[:])}
+}
+
+func readLua(name string) string {
+	src, err := luaFiles.ReadFile(name + ".lua")
+	if err != nil {
+		panic("fencelock: " + err.Error())
+	}
+	return string(src)
+}
+
+var (
+	acquireScript        = newScript("acquire", true)
+	releaseScript        = newScript("release", true)
+	extendScript         = newScript("extend", true)
+	queueScript          = newScript("queue", true)
+	inspectScript        = newScript("inspect", false)
+	grantScript          = newScript("redlock_grant", true)
+	redlockReleaseScript = newScript("redlock_release", true)
+	setFenceScript       = newScript("redlock_fence", true)
+)
+
+// scriptArgs returns the arguments of EVALSHA (or EVAL) running s, without
+// boxing the keys and the hash again.
+func scriptArgs(s *script, eval bool, keys, argv []any) []any {
 	args := make([]any, 0, 3+len(keys)+len(argv))
 	if eval {
-		args = append(args, "eval", scriptSources[script])
+		args = append(args, "eval", s.src)
 	} else {
-		args = append(args, "evalsha", scriptHashes[script])
+		args = append(args, "evalsha", s.hash)
 	}
 	args = append(args, len(keys))
 	args = append(args, keys...)
 	return append(args, argv...)
 }
 
-// evalScript runs script on c: EVALSHA, then EVAL when the server does not
-// have it cached (NOSCRIPT), or EVAL alone when eval is set.
-func evalScript(ctx context.Context, c redis.UniversalClient, script *redis.Script, eval bool, keys, argv []any) *redis.Cmd {
-	cmd := c.Do(ctx, scriptArgs(script, eval, keys, argv)...)
+// evalScript runs s on c: EVALSHA, then EVAL when the server does not have
+// it cached (NOSCRIPT), or EVAL alone when eval is set.
+func evalScript(ctx context.Context, c redis.UniversalClient, s *script, eval bool, keys, argv []any) *redis.Cmd {
+	cmd := c.Do(ctx, scriptArgs(s, eval, keys, argv)...)
 	if err := cmd.Err(); !eval && err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") { // no allocation on success
-		cmd = c.Do(ctx, scriptArgs(script, true, keys, argv)...)
+		cmd = c.Do(ctx, scriptArgs(s, true, keys, argv)...)
 	}
 	return cmd
 }

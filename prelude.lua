@@ -1,0 +1,107 @@
+-- prelude: the functions the scripts share, put before the source of each
+-- script that uses them (see newScript in scripts.go). It calls Redis only
+-- when a script calls one of them.
+
+-- holds reports whether the lock's value held ("<token> <fence> <owner>",
+-- false when the lock is free) is token's.
+local function holds(held, token)
+	return held and string.sub(held, 1, #token + 1) == token .. ' '
+end
+
+-- ownerOf returns the owner stored in the lock's value held, or ''.
+local function ownerOf(held)
+	return string.match(held, '^%S+ %S+ (.*)$') or ''
+end
+
+-- below reports whether the decimal string a is a smaller number than b
+-- (both without sign or leading zeros; Lua numbers are doubles, which round
+-- beyond 2^53).
+local function below(a, b)
+	return #a < #b or (#a == #b and a < b)
+end
+
+-- clock returns this node's TIME in microseconds, as a decimal string, and
+-- in milliseconds.
+local function clock()
+	local t = redis.call('TIME')
+	return t[1] .. string.rep('0', 6 - #t[2]) .. t[2], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- issueFence issues a fence from the counter key: the previous fence plus
+-- one, floored by now (clock's microseconds), so that it keeps increasing
+-- when the counter is lost or has expired; the counter is kept for
+-- retention milliseconds. Nothing is written when the counter cannot be
+-- incremented (at its maximum: INCR fails before writing, and its error is
+-- the script's).
+local function issueFence(counter, now, retention)
+	local prev = redis.call('SET', counter, now, 'PX', retention, 'GET')
+	if prev and not below(prev, now) then
+		-- The counter is ahead of the clock (several fences within one
+		-- microsecond, or a server clock that stepped back): put it back and
+		-- count on from it, with INCR's exact 64-bit arithmetic, which fails
+		-- at the maximum (or on a value that is not a number).
+		redis.call('SET', counter, prev, 'PX', retention)
+		redis.call('INCR', counter)
+		return redis.call('GET', counter)
+	end
+	return now
+end
+
+-- unlock deletes the lock if token holds it. It returns 1 when the lock was
+-- token's (deleted is true when this call deleted it; false when the marker
+-- says an earlier release did), -1 when another token holds it, 0 when it
+-- does not exist.
+local function unlock(lock, marker, token)
+	local held = redis.call('GET', lock)
+	if holds(held, token) then
+		redis.call('DEL', lock)
+		return 1, true
+	elseif redis.call('GET', marker) == 'r' then
+		return 1, false
+	elseif held then
+		return -1, false
+	end
+	return 0, false
+end
+
+-- publish publishes message on channel, with sharded pub/sub (SPUBLISH,
+-- Redis 7) or, on a server without it, PUBLISH, and returns a release's
+-- reply: 1, or {1, error} when it could not be published (a script's writes
+-- are not rolled back: a failed publish must never turn a release into an
+-- error).
+local function publish(channel, message)
+	local ok, err = pcall(redis.call, 'SPUBLISH', channel, message)
+	if not ok then
+		local ok2 = pcall(redis.call, 'PUBLISH', channel, message)
+		if not ok2 then
+			if type(err) == 'table' then err = err.err end
+			return {1, tostring(err)}
+		end
+	end
+	return 1
+end
+
+-- drop takes id out of a queue and its entries.
+local function drop(queue, entries, id)
+	redis.call('ZREM', queue, id)
+	redis.call('HDEL', entries, id)
+end
+
+-- firstLive returns the first live entry of a queue (a sorted set of ids)
+-- and its value in entries (a hash of the ids), or nil; the dead entries
+-- before it are dropped. An entry lives while its value's leading number,
+-- its expiry (server time in milliseconds), is at least nowMs.
+local function firstLive(queue, entries, nowMs)
+	while true do
+		local head = redis.call('ZRANGE', queue, 0, 0)[1]
+		if not head then
+			return nil
+		end
+		local entry = redis.call('HGET', entries, head)
+		local expiry = entry and tonumber(string.match(entry, '^(%d+)'))
+		if expiry and expiry >= nowMs then
+			return head, entry
+		end
+		drop(queue, entries, head)
+	end
+end
