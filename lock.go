@@ -265,8 +265,10 @@ func (l *Locker) callOptions(name string, opts []Option) (callOptions, error) {
 // or a negative wait; ErrClosed after Close; or an error matching ctx.Err()
 // when ctx ended, which also matches ErrNotObtained or ErrUnavailable when
 // an earlier attempt found the lock busy or Redis unavailable, and neither
-// when no attempt got a verdict. It returns within a few milliseconds of
-// ctx's end, an attempt in flight going on in the background; after a failed
+// when no attempt got a verdict. With WithFailOpen(true), an outage returns
+// a degraded Lease and a nil error instead. Each attempt waits at most
+// Options.AttemptTimeout for its reply. It returns within a few milliseconds
+// of ctx's end, an attempt in flight going on in the background; after a failed
 // or cancelled Acquire, a clean-up in the background gives back what its
 // attempts may have taken (GUARANTEES.md, "Acquire, release and the keys").
 // Acquire never returns a lease whose Deadline has passed.
