@@ -3,18 +3,22 @@
 #
 #   ./bench.sh               the library in .. (work tree), both suites:
 #                            writes results/latest.txt and
-#                            results/redlock-latest.txt and refreshes the
+#                            results/redlock-latest.txt, refreshes the
 #                            tables between the bench-table markers of
 #                            README.md (bench-table and bench-table:redlock)
+#                            and writes the charts README.md opens with,
+#                            results/latest.svg and results/redlock-latest.svg
 #   SUITE=single ./bench.sh  only the single-deployment suite (Uncontended,
 #                            Parallel, Contended, ContendedHandoff,
 #                            ContendedHandoff64 on one redis-server):
-#                            results/latest.txt, the bench-table section
+#                            results/latest.txt, the bench-table section,
+#                            results/latest.svg
 #   SUITE=redlock ./bench.sh only the Redlock suite (RedlockUncontended,
 #                            RedlockContended, RedlockContendedProcs on 5
 #                            redis-servers):
 #                            results/redlock-latest.txt, the
-#                            bench-table:redlock section
+#                            bench-table:redlock section,
+#                            results/redlock-latest.svg
 #   REV=cc2d0ba ./bench.sh   the library at a git revision (exported with git
 #                            archive into a temporary directory; the repository
 #                            is not touched): writes results/REV.txt (and
@@ -103,14 +107,15 @@ mkdir -p results
 bench=("$tmp/bench.test" -test.run '^$' -test.benchmem)
 
 # table prints the tables of a results file, or with the name of a README
-# section ("" for the single suite's) refreshes that section.
+# section ("" for the single suite's) refreshes that section and writes the
+# chart README.md opens with beside the results file (results/NAME.svg).
 table() {
 	if [ -n "$rev" ]; then
 		go run ./cmd/table "$1"
 	elif [ -n "$2" ]; then
-		go run ./cmd/table -update README.md -section "$2" "$1"
+		go run ./cmd/table -update README.md -section "$2" -svg "${1%.txt}.svg" "$1"
 	else
-		go run ./cmd/table -update README.md "$1"
+		go run ./cmd/table -update README.md -svg "${1%.txt}.svg" "$1"
 	fi
 }
 

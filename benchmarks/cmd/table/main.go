@@ -7,13 +7,15 @@
 // Usage:
 //
 //	go test -run '^$' -bench . -benchmem -count 5 | tee bench.txt
-//	go run ./cmd/table [-update README.md] [-check] [bench.txt ...]
+//	go run ./cmd/table [-update README.md] [-svg chart.svg] [-check] [bench.txt ...]
 //
 // It reads standard input when no file is named. -update replaces the text
 // between the lines <!-- bench-table:begin --> and <!-- bench-table:end -->
 // of the named file instead of printing (with -section NAME, between
 // <!-- bench-table:NAME:begin --> and <!-- bench-table:NAME:end -->);
-// -check exits with status 1 when a target is not met.
+// -svg also writes a chart of fencelock against each peer per scenario
+// (chart.go) to the named file; -check exits with status 1 when a target
+// is not met.
 package main
 
 import (
@@ -78,6 +80,7 @@ var higherIsBetter = map[string]bool{"cs/s": true, "busy": true, "fairness": tru
 func main() {
 	update := flag.String("update", "", "replace the table section of this file instead of printing")
 	section := flag.String("section", "", "with -update: the name in the markers of the section to replace")
+	svg := flag.String("svg", "", "also write the chart of fencelock against each peer to this SVG file")
 	check := flag.Bool("check", false, "exit with status 1 when a target is not met")
 	flag.Parse()
 
@@ -96,6 +99,15 @@ func main() {
 		}
 	} else {
 		os.Stdout.Write(out.Bytes())
+	}
+	if *svg != "" {
+		var chart bytes.Buffer
+		if err := res.writeChart(&chart, strings.Join(res.inputs, ", ")); err != nil {
+			fail(err)
+		}
+		if err := os.WriteFile(*svg, chart.Bytes(), 0o644); err != nil {
+			fail(err)
+		}
 	}
 	if *check && !met {
 		fmt.Fprintln(os.Stderr, "table: targets not met")
