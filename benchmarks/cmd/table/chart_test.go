@@ -5,6 +5,7 @@ import (
 	"encoding/xml"
 	"errors"
 	"io"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -82,5 +83,29 @@ func TestChartNoPeers(t *testing.T) {
 	r := parse(t, "BenchmarkUncontended/fencelock 100 1000 ns/op\nBenchmarkUncontended/raw 100 700 ns/op\n")
 	if err := r.writeChart(io.Discard, "x"); err == nil {
 		t.Error("a chart with no peer: no error")
+	}
+}
+
+// TestChartsCurrent checks that the charts README.md opens with are the
+// ones cmd/table writes from the results files beside them (bench.sh
+// regenerates both; so does go run ./cmd/table -svg results/NAME.svg
+// results/NAME.txt).
+func TestChartsCurrent(t *testing.T) {
+	for _, name := range []string{"latest", "redlock-latest"} {
+		r, err := readInputs([]string{"../../results/" + name + ".txt"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got bytes.Buffer
+		if err := r.writeChart(&got, "results/"+name+".txt"); err != nil {
+			t.Fatal(err)
+		}
+		want, err := os.ReadFile("../../results/" + name + ".svg")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got.Bytes(), want) {
+			t.Errorf("results/%s.svg is not what cmd/table writes from results/%s.txt: run go run ./cmd/table -svg results/%s.svg results/%s.txt", name, name, name, name)
+		}
 	}
 }
