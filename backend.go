@@ -34,32 +34,25 @@ type backend interface {
 	// inspect reads the lock at key and its fence counter, and with
 	// waiters how many subscribe to its channel, changing nothing.
 	inspect(ctx context.Context, key, fenceKey string, waiters bool) (holding, error)
-	// queue keeps a fair waiter's queue entry alive (queueKeep), or takes
-	// it out (queueLeave); ttl is the lock's, for a grant (the caller reads
-	// it from the lease, which the keep-alive's goroutine must not).
-	queue(ctx context.Context, lease *Lease, ttl time.Duration, mode string) (queueReply, error)
 	// register adds a waiter for the releases of the lock at key; with a
-	// token, a fair waiter that also gets the grants made to it; with a
-	// line, an Acquire in a Redlock line (see line; a deployment has none).
-	register(key, token string, ln *line) *waiter
-	// leaveLine takes lease's Acquire, which gave up, out of its Redlock
-	// line, and retires lease's token on the line's node (see line); a
-	// deployment has no line.
-	leaveLine(ctx context.Context, lease *Lease) error
-	// wakeSpread is how long waiters woken together spread their next
-	// attempts over; 0 where the first attempt wins atomically.
-	wakeSpread() time.Duration
-	// honoursDeadlines reports whether go-redis stops every call at its
-	// context's deadline (ContextTimeoutEnabled on every client).
-	honoursDeadlines() bool
-	// acquireStops reports whether acquire returns as soon as its context
-	// ends, whatever the clients' options (a Redlock's node calls run on
-	// goroutines of their own, and it stops reading them then): Acquire
-	// then needs no goroutine of its own to return by the context's end.
-	acquireStops() bool
+	// token, a fair waiter that also gets the grants made to it.
+	register(key, token string) *waiter
 	// close closes the waiters' subscriptions and waits for their
 	// goroutines until by at most.
 	close(by time.Time)
+}
+
+// traits are what the Locker's acquisitions need to know of its backend
+// that no call asks, set by New and NewRedlock.
+type traits struct {
+	// deadlines: go-redis stops every call at its context's deadline
+	// (ContextTimeoutEnabled on every client).
+	deadlines bool
+	// stops: acquire returns as soon as its context ends, whatever the
+	// clients' options (a Redlock's node calls run on goroutines of their
+	// own, and it stops reading them then): Acquire then needs no
+	// goroutine of its own to return by the context's end.
+	stops bool
 }
 
 // attempt is the outcome of one try to acquire.
@@ -91,7 +84,7 @@ type deployment struct {
 	dbTag  string // appended to wake-up channels: "" on database 0, "@<db>" on others
 	name   string // in errors, for a node of a quorum
 
-	deadlines bool // the client honours context deadlines (see honoursDeadlines)
+	deadlines bool // the client honours context deadlines (see traits)
 }
 
 var _ backend = (*deployment)(nil)
@@ -423,16 +416,8 @@ func (d *deployment) channelArg(lease *Lease) any {
 	return d.channel(lease.keys[keyLock])
 }
 
-func (d *deployment) register(key, token string, _ *line) *waiter {
+func (d *deployment) register(key, token string) *waiter {
 	return d.waits.register(d.channel(key), nil, token, nil, false)
 }
-
-func (d *deployment) leaveLine(context.Context, *Lease) error { return nil }
-
-func (d *deployment) wakeSpread() time.Duration { return 0 }
-
-func (d *deployment) honoursDeadlines() bool { return d.deadlines }
-
-func (d *deployment) acquireStops() bool { return false }
 
 func (d *deployment) close(by time.Time) { d.waits.close(by) }

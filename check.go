@@ -323,7 +323,9 @@ func (c *checker) roundTrip(ctx context.Context, d *deployment, node string) boo
 	for range 5 {
 		start := time.Now()
 		if err := d.client.Ping(ctx).Err(); err != nil {
-			return false // reported by the server checks
+			// Unreachable: reported by the server checks. A refusal
+			// (an ACL without +ping) is the permissions check's.
+			return classify(err) != classUnavailable
 		}
 		worst = max(worst, time.Since(start))
 	}

@@ -85,10 +85,6 @@ func (d *deployment) queue(ctx context.Context, lease *Lease, ttl time.Duration,
 	return r, nil
 }
 
-func (q *quorum) queue(context.Context, *Lease, time.Duration, string) (queueReply, error) {
-	return queueReply{}, invalidf("fair waiting on a Redlock")
-}
-
 // acquireFair is Acquire with WithFair and WithWait: the waiter subscribes
 // to the lock's channel first, so that no grant published after its first
 // attempt is missed for long; the first attempt takes the lock or joins its
@@ -132,7 +128,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 		joined     bool             // the queue has (or may have) an entry of this token
 		trust      = true           // a grant message for this token is current
 		attemptNow = true
-		w          = l.b.register(lease.keys[keyLock], lease.token, nil) // nil after Close, which the wait below hears
+		w          = l.b.register(lease.keys[keyLock], lease.token) // nil after Close, which the wait below hears
 	)
 	defer func() {
 		if w != nil {
@@ -166,7 +162,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 		if w != nil {
 			w.leave()
 		}
-		w = l.b.register(lease.keys[keyLock], lease.token, nil)
+		w = l.b.register(lease.keys[keyLock], lease.token)
 	}
 	giveUp := func() (*Lease, error) {
 		if joined || unsure {
@@ -189,6 +185,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 	// fence, its Deadline counting from from, or from bound if later. It
 	// returns nil, nil when the waiter waits on with a new token.
 	obtained := func(fence int64, from, bound time.Time, granted bool) (*Lease, error) {
+		seen = busySeen{} // the holder it saw is gone: the lock is this waiter's
 		lease.fence = fence
 		lease.acquired = from
 		lease.deadline = from.Add(lease.ttl - drift(lease.ttl))
@@ -410,7 +407,7 @@ func (l *Locker) keepAlive(ctx context.Context, lease *Lease) chan queueResult {
 	l.bg.add()
 	go func() {
 		defer l.bg.finish()
-		r, err := l.b.queue(ctx, lease, ttl, queueKeep)
+		r, err := l.fair.queue(ctx, lease, ttl, queueKeep)
 		c <- queueResult{r, err}
 	}()
 	return c
@@ -429,7 +426,7 @@ type queueResult struct {
 func (l *Locker) leaveQueue(lease *Lease) {
 	ttl := lease.ttl
 	l.giveBack(lease, "leaving the fair queue", func(ctx context.Context) (bool, error) {
-		if _, err := l.b.queue(ctx, lease, ttl, queueLeave); err != nil {
+		if _, err := l.fair.queue(ctx, lease, ttl, queueLeave); err != nil {
 			return false, callError(lease.name, err)
 		}
 		code, perr, err := lease.runRelease(ctx, modeAbandon)

@@ -967,7 +967,11 @@ func TestFairFailingAttemptsArePaced(t *testing.T) {
 	t.Logf("in 1s: %d attempts, %d keep-alives", n, k)
 	assert.LessOrEqual(t, n+k, int32(20), "requests to a Redis that refuses them")
 	r := <-got
-	require.ErrorIs(t, r.err, ErrUnavailable)
+	// The holder the first attempt found holds the lock for a minute: the
+	// refusals after it are no reason to call the lock unavailable (nor to
+	// fail open beside that holder).
+	require.ErrorIs(t, r.err, ErrNotObtained)
+	assert.NotErrorIs(t, r.err, ErrUnavailable)
 }
 
 // A grant's message counts while the waiter's own keep-alive is still in

@@ -338,7 +338,7 @@ func (l *Lease) releaseOp(ctx context.Context) error {
 		ctx = context.WithoutCancel(ctx)
 	}
 	rctx, cancel := l.locker.detached(ctx)
-	if ctx.Done() == nil && l.locker.b.honoursDeadlines() {
+	if ctx.Done() == nil && l.locker.traits.deadlines {
 		// Only ReleaseTimeout bounds the call, and go-redis honours it.
 		defer cancel()
 		return l.release(rctx)

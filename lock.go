@@ -27,12 +27,14 @@ type Locker struct {
 	clock Clock
 	bg    tasks
 
-	releaseTimeoutMillis any    // opts.ReleaseTimeout in ms, boxed once for the scripts' ARGV
-	retentionMillis      any    // opts.FenceRetention in ms, boxed once
-	ownerArg             any    // opts.Owner, boxed once
-	defaultTTLArg        any    // opts.TTL in ms, boxed once
-	lines                bool   // waiting Acquire calls wait in a line (a Redlock's; see line)
-	lineTag              string // names this Locker's calls in a line, and the channel their turns are announced on
+	releaseTimeoutMillis any // opts.ReleaseTimeout in ms, boxed once for the scripts' ARGV
+	retentionMillis      any // opts.FenceRetention in ms, boxed once
+	ownerArg             any // opts.Owner, boxed once
+	defaultTTLArg        any // opts.TTL in ms, boxed once
+	traits               traits
+	fair                 *deployment // where fair waiters wait in line (see fair.go); nil on a Redlock
+	rl                   *quorum     // a Redlock's quorum, whose first node keeps its line (see line); nil otherwise
+	lineTag              string      // names this Locker's calls in a line, and the channel their turns are announced on
 
 	publishWarned atomic.Bool // a failed wake-up was logged
 
@@ -59,7 +61,8 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 		return nil, err
 	}
 	l := newLocker(o)
-	l.b = newDeployment(l, client)
+	d := newDeployment(l, client)
+	l.b, l.fair, l.traits = d, d, traits{deadlines: d.deadlines}
 	return l, nil
 }
 
@@ -421,7 +424,7 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 		w       *waiter // wake-ups on release, once the lock was found busy
 		wokeAt  time.Time
 	)
-	if wait > 0 && l.lines {
+	if wait > 0 && l.rl != nil {
 		lease.line = l.lineTag + "." + lease.token // this call's id in the line
 	}
 	defer func() {
@@ -542,7 +545,11 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 				ln.in.Store(true) // before its subscription's confirmation
 				ln.first.Store(a.ahead == 0)
 			}
-			w = l.b.register(lease.keys[keyLock], "", ln) // nil after Close, which the wait below hears
+			if ln != nil {
+				w = l.rl.registerLine(lease.keys[keyLock], "", ln)
+			} else {
+				w = l.b.register(lease.keys[keyLock], "") // nil after Close, which the wait below hears
+			}
 		}
 		var wake <-chan struct{}
 		lined := a.lined && w != nil && w.line != nil
@@ -581,7 +588,7 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 			t.Stop()
 			wokeAt = l.clock.Now()
 			named := w.line != nil && w.line.named.Swap(false)
-			if spread := l.b.wakeSpread(); spread > 0 && !named { // woken by name: alone
+			if spread := l.rl.wakeSpread(); spread > 0 && !named { // woken by name: alone
 				t := l.clock.NewTimer(mathrand.N(spread + 1))
 				select {
 				case <-ctx.Done():
@@ -660,7 +667,7 @@ func (l *Locker) try(ctx context.Context, lease *Lease, open bool) (a attempt, d
 	defer cancel()
 	dials, failures := l.dials.Load(), l.dialFailures.Load()
 	done = true
-	if l.b.acquireStops() || (ctx.Done() == nil && l.b.honoursDeadlines()) { // it returns by actx's end by itself
+	if l.traits.stops || (ctx.Done() == nil && l.traits.deadlines) { // it returns by actx's end by itself
 		a = l.b.acquire(actx, lease)
 		if a.err != nil && l.isClosed() {
 			return a, false
@@ -679,7 +686,7 @@ func (l *Locker) try(ctx context.Context, lease *Lease, open bool) (a attempt, d
 	// deployment the server refuses connections, and the attempt's script
 	// was not sent (see notSent for the one exception). A quorum's nodes
 	// may have had it on connections already open.
-	e.unsent = e.cause != nil && l.dials.Load() == dials && !l.b.acquireStops()
+	e.unsent = e.cause != nil && l.dials.Load() == dials && !l.traits.stops
 	return attempt{err: e}, true
 }
 
@@ -714,7 +721,7 @@ func (l *Locker) leaveLine(lease *Lease) {
 	l.bg.goBackground(func(<-chan struct{}) {
 		ctx, cancel := context.WithTimeout(context.Background(), l.opts.ReleaseTimeout)
 		defer cancel()
-		_ = l.b.leaveLine(ctx, lease)
+		_ = l.rl.leaveLine(ctx, lease)
 	})
 }
 

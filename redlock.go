@@ -63,7 +63,10 @@ func NewRedlock(clients []redis.UniversalClient, opts *Options) (*Locker, error)
 		}
 		q.nodes = append(q.nodes, d)
 	}
-	l.lines = true
+	l.rl, l.traits = q, traits{deadlines: true, stops: true}
+	for _, d := range q.nodes {
+		l.traits.deadlines = l.traits.deadlines && d.deadlines
+	}
 	var tag [4]byte
 	_, _ = rand.Read(tag[:])
 	l.lineTag = hex.EncodeToString(tag[:])
@@ -692,6 +695,9 @@ func (q *quorum) retire(lease *Lease, nodes []int) {
 // lets the first attempt's grants reach the nodes before most of the
 // others start; it is capped by half MinRetryBackoff.
 func (q *quorum) wakeSpread() time.Duration {
+	if q == nil {
+		return 0 // one deployment: the first attempt wins atomically
+	}
 	return min(2*time.Duration(q.answerTime.Load()), q.l.opts.MinRetryBackoff/2)
 }
 
@@ -894,24 +900,27 @@ func lineEntryTTL(maxBackoff time.Duration) time.Duration {
 	return max(time.Second, 4*maxBackoff)
 }
 
-// register adds a waiter on every node; with a line, on the line's node
+// registerLine adds the waiter of an Acquire in line on the line's node
 // only (its releases name who is next; the others' would wake it in vain),
 // on the lock's channel and on this Locker's turn channel, until line.widen
-// adds the others. A call out of line when it registers also hears this
-// Locker's turn channel on the line's node: its later attempts may join
-// the line there, and be named.
-func (q *quorum) register(key, token string, ln *line) *waiter {
+// adds the others.
+func (q *quorum) registerLine(key, token string, ln *line) *waiter {
 	home := q.nodes[0]
-	if ln != nil {
-		ln.q, ln.key, ln.token = q, key, token
-		w := home.waits.register(home.channel(key), nil, token, ln, true)
-		if w != nil {
-			if o := home.waits.register(q.turnChannel(key), w.wake, token, ln, true); o != nil {
-				w.also = append(w.also, o)
-			}
+	ln.q, ln.key, ln.token = q, key, token
+	w := home.waits.register(home.channel(key), nil, token, ln, true)
+	if w != nil {
+		if o := home.waits.register(q.turnChannel(key), w.wake, token, ln, true); o != nil {
+			w.also = append(w.also, o)
 		}
-		return w
 	}
+	return w
+}
+
+// register adds a waiter on every node. A call out of line when it
+// registers also hears this Locker's turn channel on the line's node: its
+// later attempts may join the line there, and be named.
+func (q *quorum) register(key, token string) *waiter {
+	home := q.nodes[0]
 	var first *waiter
 	for _, d := range q.nodes {
 		var wake chan struct{}
@@ -941,17 +950,6 @@ func (q *quorum) register(key, token string, ln *line) *waiter {
 // call's id before the dot. Only the named call's Locker hears it.
 func (q *quorum) turnChannel(key string) string {
 	return q.nodes[0].channel(key) + ":n:" + q.l.lineTag
-}
-
-func (q *quorum) acquireStops() bool { return true }
-
-func (q *quorum) honoursDeadlines() bool {
-	for _, d := range q.nodes {
-		if !d.deadlines {
-			return false
-		}
-	}
-	return true
 }
 
 func (q *quorum) close(by time.Time) {
