@@ -119,7 +119,7 @@ func redisOptions(addr string) (*redis.Options, error) {
 		opts = &redis.Options{Network: "tcp", Addr: addr}
 	}
 	// Let a context's deadline bound a call to a Redis that stopped
-	// answering (the README explains why the library recommends it).
+	// answering (docs/failures.md explains why the library recommends it).
 	opts.ContextTimeoutEnabled = true
 	return opts, nil
 }
