@@ -106,3 +106,15 @@
 //
 // [GUARANTEES.md]: https://github.com/fencelock/fencelock/blob/main/GUARANTEES.md#how-it-works
 package fencelock
+
+// Architecture, for contributors (not part of the package documentation):
+//
+//	API        lock.go (Locker, New, Close, Acquire's plain wait), lease.go (Lease),
+//	           watchdog.go (RunWithLock, KeepAlive), inspect.go, check.go, options.go
+//	waiting    fair.go (fair line), redlock.go's line (Redlock line), wait.go
+//	           (pub/sub: one hub goroutine per node, wake-ups to waiters)
+//	seam       backend.go: backend (acquire, extend, release, inspect, register,
+//	           close) and traits; deployment (one Redis, WAIT for Replicas)
+//	quorum     redlock.go: quorum's fan-out, fence phases, split decision
+//	scripts    scripts.go (one script type), prelude.lua + one .lua per script
+//	errors     errors.go (sentinels, classify, advice), acl.go (the ACL rules)
