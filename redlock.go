@@ -878,6 +878,30 @@ type line struct {
 	widened    bool
 }
 
+// hears reports whether m wakes w, a registration of the Acquire in this
+// line: while in line, only its own turn, a release on the line's node,
+// or a confirmation when no one was ahead of it (see waiter.
+// wakesOnConfirmation); woken, it is out of line until its next attempt,
+// which may find nodes whose releases are still on their way (those wake
+// it again). Called with the notifier's mutex held.
+func (ln *line) hears(w *waiter, m message) bool {
+	if ln.in.Load() {
+		switch {
+		case m.named != "" && m.named != ln.id:
+			return false // another's turn
+		case m.payload == "released" && !w.home:
+			return false // the line's node names who is next
+		case m.payload == "" && !w.wakesOnConfirmation():
+			return false
+		}
+		ln.in.Store(false)
+	}
+	if m.named != "" && m.named == ln.id {
+		ln.named.Store(true)
+	}
+	return true
+}
+
 // widen registers w, the Acquire's waiter on the line's node, on the other
 // nodes too, once: the Acquire is out of line, and any node's release may
 // be the one it needs.

@@ -301,50 +301,13 @@ func (n *notifier) rerouteLocked(channel, moved string) {
 // and by its "released" (the line is empty), not by the other nodes'
 // releases nor by another's turn; waiters not in line wake on every one.
 func (n *notifier) wake(h *hub, channel, payload string) {
-	var grantee, named string
-	var fence int64
-	if rest, ok := strings.CutPrefix(payload, "granted "); ok {
-		grantee, rest, _ = strings.Cut(rest, " ")
-		fence, _ = strconv.ParseInt(rest, 10, 64)
-	} else if rest, ok := strings.CutPrefix(payload, "next "); ok {
-		named = rest
-	}
+	m := parseMessage(payload)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if channel != "" {
 		if cs := n.channels[channel]; cs != nil {
 			for w := range cs.waiters {
-				if grantee != "" {
-					if w.token != grantee || fence <= 0 {
-						continue
-					}
-					select {
-					case w.granted <- fence:
-					default:
-					}
-					continue
-				}
-				if w.line != nil {
-					if w.line.in.Load() {
-						if named != "" && named != w.line.id {
-							continue // another's turn
-						}
-						if payload == "released" && !w.home {
-							continue // the line's node names who is next
-						}
-						if payload == "" && !w.wakesOnConfirmation() {
-							continue
-						}
-						// Woken: out of line until its next attempt,
-						// which may find nodes whose releases are still
-						// on their way; those wake it again.
-						w.line.in.Store(false)
-					}
-					if named != "" && named == w.line.id {
-						w.line.named.Store(true)
-					}
-				}
-				w.signal()
+				w.hear(m)
 			}
 		}
 		return
@@ -356,6 +319,47 @@ func (n *notifier) wake(h *hub, channel, payload string) {
 			}
 		}
 	}
+}
+
+// A message is what a release published on a lock's channel (release.lua,
+// redlock_release.lua), parsed once by the connection that read it; the
+// empty payload stands for a subscription's confirmation.
+type message struct {
+	payload string
+	grantee string // "granted <token> <fence>": the fair waiter handed the lock
+	fence   int64
+	named   string // "next <id>": the Acquire in a Redlock line whose turn it is
+}
+
+func parseMessage(payload string) message {
+	m := message{payload: payload}
+	if rest, ok := strings.CutPrefix(payload, "granted "); ok {
+		var fence string
+		m.grantee, fence, _ = strings.Cut(rest, " ")
+		m.fence, _ = strconv.ParseInt(fence, 10, 64)
+	} else if rest, ok := strings.CutPrefix(payload, "next "); ok {
+		m.named = rest
+	}
+	return m
+}
+
+// hear wakes w if m is for it: a grant only its grantee, which gets the
+// fence; a waiter in a Redlock line as its line decides (line.hears); any
+// other waiter on every message. Called with w.n.mu held.
+func (w *waiter) hear(m message) {
+	switch {
+	case m.grantee != "":
+		if w.token == m.grantee && m.fence > 0 {
+			select {
+			case w.granted <- m.fence:
+			default:
+			}
+		}
+		return
+	case w.line != nil && !w.line.hears(w, m):
+		return
+	}
+	w.signal()
 }
 
 // close shuts every hub down and waits for every goroutine of n, until by
