@@ -96,10 +96,11 @@ type Options struct {
 	// reply, whatever the go-redis client's options: past it the attempt
 	// counts as Redis unavailable ("no reply within AttemptTimeout"), and a
 	// wait (WithWait) tries again. An attempt of a fail-open call also ends
-	// at half the time left before its context's deadline. On a client
-	// without ContextTimeoutEnabled, an attempt runs on a goroutine of its
-	// own to be bounded so; with it, on the caller's. It must be at least
-	// 1ms. Default 1s (why: "Deadlines and the watchdog").
+	// at half the time left before its context's deadline. An attempt runs
+	// on the caller's goroutine on a Redlock, and with ContextTimeoutEnabled
+	// and a context that is never cancelled (context.Background()); else on
+	// one of its own, so that it is bounded so whatever go-redis does. It
+	// must be at least 1ms. Default 1s (why: "Deadlines and the watchdog").
 	AttemptTimeout time.Duration
 
 	// FailOpen decides in advance what RunWithLock does when Redis is
