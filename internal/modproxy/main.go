@@ -4,10 +4,10 @@
 //
 //	go run . -o DIR -version v0.1.0 ../.. ../../otel ../../gocron
 //
-// Each module is zipped from its directory by golang.org/x/mod/zip, as the go
-// command zips a tagged commit: nested modules and VCS directories are left
-// out, and the zip's size and file-name rules are checked. Unlike a tag, the
-// directory's untracked files go in too; in a clean clone there are none.
+// Each module is zipped by golang.org/x/mod/zip, as the go command zips a
+// tagged commit: the files git would commit (tracked or new, not ignored) as
+// they are in the working tree, less nested modules, with the zip's size and
+// file-name rules checked. So it needs git, and a directory in a repository.
 package main
 
 import (
@@ -15,8 +15,12 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/mod/modfile"
@@ -74,8 +78,12 @@ func add(out, dir, version string) (string, error) {
 		return "", err
 	}
 
+	inZip, err := gitFiles(dir)
+	if err != nil {
+		return "", err
+	}
 	var zip bytes.Buffer
-	if err := modzip.CreateFromDir(&zip, m, dir); err != nil {
+	if err := modzip.Create(&zip, m, inZip); err != nil {
 		return "", err
 	}
 	info, err := json.Marshal(struct {
@@ -102,3 +110,39 @@ func add(out, dir, version string) (string, error) {
 	}
 	return m.Path, nil
 }
+
+// gitFiles lists the files under dir that a commit made now would hold:
+// tracked or untracked, not ignored, and present in the working tree. Unlike
+// a walk of dir, it leaves out build output, and a worktree's .git file.
+func gitFiles(dir string) ([]modzip.File, error) {
+	cmd := exec.Command("git", "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+	cmd.Dir = dir
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("git ls-files in %s: %w", dir, err)
+	}
+	var files []modzip.File
+	for _, name := range strings.Split(strings.TrimSuffix(string(out), "\x00"), "\x00") {
+		if name == "" {
+			continue
+		}
+		f := file{slash: name, path: filepath.Join(dir, filepath.FromSlash(name))}
+		if _, err := os.Lstat(f.path); os.IsNotExist(err) {
+			continue // deleted in the working tree, not yet in the index
+		}
+		files = append(files, f)
+	}
+	return files, nil
+}
+
+// file is one of gitFiles' files; modzip.Create skips those of nested
+// modules and those that are not regular files.
+type file struct {
+	slash string // the path in the module, with slashes
+	path  string // the path on disk
+}
+
+func (f file) Path() string                 { return f.slash }
+func (f file) Lstat() (fs.FileInfo, error)  { return os.Lstat(f.path) }
+func (f file) Open() (io.ReadCloser, error) { return os.Open(f.path) }
