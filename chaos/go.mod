@@ -4,7 +4,7 @@ go 1.26.8
 
 require (
 	github.com/anishathalye/porcupine v1.3.1
-	github.com/fencelock/fencelock v0.0.0-00010101000000-000000000000
+	github.com/fencelock/fencelock v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.uber.org/goleak v1.3.0
 )

@@ -5,7 +5,7 @@ go 1.26.0
 replace github.com/fencelock/fencelock => ../
 
 require (
-	github.com/fencelock/fencelock v0.0.0-00010101000000-000000000000
+	github.com/fencelock/fencelock v0.1.0
 	github.com/go-co-op/gocron/v2 v2.21.2
 	github.com/google/uuid v1.6.0
 	github.com/redis/go-redis/v9 v9.23.0
