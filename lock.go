@@ -589,15 +589,8 @@ func (l *Locker) acquire(ctx context.Context, lease *Lease, wait time.Duration, 
 			wokeAt = l.clock.Now()
 			named := w.line != nil && w.line.named.Swap(false)
 			if spread := l.rl.wakeSpread(); spread > 0 && !named { // woken by name: alone
-				t := l.clock.NewTimer(mathrand.N(spread + 1))
-				select {
-				case <-ctx.Done():
-					t.Stop()
+				if !l.pause(ctx, mathrand.N(spread+1)) {
 					return giveUp()
-				case <-l.closed:
-					t.Stop()
-					return giveUp()
-				case <-t.C:
 				}
 			}
 		}
@@ -948,11 +941,31 @@ func (t *tasks) close(by time.Time) {
 	}
 	idle := t.idle
 	t.mu.Unlock()
-	timer := time.NewTimer(time.Until(by))
-	defer timer.Stop()
+	waitUntil(idle, by)
+}
+
+// waitUntil waits until done is closed, or until by at most.
+func waitUntil(done <-chan struct{}, by time.Time) {
+	t := time.NewTimer(time.Until(by))
+	defer t.Stop()
 	select {
-	case <-idle:
-	case <-timer.C:
+	case <-done:
+	case <-t.C:
+	}
+}
+
+// pause sleeps for d on the Locker's clock, and reports false when ctx
+// ended or Close was called first.
+func (l *Locker) pause(ctx context.Context, d time.Duration) bool {
+	t := l.clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-l.closed:
+		return false
+	case <-t.C:
+		return true
 	}
 }
 

@@ -384,12 +384,7 @@ func (n *notifier) close(by time.Time) {
 		n.wg.Wait()
 		close(done)
 	}()
-	t := time.NewTimer(time.Until(by))
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
-	}
+	waitUntil(done, by)
 }
 
 // subscriber opens subscription connections: a client for one node, or the
