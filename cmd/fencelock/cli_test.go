@@ -137,8 +137,16 @@ func TestLs(t *testing.T) {
 		t.Fatalf("ls --json: %+v, want job:waited held by pod-b with fence %d, 1 waiter, TTL about 30s", got, waited.Fence())
 	}
 
-	fl(t, "ls", "--url", u, "nothing*").want(t, exitOK)
-	fl(t, "ls", "--url", u, "--json", "nothing*").want(t, exitOK).wantOut(t, `"locks": []`)
+	// Piped, no match still says so, on stderr (issue 28), and stdout
+	// stays empty for the scripts that read it.
+	r = fl(t, "ls", "--url", u, "nothing*").want(t, exitOK).wantErr(t, "no lock held matching lock:{nothing*}")
+	if r.stdout != "" {
+		t.Fatalf("ls nothing*: stdout %q, want none", r.stdout)
+	}
+	r = fl(t, "ls", "--url", u, "--json", "nothing*").want(t, exitOK).wantOut(t, `"locks": []`)
+	if r.stderr != "" {
+		t.Fatalf("ls --json nothing*: stderr %q, want none: the document says it", r.stderr)
+	}
 
 	// A prefix with a glob character in it matches only itself.
 	r = fl(t, "ls", "--url", u, "--prefix", "svc*:").want(t, exitOK)

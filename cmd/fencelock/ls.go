@@ -27,7 +27,8 @@ and are not listed.
 
 On a terminal it prints a table; otherwise one lock a line, tab-separated,
 without a header: name, owner, TTL in milliseconds (-1: no expiry), fence,
-waiters. It exits 0 when no lock is held, too.
+waiters; when no lock matches, it says so on stderr. It exits 0 when no
+lock is held, too.
 
 Flags:
 
@@ -97,6 +98,10 @@ func runLs(ctx context.Context, e *env, args []string) error {
 	default:
 		for _, info := range held {
 			fmt.Fprintf(e.stdout, "%s\t%s\t%d\t%d\t%d\n", info.Name, info.Owner, ttlMillis(info.TTL), info.Fence, info.Waiters)
+		}
+		if len(held) == 0 && len(errs) == 0 {
+			// On stderr: stdout, which scripts read, stays empty.
+			e.warn("ls: no lock held matching %s", s.key(pattern))
 		}
 	}
 	for _, err := range errs {
