@@ -174,7 +174,8 @@
 // what was seen, what it means and the fix. --ttl and --replicas are the
 // services' Options.TTL and Options.Replicas, which the round-trip and
 // replicas checks compare against. It takes and releases a test lock,
-// "fencelock-check:<random>". It exits 1 when a finding is critical.
+// "fencelock-check:<random>", and deletes its keys. It exits 1 when a
+// finding is critical.
 //
 // # JSON
 //
