@@ -435,15 +435,19 @@ func TestDoctor(t *testing.T) {
 	t.Run("healthy", func(t *testing.T) {
 		t.Parallel()
 		srv := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
-		fl(t, "doctor", "--url", urlOf(srv)).want(t, exitOK).wantOut(t, "info      round-trip\n",
+		r := fl(t, "doctor", "--url", urlOf(srv)).want(t, exitOK).wantOut(t, "info      round-trip\n",
+			"round trip judged against TTL 30s, the library's default: give the services' TTL with --ttl\n",
 			"0 critical, 0 warning, 1 info: nothing weakens the lock's guarantees\n")
 		// Its test lock leaves no key behind, not even its fence counter.
 		if keys, err := srv.Client(nil).Keys(ctx, "*").Result(); err != nil || len(keys) != 0 {
 			t.Fatalf("keys after doctor: %q (%v), want none", keys, err)
 		}
 		// Options reach Check: no replica for --replicas 1 is critical.
-		fl(t, "doctor", "--url", urlOf(srv), "--replicas", "1", "--ttl", "5s").want(t, exitFailed).
+		r = fl(t, "doctor", "--url", urlOf(srv), "--replicas", "1", "--ttl", "5s").want(t, exitFailed).
 			wantOut(t, "critical  replicas", "drift allowance 52ms at TTL 5s")
+		if strings.Contains(r.stdout, "the library's default") {
+			t.Fatalf("doctor --ttl 5s says it assumed the default TTL:\n%s", r.stdout)
+		}
 	})
 }
 

@@ -173,7 +173,8 @@
 // Cluster) that weaken the lock's guarantees, most severe first, each with
 // what was seen, what it means and the fix. --ttl and --replicas are the
 // services' Options.TTL and Options.Replicas, which the round-trip and
-// replicas checks compare against. It takes and releases a test lock,
+// replicas checks compare against; without --ttl, the report says that the
+// round trip was judged against the library's default TTL, 30s. It takes and releases a test lock,
 // "fencelock-check:<random>", and deletes its keys. It exits 1 when a
 // finding is critical.
 //
