@@ -202,7 +202,7 @@ func TestInspect(t *testing.T) {
 		"owner       pod-a (pid 1)\n",
 		fmt.Sprintf("fence       %d\n", lease.Fence()),
 		fmt.Sprintf("last fence  %d\n", lease.Fence()),
-		"waiters     1\n")
+		"waiters     1 (a running watch counts too)\n")
 	var got lockJSON
 	fl(t, "inspect", "--url", u, "--json", "settlement:2026-11-29").want(t, exitOK).jsonOut(t, &got)
 	want := lockJSON{Name: "settlement:2026-11-29", Key: "lock:{settlement:2026-11-29}", Held: true, Owner: "pod-a (pid 1)",
@@ -229,6 +229,22 @@ func TestInspect(t *testing.T) {
 		t.Fatalf("inspect --json of a free lock = %+v", got)
 	}
 	fl(t, "inspect", "--url", u, "never").want(t, exitFailed).wantOut(t, "last fence  none kept\n")
+}
+
+// TestWatchCountsAsWaiter: a running watch subscribes to the lock's
+// channel, so inspect and ls count it as a waiter; inspect says so, and
+// ls's help (issue 28).
+func TestWatchCountsAsWaiter(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	u := urlOf(srv)
+	a := newLocker(t, srv.Client(nil), "pod-a", nil)
+	acquire(t, a, "job")
+	w := startWatch(t, "--url", u, "job")
+	w.expect(t, evHeld, 0)
+	eventually(t, 5*time.Second, "the watch subscribed", func() bool { return waiters(t, a, "job") == 1 })
+	fl(t, "inspect", "--url", u, "job").want(t, exitOK).wantOut(t, "waiters     1 (a running watch counts too)\n")
+	fl(t, "help", "ls").want(t, exitOK).wantOut(t, "A running watch counts as one waiter.")
 }
 
 // TestReleaseForce deletes a held lock: the waiter is woken, its fence is

@@ -85,9 +85,10 @@
 // header: name, owner, TTL in milliseconds (-1: no expiry), fence,
 // waiters. Waiters are counted as fencelock.LockInfo's: Lockers subscribed
 // to the lock's releases, a Locker whose fair wait ended less than a
-// second ago included; when no lock matches, it says so on stderr. With
-// --json, one document (see JSON). It exits 0 when no lock is held too, and
-// 1 when a lock could not be read (after printing the others).
+// second ago and a running watch included. When no lock matches, it says
+// so on stderr. With --json, one document (see JSON). It exits 0 when no
+// lock is held too, and 1 when a lock could not be read (after printing
+// the others).
 //
 // # inspect
 //

@@ -23,7 +23,8 @@ var lsCommand = &command{
 \x), default *: ls 'settlement:*'. It finds them with SCAN (never KEYS),
 on every master of a Cluster, and reads each with Locker.Inspect: owner,
 TTL left, fence, waiters. Fence counters and token markers are not locks
-and are not listed.
+and are not listed. Waiters are the subscribers of the lock's wake-up
+channel. A running watch counts as one waiter.
 
 On a terminal it prints a table; otherwise one lock a line, tab-separated,
 without a header: name, owner, TTL in milliseconds (-1: no expiry), fence,
