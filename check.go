@@ -81,8 +81,7 @@ func (f Finding) String() string {
 // connected replicas than Options.Replicas, a server without sharded
 // pub/sub, an ACL user refused a command that the lock, Check or the
 // fencelock command sends (it tries each, with a lock named
-// "fencelock-check:<random>" that leaves nothing behind once its fence
-// counter expires), the round-trip time against the TTL's drift allowance,
+// "fencelock-check:<random>" whose keys it deletes at the end), the round-trip time against the TTL's drift allowance,
 // Redlock nodes that are not independent. A command that is not permitted
 // (managed services block CONFIG) or a server that cannot be reached is a
 // finding, never an error: Check returns an error only for a Locker not
@@ -348,12 +347,13 @@ func (c *checker) roundTrip(ctx context.Context, d *deployment, node string) boo
 func (c *checker) permissions(ctx context.Context, d *deployment, node string) {
 	name := "fencelock-check:" + c.l.newLease("x", time.Second).token
 	lease := c.l.newLease(name, time.Second)
+	defer c.cleanUp(ctx, d, lease)
 	c.tryRules(ctx, d, node, lease.keys[keyLock]+":acl", d.channel(lease.keys[keyLock]))
 	a := d.acquire(ctx, lease)
 	var replicas *replicaError
 	switch {
 	case a.err != nil && errors.As(a.err, &replicas):
-		c.l.abandon(lease) // reported by the replicas check
+		// Reported by the replicas check; cleanUp deletes the lock.
 	case a.err != nil:
 		sev := SeverityCritical
 		if classify(a.err) == classUnavailable {
@@ -411,6 +411,18 @@ func (c *checker) permissions(ctx context.Context, d *deployment, node string) {
 		}
 		c.refused(node, "SUNSUBSCRIBE", err)
 	}
+}
+
+// cleanUp deletes every key the permissions check may have made: the test
+// lock, and what its release leaves, its fence counter (kept for
+// FenceRetention) and its token marker, so that Check leaves nothing. It
+// runs after ctx ended too, bounded by ReleaseTimeout. Without +del, which
+// tryRules reports, they expire.
+func (c *checker) cleanUp(ctx context.Context, d *deployment, lease *Lease) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.l.opts.ReleaseTimeout)
+	defer cancel()
+	keys := append(lease.keys[:], lease.keys[keyLock]+":acl") // one hash tag: one slot on a Cluster
+	_ = d.client.Del(ctx, keys...).Err()
 }
 
 // tryRules sends the command of each of aclRules that has one, on key

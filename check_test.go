@@ -130,6 +130,21 @@ func TestCheckPermissions(t *testing.T) {
 	}
 }
 
+// TestCheckLeavesNothing: Check's test lock leaves no key behind, its fence
+// counter and token marker included (issue 28: `fencelock doctor` left
+// lock:{fencelock-check:…}:fence for FenceRetention).
+func TestCheckLeavesNothing(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	for _, prefix := range []string{"lock:", "svc:"} {
+		l := checkLocker(t, srv.Client(nil), &Options{KeyPrefix: prefix})
+		findings(t, l)
+		keys, err := srv.Do("KEYS", "*")
+		require.NoError(t, err)
+		assert.Empty(t, keys, "keys left by Check with KeyPrefix %q", prefix)
+	}
+}
+
 func TestCheckRoundTrip(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)

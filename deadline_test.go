@@ -450,3 +450,48 @@ func TestDeadlineDialRefusedNeedsNoCleanup(t *testing.T) {
 	}
 	assert.Equal(t, pingDials.n.Load(), dials.n.Load(), "no clean-up dialled in the background either")
 }
+
+// TestNoDeadlineOnAHungRedis measures the figures GUARANTEES.md ("Deadlines
+// and the watchdog") and the README quote for calls without a deadline on a
+// SIGSTOPped redis-server, with go-redis's default options: Extend waits for
+// go-redis to give up, 10.0s measured on the connection that hung and 5.0s
+// on the new connection a later call dials (go-redis v9.23.0); Release
+// returns ErrUnavailable at Options.ReleaseTimeout (5s).
+func TestNoDeadlineOnAHungRedis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("takes 20s")
+	}
+	t.Parallel()
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	name := uniqueName(t)
+	var leases []*Lease
+	for i := range 3 {
+		lease, err := l.Acquire(ctx, fmt.Sprintf("%s.%d", name, i))
+		require.NoError(t, err)
+		leases = append(leases, lease)
+	}
+	pause(t, e.srv)
+	timed := func(what string, f func() error) (time.Duration, error) {
+		start := time.Now()
+		err := f()
+		took := time.Since(start)
+		t.Logf("%s without a deadline: %v after %v", what, err, took)
+		return took, err
+	}
+
+	took, err := timed("Extend", func() error { return leases[0].Extend(context.Background(), time.Minute) })
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.Greater(t, took, 9*time.Second, "the first call, on the connection that hung")
+	assert.Less(t, took, 11*time.Second, "GUARANTEES.md quotes 10s")
+
+	took, err = timed("Extend", func() error { return leases[1].Extend(context.Background(), time.Minute) })
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.InDelta(t, 5*time.Second, took, float64(time.Second), "a later call, on a new connection: GUARANTEES.md quotes 5s")
+
+	took, err = timed("Release", func() error { return leases[2].Release(context.Background()) })
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.Contains(t, err.Error(), "no reply within ReleaseTimeout 5s")
+	assert.InDelta(t, 5*time.Second, took, float64(deadlineSlack), "Release is bounded by ReleaseTimeout")
+	e.srv.Resume()
+}

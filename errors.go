@@ -274,7 +274,10 @@ func advice(name string, err error) string {
 		return fmt.Sprintf("the fence counter of lock %q is at its maximum (%s): delete the counter key; "+
 			"fences go on from the server's time", name, msg)
 	}
-	if strings.Contains(strings.ToLower(msg), "unknown command") {
+	if lower := strings.ToLower(msg); strings.Contains(lower, "unknown command") {
+		if strings.Contains(lower, "'waitaof'") { // sent for Options.ReplicaFsync only
+			return msg + ": ReplicaFsync sends WAITAOF: WAITAOF needs Redis 7.2 or later, with appendonly yes on the master and its replicas"
+		}
 		return msg + ": fencelock needs Redis 6.2 or later with scripting enabled"
 	}
 	if strings.Contains(msg, "not an integer") {

@@ -144,8 +144,9 @@ func ExampleLease_KeepAlive() {
 	// watchdog and deletes the lock.
 	defer lease.Release(ctx)
 
-	// The watchdog renews the lease every TTL/3 until Release; workCtx is
-	// cancelled with cause fencelock.ErrLost if the lock is lost.
+	// The watchdog renews the lease every TTL/3 until Release, or until
+	// ctx ends, which releases it; workCtx is cancelled with cause
+	// fencelock.ErrLost if the lock is lost.
 	workCtx := lease.KeepAlive(ctx)
 	select {
 	case <-workCtx.Done():

@@ -52,6 +52,11 @@ type Lease struct {
 	wd        *watchdog                 // guarded by mu; nil until KeepAlive
 	releasing bool                      // guarded by mu; Release was called
 	cancels   []context.CancelCauseFunc // guarded by mu; KeepAlive contexts
+	// keepers counts the KeepAlive calls whose ctx has not ended
+	// (RunWithLock's never ends); keeperStops unregister their
+	// keeperEnded. Guarded by mu.
+	keepers     int
+	keeperStops []func() bool
 }
 
 // Name returns the lock's name as given to Acquire.

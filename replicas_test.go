@@ -151,6 +151,11 @@ func TestReplicaFsyncNeedsWaitAOF(t *testing.T) {
 	if version < "7.2" {
 		require.ErrorIs(t, err, ErrMisconfigured, "WAITAOF is unknown before Redis 7.2 (%s)", version)
 		assert.Contains(t, strings.ToLower(err.Error()), "unknown command")
+		// Issue 28: the advice names what WAITAOF needs, not the
+		// Redis 6.2 that the rest of fencelock needs.
+		assert.Contains(t, err.Error(), "WAITAOF needs Redis 7.2 or later")
+		assert.Contains(t, err.Error(), "appendonly yes")
+		assert.NotContains(t, err.Error(), "6.2")
 		return
 	}
 	// Redis 7.2 and later: the master and the replica need appendonly.

@@ -72,7 +72,7 @@ func (l *Locker) run(ctx context.Context, name string,
 		return work(ctx, l.degraded(ctx, name, err))
 	}
 
-	workCtx := lease.KeepAlive(ctx)
+	workCtx := lease.keepAlive(ctx, true) // renewed until work returns, also after ctx ended
 	returned := false
 	defer func() {
 		if !returned { // work panicked or called runtime.Goexit
@@ -131,16 +131,26 @@ func joinErr(werr, lost error) error {
 // taken over or deleted, or the lease's Deadline passed before a renewal
 // succeeded. The watchdog renews the lock every Options.RenewInterval
 // (default TTL/3) and follows the caller's own Extend calls (GUARANTEES.md,
-// "Deadlines and the watchdog").
+// "Deadlines and the watchdog"). Options.MaxHold (default: no cap) bounds
+// how long it renews.
 //
-// The watchdog runs until Release, which cancels the returned context (with a
-// cause matching ErrNotHeld), stops the watchdog and waits for it to exit.
-// Cancelling ctx cancels the returned context but does not stop the watchdog:
-// the lock stays held until Release. Call Release exactly when the work is
-// done, also on error paths (defer it). On a lease that is already lost,
-// released or found not held, and on a nil lease, KeepAlive returns a
-// context that is already cancelled with the cause.
+// The watchdog runs until Release, which cancels the returned context (with
+// a cause matching ErrNotHeld), stops the watchdog and waits for it to exit,
+// or until ctx ends (with several KeepAlive calls, the ctx of every one):
+// then it stops, and the lease is released in the background, each try
+// bounded by Options.ReleaseTimeout, as a lost lease is by RunWithLock; a
+// later Release returns ErrNotHeld. Work that goes on after ctx ended no
+// longer holds the lock. Call Release when the work is done, also on error
+// paths (defer it). On a lease that is already lost, released or found not
+// held, and on a nil lease, KeepAlive returns a context that is already
+// cancelled with the cause.
 func (l *Lease) KeepAlive(ctx context.Context) context.Context {
+	return l.keepAlive(ctx, false)
+}
+
+// keepAlive is KeepAlive; pinned (RunWithLock, which releases after its
+// work returns) keeps the lease renewed after ctx ended.
+func (l *Lease) keepAlive(ctx context.Context, pinned bool) context.Context {
 	workCtx, cancel := context.WithCancelCause(ctx)
 	if l == nil || l.locker == nil {
 		cancel(ErrNotHeld)
@@ -160,11 +170,34 @@ func (l *Lease) KeepAlive(ctx context.Context) context.Context {
 		return workCtx
 	}
 	l.cancels = append(l.cancels, cancel)
+	if !l.degraded {
+		l.keepers++
+		if !pinned && ctx.Done() != nil {
+			l.keeperStops = append(l.keeperStops, context.AfterFunc(ctx, l.keeperEnded))
+		}
+	}
 	if l.wd == nil && !l.degraded {
 		l.wd = &watchdog{stop: make(chan struct{}), done: make(chan struct{}), moved: make(chan struct{}, 1)}
 		go l.watch(l.wd)
 	}
 	return workCtx
+}
+
+// keeperEnded runs, on a goroutine of its own, when the ctx of a KeepAlive
+// call ends: after the last one, it stops the watchdog and releases the
+// lease in the background.
+func (l *Lease) keeperEnded() {
+	l.mu.Lock()
+	l.keepers--
+	end := l.keepers == 0 && !l.releasing && l.done == nil
+	if end {
+		l.releasing = true // no KeepAlive starts the watchdog again
+	}
+	l.mu.Unlock()
+	if end {
+		l.endWork()
+		l.locker.releaseInBackground(l)
+	}
 }
 
 // A watchdog is the renewal goroutine of one lease. Its only owner is the
@@ -194,14 +227,18 @@ func (l *Lease) stopWatchdog() {
 	}
 }
 
-// cancelContexts cancels the contexts KeepAlive returned.
+// cancelContexts cancels the contexts KeepAlive returned, and unregisters
+// the calls of keeperEnded that their ctx's end would make.
 func (l *Lease) cancelContexts(cause error) {
 	l.mu.Lock()
-	cancels := l.cancels
-	l.cancels = nil
+	cancels, stops := l.cancels, l.keeperStops
+	l.cancels, l.keeperStops = nil, nil
 	l.mu.Unlock()
 	for _, cancel := range cancels {
 		cancel(cause)
+	}
+	for _, stop := range stops {
+		stop()
 	}
 }
 

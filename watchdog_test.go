@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"runtime"
 	"strings"
@@ -510,20 +511,78 @@ func TestGoexitReleases(t *testing.T) {
 	assert.Zero(t, n, "released when the work called runtime.Goexit")
 }
 
-func TestCancelledContextKeepsRenewing(t *testing.T) {
-	// Cancelling the context given to KeepAlive cancels the work's context
-	// but not the watchdog: the lock stays held until Release.
+// TestKeepAliveCtxEndReleases: the end of KeepAlive's ctx stops the
+// renewals and releases the lease in the background (issue 28: a lease
+// kept alive and never released was renewed until the process died).
+func TestKeepAliveCtxEndReleases(t *testing.T) {
 	e := newEnv(t, nil)
-	l := e.locker(t, &Options{TTL: 300 * time.Millisecond})
-	lease, err := l.Acquire(ctx, uniqueName(t))
+	l := e.locker(t, nil) // TTL 30s: gone within the bound below is a release, not an expiry
+	name := uniqueName(t)
+	lease, err := l.Acquire(ctx, name)
 	require.NoError(t, err)
 	cctx, cancel := context.WithCancel(ctx)
 	workCtx := lease.KeepAlive(cctx)
 	cancel()
-	require.ErrorIs(t, workCtx.Err(), context.Canceled)
+	<-workCtx.Done()
+	assert.ErrorIs(t, context.Cause(workCtx), context.Canceled, "the work's context ends with ctx's cause")
+	start := time.Now()
+	for keyExists(t, e.srv, lease.Key()) {
+		require.Less(t, time.Since(start), 2*time.Second, "released within 2s of the end of KeepAlive's ctx")
+		time.Sleep(5 * time.Millisecond)
+	}
+	second, err := l.Acquire(ctx, name)
+	require.NoError(t, err, "a second Acquire takes the released lock")
+	assert.Greater(t, second.Fence(), lease.Fence())
+	assert.ErrorIs(t, lease.Release(ctx), ErrNotHeld, "released already")
+	assert.ErrorIs(t, context.Cause(lease.KeepAlive(ctx)), ErrNotHeld, "KeepAlive on a released lease")
+	require.NoError(t, second.Release(ctx))
+}
+
+// TestKeepAliveLastCtxEndReleases: with several KeepAlive calls, the lease
+// is released once every one's ctx has ended; until then it is renewed.
+func TestKeepAliveLastCtxEndReleases(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, &Options{TTL: 300 * time.Millisecond})
+	lease, err := l.Acquire(ctx, uniqueName(t))
+	require.NoError(t, err)
+	first, cancelFirst := context.WithCancel(ctx)
+	second, cancelSecond := context.WithCancel(ctx)
+	lease.KeepAlive(first)
+	secondWork := lease.KeepAlive(second)
+	cancelFirst()
 	time.Sleep(time.Second) // more than three TTLs
 	got, err := e.admin.Get(ctx, lease.Key()).Result()
 	require.NoError(t, err)
-	assert.True(t, strings.HasPrefix(got, lease.Token()+" "), "still renewed after the context was cancelled")
-	require.NoError(t, lease.Release(ctx))
+	assert.True(t, strings.HasPrefix(got, lease.Token()+" "), "still renewed while a KeepAlive ctx lives")
+	require.NoError(t, secondWork.Err())
+	cancelSecond()
+	start := time.Now()
+	for keyExists(t, e.srv, lease.Key()) {
+		require.Less(t, time.Since(start), 200*time.Millisecond, "released, before it could expire")
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestRunWithLockCtxEndKeepsLockUntilWorkReturns: RunWithLock's work
+// context is derived from ctx, but the lock is renewed until the work
+// returns, and released then, also when ctx ended first.
+func TestRunWithLockCtxEndKeepsLockUntilWorkReturns(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, &Options{TTL: 300 * time.Millisecond})
+	name := uniqueName(t)
+	cctx, cancel := context.WithCancel(ctx)
+	var key string
+	err := l.RunWithLock(cctx, name, func(workCtx context.Context, lease *Lease) error {
+		key = lease.Key()
+		cancel()
+		<-workCtx.Done()
+		time.Sleep(time.Second) // winding down, past three TTLs
+		got, err := e.admin.Get(ctx, lease.Key()).Result()
+		if err != nil || !strings.HasPrefix(got, lease.Token()+" ") {
+			return fmt.Errorf("not held while the work runs after ctx ended: %q, %v", got, err)
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	assert.False(t, keyExists(t, e.srv, key), "released when the work returned")
 }

@@ -137,8 +137,16 @@ func TestLs(t *testing.T) {
 		t.Fatalf("ls --json: %+v, want job:waited held by pod-b with fence %d, 1 waiter, TTL about 30s", got, waited.Fence())
 	}
 
-	fl(t, "ls", "--url", u, "nothing*").want(t, exitOK)
-	fl(t, "ls", "--url", u, "--json", "nothing*").want(t, exitOK).wantOut(t, `"locks": []`)
+	// Piped, no match still says so, on stderr (issue 28), and stdout
+	// stays empty for the scripts that read it.
+	r = fl(t, "ls", "--url", u, "nothing*").want(t, exitOK).wantErr(t, "no lock held matching lock:{nothing*}")
+	if r.stdout != "" {
+		t.Fatalf("ls nothing*: stdout %q, want none", r.stdout)
+	}
+	r = fl(t, "ls", "--url", u, "--json", "nothing*").want(t, exitOK).wantOut(t, `"locks": []`)
+	if r.stderr != "" {
+		t.Fatalf("ls --json nothing*: stderr %q, want none: the document says it", r.stderr)
+	}
 
 	// A prefix with a glob character in it matches only itself.
 	r = fl(t, "ls", "--url", u, "--prefix", "svc*:").want(t, exitOK)
@@ -194,7 +202,7 @@ func TestInspect(t *testing.T) {
 		"owner       pod-a (pid 1)\n",
 		fmt.Sprintf("fence       %d\n", lease.Fence()),
 		fmt.Sprintf("last fence  %d\n", lease.Fence()),
-		"waiters     1\n")
+		"waiters     1 (a running watch counts too)\n")
 	var got lockJSON
 	fl(t, "inspect", "--url", u, "--json", "settlement:2026-11-29").want(t, exitOK).jsonOut(t, &got)
 	want := lockJSON{Name: "settlement:2026-11-29", Key: "lock:{settlement:2026-11-29}", Held: true, Owner: "pod-a (pid 1)",
@@ -221,6 +229,22 @@ func TestInspect(t *testing.T) {
 		t.Fatalf("inspect --json of a free lock = %+v", got)
 	}
 	fl(t, "inspect", "--url", u, "never").want(t, exitFailed).wantOut(t, "last fence  none kept\n")
+}
+
+// TestWatchCountsAsWaiter: a running watch subscribes to the lock's
+// channel, so inspect and ls count it as a waiter; inspect says so, and
+// ls's help (issue 28).
+func TestWatchCountsAsWaiter(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	u := urlOf(srv)
+	a := newLocker(t, srv.Client(nil), "pod-a", nil)
+	acquire(t, a, "job")
+	w := startWatch(t, "--url", u, "job")
+	w.expect(t, evHeld, 0)
+	eventually(t, 5*time.Second, "the watch subscribed", func() bool { return waiters(t, a, "job") == 1 })
+	fl(t, "inspect", "--url", u, "job").want(t, exitOK).wantOut(t, "waiters     1 (a running watch counts too)\n")
+	fl(t, "help", "ls").want(t, exitOK).wantOut(t, "A running watch counts as one waiter.")
 }
 
 // TestReleaseForce deletes a held lock: the waiter is woken, its fence is
@@ -427,11 +451,19 @@ func TestDoctor(t *testing.T) {
 	t.Run("healthy", func(t *testing.T) {
 		t.Parallel()
 		srv := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
-		fl(t, "doctor", "--url", urlOf(srv)).want(t, exitOK).wantOut(t, "info      round-trip\n",
+		r := fl(t, "doctor", "--url", urlOf(srv)).want(t, exitOK).wantOut(t, "info      round-trip\n",
+			"round trip judged against TTL 30s, the library's default: give the services' TTL with --ttl\n",
 			"0 critical, 0 warning, 1 info: nothing weakens the lock's guarantees\n")
+		// Its test lock leaves no key behind, not even its fence counter.
+		if keys, err := srv.Client(nil).Keys(ctx, "*").Result(); err != nil || len(keys) != 0 {
+			t.Fatalf("keys after doctor: %q (%v), want none", keys, err)
+		}
 		// Options reach Check: no replica for --replicas 1 is critical.
-		fl(t, "doctor", "--url", urlOf(srv), "--replicas", "1", "--ttl", "5s").want(t, exitFailed).
+		r = fl(t, "doctor", "--url", urlOf(srv), "--replicas", "1", "--ttl", "5s").want(t, exitFailed).
 			wantOut(t, "critical  replicas", "drift allowance 52ms at TTL 5s")
+		if strings.Contains(r.stdout, "the library's default") {
+			t.Fatalf("doctor --ttl 5s says it assumed the default TTL:\n%s", r.stdout)
+		}
 	})
 }
 

@@ -85,9 +85,10 @@
 // header: name, owner, TTL in milliseconds (-1: no expiry), fence,
 // waiters. Waiters are counted as fencelock.LockInfo's: Lockers subscribed
 // to the lock's releases, a Locker whose fair wait ended less than a
-// second ago included. With --json, one document (see JSON). It exits 0 when no lock
-// is held too, and 1 when a lock could not be read (after printing the
-// others).
+// second ago and a running watch included. When no lock matches, it says
+// so on stderr. With --json, one document (see JSON). It exits 0 when no
+// lock is held too, and 1 when a lock could not be read (after printing
+// the others).
 //
 // # inspect
 //
@@ -173,8 +174,10 @@
 // Cluster) that weaken the lock's guarantees, most severe first, each with
 // what was seen, what it means and the fix. --ttl and --replicas are the
 // services' Options.TTL and Options.Replicas, which the round-trip and
-// replicas checks compare against. It takes and releases a test lock,
-// "fencelock-check:<random>". It exits 1 when a finding is critical.
+// replicas checks compare against; without --ttl, the report says that the
+// round trip was judged against the library's default TTL, 30s. It takes and releases a test lock,
+// "fencelock-check:<random>", and deletes its keys. It exits 1 when a
+// finding is critical.
 //
 // # JSON
 //

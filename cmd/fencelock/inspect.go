@@ -72,7 +72,12 @@ func runInspect(ctx context.Context, e *env, args []string) error {
 		} else {
 			fmt.Fprintf(tw, "last fence\tnone kept\n")
 		}
-		fmt.Fprintf(tw, "waiters\t%d\n", info.Waiters)
+		if info.Waiters > 0 {
+			// Waiters are the channel's subscribers, and watch is one.
+			fmt.Fprintf(tw, "waiters\t%d (a running watch counts too)\n", info.Waiters)
+		} else {
+			fmt.Fprintf(tw, "waiters\t0\n")
+		}
 		_ = tw.Flush()
 	}
 	if !info.Held {

@@ -23,11 +23,13 @@ var lsCommand = &command{
 \x), default *: ls 'settlement:*'. It finds them with SCAN (never KEYS),
 on every master of a Cluster, and reads each with Locker.Inspect: owner,
 TTL left, fence, waiters. Fence counters and token markers are not locks
-and are not listed.
+and are not listed. Waiters are the subscribers of the lock's wake-up
+channel. A running watch counts as one waiter.
 
 On a terminal it prints a table; otherwise one lock a line, tab-separated,
 without a header: name, owner, TTL in milliseconds (-1: no expiry), fence,
-waiters. It exits 0 when no lock is held, too.
+waiters; when no lock matches, it says so on stderr. It exits 0 when no
+lock is held, too.
 
 Flags:
 
@@ -97,6 +99,10 @@ func runLs(ctx context.Context, e *env, args []string) error {
 	default:
 		for _, info := range held {
 			fmt.Fprintf(e.stdout, "%s\t%s\t%d\t%d\t%d\n", info.Name, info.Owner, ttlMillis(info.TTL), info.Fence, info.Waiters)
+		}
+		if len(held) == 0 && len(errs) == 0 {
+			// On stderr: stdout, which scripts read, stays empty.
+			e.warn("ls: no lock held matching %s", s.key(pattern))
 		}
 	}
 	for _, err := range errs {

@@ -2,7 +2,10 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
+	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -308,5 +311,33 @@ func TestWrap(t *testing.T) {
 	got := wrap("aaa bbb ccc ddd", "  ", 7)
 	if want := "aaa bbb\n  ccc ddd"; got != want {
 		t.Errorf("wrap = %q, want %q", got, want)
+	}
+}
+
+// TestReadmeJSONFlags: the CLI's documentation (docs/operating.md, where
+// the README's CLI section went) names the commands that have --json, and
+// exactly those accept it (issue 28: it said every command has --json, and
+// release refuses it).
+func TestReadmeJSONFlags(t *testing.T) {
+	readme, err := os.ReadFile("../../docs/operating.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("((?:`[a-z]+`(?:, | and ))*`[a-z]+`) (?:has|have) `--json`").FindSubmatch(readme)
+	if m == nil {
+		t.Fatalf("docs/operating.md names no command with --json: want a sentence \"`ls`, ... and `doctor` have `--json`\"")
+	}
+	named := map[string]bool{}
+	for _, n := range regexp.MustCompile("`([a-z]+)`").FindAllSubmatch(m[1], -1) {
+		named[string(n[1])] = true
+	}
+	for _, c := range commands {
+		var stdout, stderr bytes.Buffer
+		e := &env{stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }}
+		code := run(context.Background(), []string{c.name, "--json", "-h"}, e)
+		if accepts := code == exitOK; accepts != named[c.name] {
+			t.Errorf("%s --json -h: exit %d (stderr %q); docs/operating.md names it with --json: %v",
+				c.name, code, stderr.String(), named[c.name])
+		}
 	}
 }
