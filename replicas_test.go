@@ -231,7 +231,18 @@ func TestReplicasOnCluster(t *testing.T) {
 // back short.
 func pausedReplica(t *testing.T, opts Options) (*Locker, *redis.Client, *redistest.Server) {
 	t.Helper()
+	l, admin, replica := oneReplica(t, opts)
+	replica.Pause()
+	return l, admin, replica
+}
+
+// oneReplica is a master with one replica, and a Locker with Replicas 1 on
+// it (ReplicaTimeout 50ms unless opts says); the replica is resumed before
+// the servers' own clean-up (last in, first out) if the test pauses it.
+func oneReplica(t *testing.T, opts Options) (*Locker, *redis.Client, *redistest.Server) {
+	t.Helper()
 	master, rs, _, admin := replicated(t, 1, nil)
+	t.Cleanup(rs[0].Resume)
 	opts.Replicas = 1
 	if opts.ReplicaTimeout == 0 {
 		opts.ReplicaTimeout = 50 * time.Millisecond
@@ -239,8 +250,6 @@ func pausedReplica(t *testing.T, opts Options) (*Locker, *redis.Client, *rediste
 	l, err := New(master.Client(nil), &opts)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close() })
-	rs[0].Pause()
-	t.Cleanup(rs[0].Resume) // before the servers' own clean-up (last in, first out)
 	return l, admin, rs[0]
 }
 
@@ -282,26 +291,22 @@ func TestReplicasShortWaitKeepsNotHeld(t *testing.T) {
 	// The script found the lock gone, or another's, and wrote nothing:
 	// Extend says so.
 	t.Parallel()
-	master, rs, _, admin := replicated(t, 1, nil)
-	t.Cleanup(rs[0].Resume)
-	l, err := New(master.Client(nil), &Options{Replicas: 1, ReplicaTimeout: 50 * time.Millisecond})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = l.Close() })
+	l, admin, replica := oneReplica(t, Options{})
 
 	lease, err := l.Acquire(ctx, uniqueName(t))
 	require.NoError(t, err)
 	require.NoError(t, admin.Del(ctx, lease.Key()).Err())
-	rs[0].Pause()
+	replica.Pause()
 	err = lease.Extend(ctx, time.Minute)
 	require.ErrorIs(t, err, ErrNotHeld)
 	assert.NotErrorIs(t, err, ErrUnavailable)
 
 	// Taken over while the replica cannot acknowledge: not held either.
-	rs[0].Resume()
+	replica.Resume()
 	lease, err = l.Acquire(ctx, uniqueName(t)+"-taken")
 	require.NoError(t, err)
 	require.NoError(t, admin.Set(ctx, lease.Key(), "other-token 1 x", time.Minute).Err())
-	rs[0].Pause()
+	replica.Pause()
 	err = lease.Extend(ctx, time.Minute)
 	require.ErrorIs(t, err, ErrNotHeld)
 	assert.NotErrorIs(t, err, ErrUnavailable)
@@ -312,17 +317,13 @@ func TestReplicasShortWaitWatchdogLoses(t *testing.T) {
 	// replica cannot acknowledge, is lost at the next renewal, well before
 	// its deadline.
 	t.Parallel()
-	master, rs, _, admin := replicated(t, 1, nil)
-	t.Cleanup(rs[0].Resume)
-	l, err := New(master.Client(nil), &Options{Replicas: 1, ReplicaTimeout: 50 * time.Millisecond})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = l.Close() })
+	l, admin, replica := oneReplica(t, Options{})
 	ttl := 600 * time.Millisecond
 	var cause error
 	var lostAfter time.Duration
-	err = l.RunWithLock(ctx, uniqueName(t), func(ctx context.Context, lease *Lease) error {
+	err := l.RunWithLock(ctx, uniqueName(t), func(ctx context.Context, lease *Lease) error {
 		require.NoError(t, admin.Del(ctx, lease.Key()).Err())
-		rs[0].Pause()
+		replica.Pause()
 		start := time.Now()
 		select {
 		case <-ctx.Done():
@@ -342,15 +343,11 @@ func TestReplicasShortWaitStillGivesBackAWrite(t *testing.T) {
 	// What the script wrote and too few replicas acknowledged is refused
 	// and given back (acquire), or is a failed renewal (extend).
 	t.Parallel()
-	master, rs, _, admin := replicated(t, 1, nil)
-	t.Cleanup(rs[0].Resume)
-	l, err := New(master.Client(nil), &Options{Replicas: 1, ReplicaTimeout: 50 * time.Millisecond})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = l.Close() })
+	l, admin, replica := oneReplica(t, Options{})
 	lease, err := l.Acquire(ctx, uniqueName(t))
 	require.NoError(t, err)
 
-	rs[0].Pause()
+	replica.Pause()
 	err = lease.Extend(ctx, time.Minute)
 	require.ErrorIs(t, err, ErrUnavailable)
 	assert.NotErrorIs(t, err, ErrNotHeld)
