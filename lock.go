@@ -618,7 +618,7 @@ type busySeen struct {
 func (b *busySeen) see(busy *BusyError, sent time.Time) error {
 	b.err, b.until = busy, sent.Add(max(busy.TTL, 0))
 	if busy.TTL == -1 { // no expiry
-		b.until = sent.Add(maxTTL * 10)
+		b.until = sent.Add(forever)
 	}
 	return busy
 }
@@ -640,8 +640,11 @@ func (l *Locker) openEnd(ctx context.Context, open bool, start time.Time) time.T
 	if dl, ok := ctx.Deadline(); ok && open {
 		return start.Add(time.Until(dl) / 2)
 	}
-	return start.Add(maxTTL * 10)
+	return start.Add(forever)
 }
+
+// forever is further off than any lock's TTL or any call's wait.
+const forever = 10 * maxTTL
 
 // try runs one attempt of an Acquire for lease, bounded by ctx, by Close,
 // and by AttemptTimeout (see Options; open: the call fails open). With done
