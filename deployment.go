@@ -1,0 +1,360 @@
+package fencelock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// A deployment is one Redis deployment: a server, a Sentinel-managed
+// master, a Cluster or a Ring, through one go-redis client. It is the
+// backend of New, and one of the nodes of NewRedlock.
+type deployment struct {
+	l      *Locker
+	client redis.UniversalClient
+	waits  *notifier
+	dbTag  string // appended to wake-up channels: "" on database 0, "@<db>" on others
+	name   string // in errors, for a node of a quorum
+
+	deadlines bool // the client honours context deadlines (see traits)
+}
+
+var _ backend = (*deployment)(nil)
+
+func newDeployment(l *Locker, client redis.UniversalClient) *deployment {
+	client.AddHook(dialWatch{l})
+	return &deployment{l: l, client: client, waits: newNotifier(client, l.opts.Logger), dbTag: dbTag(client),
+		deadlines: honoursDeadlines(client)}
+}
+
+// honoursDeadlines reports whether go-redis stops a call of client at its
+// context's deadline (ContextTimeoutEnabled): a call bounded by a deadline
+// alone can then run on its caller's goroutine.
+func honoursDeadlines(c redis.UniversalClient) bool {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
+}
+
+// dbTag tells wake-up channels of different databases apart: pub/sub
+// channels are shared by all databases of a server.
+func dbTag(c redis.UniversalClient) string {
+	var db int
+	switch c := c.(type) {
+	case *redis.Client:
+		db = c.Options().DB
+	case *redis.Ring:
+		db = c.Options().DB
+	}
+	if db == 0 {
+		return ""
+	}
+	return "@" + strconv.Itoa(db)
+}
+
+// channel returns the wake-up channel of the lock key.
+func (d *deployment) channel(key string) string {
+	if d.dbTag == "" {
+		return key
+	}
+	return key + d.dbTag
+}
+
+func (d *deployment) acquire(ctx context.Context, lease *Lease) attempt {
+	fair := "0"
+	if lease.fair {
+		fair = "1"
+	}
+	reply, err := d.run(ctx, acquireScript, false, lease.keyArgs[:], lease.tokenArg,
+		d.l.ttlArg(lease.ttl), d.l.retentionMillis, lease.ownerArg, fair, queueEntryMillis)
+	if err != nil && reply == nil { // the script did not run, or its reply was lost
+		return attempt{err: err}
+	}
+	// A write happened only when the script says so: any other answer
+	// stands whatever WAIT said.
+	ok, val, owner, derr := decodeAcquire(reply)
+	switch {
+	case err != nil && (ok || errors.Is(derr, errReply)):
+		if isReplicaShort(err) {
+			// Taken, but not on enough replicas to survive a failover:
+			// give it back, and try again, if at all, with a new token.
+			d.l.abandon(lease)
+			return attempt{err: err, retire: true}
+		}
+		return attempt{err: err}
+	case derr != nil: // retired
+		return attempt{err: derr}
+	case ok:
+		return attempt{ok: true, fence: val}
+	}
+	// Busy: the script wrote no lock (at most a fair waiter's queue entry),
+	// so the answer stands whatever WAIT said.
+	if val == -3 { // free, but fair waiters are in line first
+		return attempt{pttl: -3, owner: "fair waiters in line"}
+	}
+	return attempt{pttl: time.Duration(val) * time.Millisecond, owner: owner}
+}
+
+// errRetired is the acquire script's refusal of a token whose Acquire gave
+// up or whose lease was released: only a late copy of an attempt meets it.
+var errRetired = errors.New("the acquisition was given up")
+
+// decodeAcquire decodes the acquire script's reply: {1, fence} with the fence
+// as a decimal string, {0, pttl, owner} with the holder's PTTL in
+// milliseconds and its owner, or {2} for a retired token, which reads as an
+// error.
+func decodeAcquire(reply any) (ok bool, value int64, owner string, err error) {
+	arr, isArr := reply.([]any)
+	if !isArr || len(arr) == 0 {
+		return false, 0, "", fmt.Errorf("%w from the acquire script: %v", errReply, reply)
+	}
+	flag, _ := arr[0].(int64)
+	switch {
+	case flag == 0 && len(arr) == 3:
+		pttl, isInt := arr[1].(int64)
+		owner, isStr := arr[2].(string)
+		if isInt && isStr {
+			return false, pttl, owner, nil
+		}
+	case flag == 1 && len(arr) == 2:
+		s, isStr := arr[1].(string)
+		fence, err := strconv.ParseInt(s, 10, 64)
+		if isStr && err == nil && fence > 0 {
+			return true, fence, "", nil
+		}
+	case flag == 2 && len(arr) == 1:
+		return false, 0, "", errRetired
+	}
+	return false, 0, "", fmt.Errorf("%w from the acquire script: %v", errReply, reply)
+}
+
+func (d *deployment) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
+	reply, err := d.run(ctx, extendScript, renewal, lease.keyArgs[keyLock:keyLock+1], lease.tokenArg, d.l.ttlArg(ttl))
+	if err != nil && reply == nil {
+		return 0, err
+	}
+	code, ok := reply.(int64)
+	switch {
+	case err != nil && (!ok || code == 1):
+		return 0, err // set (or unknown), but too few replicas have it
+	case !ok:
+		return 0, fmt.Errorf("%w from the extend script: %v", errReply, reply)
+	}
+	return code, nil // 0 or -1, which wrote nothing, stand whatever WAIT said
+}
+
+// run runs s on the lock's keys, given boxed (a Lease keeps its keys
+// boxed, so that the scripts of one lease do not box them again): EVALSHA,
+// then EVAL if the server does not have the script, or EVAL alone when
+// eval is set. With Options.Replicas, it sends WAIT (or WAITAOF) after the
+// script in one pipeline on the connection to the node that serves the
+// first key (on a Cluster, following MOVED and ASK there: see redirected):
+// WAIT counts the writes of its own connection, so on any other connection
+// it would not count this one. It then returns a *replicaError,
+// wrapping ErrUnavailable, when fewer replicas acknowledged, or WAIT's own
+// error; the script's reply is returned with it, and its decoder decides:
+// an answer that says the script wrote nothing stands whatever WAIT said.
+func (d *deployment) run(ctx context.Context, s *script, eval bool, keys []any, argv ...any) (any, error) {
+	o := &d.l.opts
+	if o.Replicas == 0 {
+		return evalScript(ctx, d.client, s, eval, keys, argv).Result()
+	}
+	key, _ := keys[0].(string)
+	node, err := d.node(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	timeout := ttlMillis(o.ReplicaTimeout)
+	asking := false
+	exec := func(eval bool) (*redis.Cmd, *redis.Cmd, error) {
+		pipe := node.Pipeline()
+		if asking {
+			pipe.Do(ctx, "ASKING") // the next command on this connection only
+		}
+		cmd := pipe.Do(ctx, scriptArgs(s, eval, keys, argv)...)
+		var wait *redis.Cmd
+		if o.ReplicaFsync {
+			wait = pipe.Do(ctx, "WAITAOF", 1, o.Replicas, timeout)
+		} else {
+			wait = pipe.Do(ctx, "WAIT", o.Replicas, timeout)
+		}
+		_, err := pipe.Exec(ctx)
+		return cmd, wait, err
+	}
+	var cmd, wait *redis.Cmd
+	for redirects := 0; ; redirects++ {
+		cmd, wait, err = exec(eval)
+		if err != nil && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			cmd, wait, err = exec(true)
+		}
+		addr, moved := redis.IsMovedError(cmd.Err())
+		if a, ask := redis.IsAskError(cmd.Err()); ask {
+			addr = a
+		} else if !moved {
+			break
+		}
+		cluster, isCluster := d.client.(*redis.ClusterClient)
+		if !isCluster {
+			break // not a Cluster's client: a refusal, as without Replicas
+		}
+		if node, err = redirected(ctx, cluster, addr, redirects); err != nil {
+			return nil, err
+		}
+		asking = !moved
+	}
+	if cmd.Err() != nil {
+		return nil, cmd.Err()
+	}
+	if err := wait.Err(); err != nil {
+		return cmd.Val(), err
+	}
+	acked, local := int64(0), int64(1)
+	switch v := wait.Val().(type) {
+	case int64: // WAIT
+		acked = v
+	case []any: // WAITAOF: [local, replicas]
+		if len(v) == 2 {
+			local, _ = v[0].(int64)
+			acked, _ = v[1].(int64)
+		}
+	}
+	if acked < int64(o.Replicas) || local < 1 {
+		return cmd.Val(), &replicaError{acked: acked, want: o.Replicas, local: local, fsync: o.ReplicaFsync, timeout: o.ReplicaTimeout}
+	}
+	return cmd.Val(), err
+}
+
+// node returns the client to pipeline on for key: the master that serves
+// its slot on a Cluster (in the client's slot map, which may be out of
+// date), its shard on a Ring, the deployment's client otherwise (a single
+// server, or Sentinel's current master).
+func (d *deployment) node(ctx context.Context, key string) (redis.Cmdable, error) {
+	switch c := d.client.(type) {
+	case *redis.ClusterClient:
+		return c.MasterForKey(ctx, key)
+	case *redis.Ring:
+		return c.GetShardClientForKey(key)
+	}
+	return d.client, nil
+}
+
+// redirected returns the master at addr, named by a MOVED or ASK reply of
+// c, after reloading c's slot map (a MOVED means it is out of date). As
+// go-redis does for one command, it follows at most
+// ClusterOptions.MaxRedirects; past them, or when addr is no master of the
+// reloaded map, the slot is still moving: the error is then not the
+// redirect (a Redis error, which would read as a refusal), and classifies as
+// ErrUnavailable.
+func redirected(ctx context.Context, c *redis.ClusterClient, addr string, redirects int) (redis.Cmdable, error) {
+	if redirects >= c.Options().MaxRedirects {
+		return nil, fmt.Errorf("the lock's slot is moving: redirected to %s after %d redirects", addr, redirects)
+	}
+	var master atomic.Pointer[redis.Client]
+	err := c.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error { // reloads the slot map first
+		if m.Options().Addr == addr {
+			master.Store(m)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if m := master.Load(); m != nil {
+		return m, nil
+	}
+	return nil, fmt.Errorf("the lock's slot is moving: redirected to %s, no master in the slot map", addr)
+}
+
+// replicaError is an acquisition or extension that fewer replicas than
+// Options.Replicas acknowledged within ReplicaTimeout.
+type replicaError struct {
+	acked   int64
+	want    int
+	local   int64 // WAITAOF: whether the master fsynced it
+	fsync   bool
+	timeout time.Duration
+}
+
+func (e *replicaError) Error() string {
+	what := "acknowledged"
+	if e.fsync {
+		what = "wrote it to disk"
+		if e.local < 1 {
+			return fmt.Sprintf("the master did not write the lock to disk, %d of %d replicas did, within ReplicaTimeout %v",
+				e.acked, e.want, e.timeout)
+		}
+	}
+	return fmt.Sprintf("%d of %d replicas %s within ReplicaTimeout %v", e.acked, e.want, what, e.timeout)
+}
+
+func (e *replicaError) Unwrap() error { return ErrUnavailable }
+
+func isReplicaShort(err error) bool {
+	var short *replicaError
+	return errors.As(err, &short)
+}
+
+func (d *deployment) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
+	markerTTL := d.l.releaseTimeoutMillis
+	if mode != modeRelease {
+		// A late attempt is refused for as long as its lock would live.
+		markerTTL = d.abandonMarkerMillis(lease)
+	}
+	reply, err := evalScript(ctx, d.client, releaseScript, false, lease.keyArgs[:],
+		[]any{lease.tokenArg, d.channelArg(lease), mode, markerTTL, d.l.retentionMillis}).Result()
+	if err != nil {
+		return 0, nil, err
+	}
+	return decodeRelease(reply)
+}
+
+// decodeRelease decodes the reply of release.lua and redlock_release.lua: 1,
+// 0 or -1, or {1, error} when the lock was deleted but the wake-up could not
+// be published.
+func decodeRelease(reply any) (code int64, perr, err error) {
+	switch r := reply.(type) {
+	case int64:
+		if r >= -1 && r <= 1 {
+			return r, nil, nil
+		}
+	case []any:
+		if len(r) == 2 {
+			msg, _ := r[1].(string)
+			if c, _ := r[0].(int64); c == 1 {
+				return 1, errors.New(oneLine(msg)), nil
+			}
+		}
+	}
+	return 0, nil, fmt.Errorf("%w from the release script: %v", errReply, reply)
+}
+
+// abandonMarkerMillis is how long a token marker that refuses a late
+// attempt of lease is kept: as long as its lock would live.
+func (d *deployment) abandonMarkerMillis(lease *Lease) int64 {
+	return ttlMillis(max(lease.ttl, d.l.opts.ReleaseTimeout))
+}
+
+// channelArg returns the wake-up channel of lease's lock, boxed.
+func (d *deployment) channelArg(lease *Lease) any {
+	if d.dbTag == "" {
+		return lease.keyArgs[keyLock] // the lock key on database 0
+	}
+	return d.channel(lease.keys[keyLock])
+}
+
+func (d *deployment) register(key, token string) *waiter {
+	return d.waits.register(d.channel(key), nil, token, nil, false)
+}
+
+func (d *deployment) close(by time.Time) { d.waits.close(by) }
