@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 )
 
@@ -85,7 +84,7 @@ func (d *deployment) queue(ctx context.Context, lease *Lease, ttl time.Duration,
 	return r, nil
 }
 
-// acquireFair is Acquire with WithFair and WithWait: the waiter subscribes
+// fair runs the attempts of an Acquire with WithFair and WithWait: the waiter subscribes
 // to the lock's channel first, so that no grant published after its first
 // attempt is missed for long; the first attempt takes the lock or joins its
 // queue; then the waiter waits for a grant, keeping its entry alive, until
@@ -106,21 +105,16 @@ func (d *deployment) queue(ctx context.Context, lease *Lease, ttl time.Duration,
 // token joins the line again, a message could still bring that earlier
 // grant, whose lock has expired since. From then on a message only makes
 // the waiter ask with a keep-alive, whose answer is the server's state.
-func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Duration, open bool, st *acquireStats) (*Lease, error) {
+func (a *acquisition) fair() (*Lease, error) {
+	l, ctx := a.l, a.ctx
 	if ctxErr(ctx) != nil { // before subscribing: no Redis call
-		return nil, ctxEnded(ctx, fmt.Sprintf("acquire %q", lease.name))
+		return nil, ctxEnded(ctx, fmt.Sprintf("acquire %q", a.lease.name))
 	}
-	lease.fair = true
-	callStart := l.clock.Now()
-	waitEnd := callStart.Add(wait)
-	openEnd := l.openEnd(ctx, open, callStart)
-	every := keepAliveEvery(lease.ttl)
+	a.lease.fair = true
+	every := keepAliveEvery(a.lease.ttl)
 	retryEvery := max(every, 100*time.Millisecond) // after an error: not a request per 10ms to a failing Redis
 	var (
-		verdict    error // the last verdict: busy, or a callError
-		seen       busySeen
-		unsure     bool             // an attempt or a keep-alive whose outcome is unknown
-		waiting    = callStart      // before the server last answered "waiting", or before the token existed
+		waiting    = a.start        // before the server last answered "waiting", or before the token existed
 		askAt      time.Time        // the next keep-alive's time, counted from the last one's send time
 		inflight   chan queueResult // the outcome of the keep-alive in flight, if one is
 		sent       time.Time        // when it was sent
@@ -128,13 +122,18 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 		joined     bool             // the queue has (or may have) an entry of this token
 		trust      = true           // a grant message for this token is current
 		attemptNow = true
-		w          = l.b.register(lease.keys[keyLock], lease.token) // nil after Close, which the wait below hears
+		w          = l.b.register(a.lease.keys[keyLock], a.lease.token) // nil after Close, which the wait below hears
 	)
 	defer func() {
 		if w != nil {
 			w.leave()
 		}
 	}()
+	a.letGo = func() {
+		if joined || a.unsure {
+			l.leaveQueue(a.lease)
+		}
+	}
 	// untilExpiry is when to ask next, from a request's send time, given the
 	// holder's PTTL that the server read after it: at its expiry, if that
 	// comes before the next keep-alive; the lock is then free with nobody
@@ -147,53 +146,28 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 		}
 		return every
 	}
-	// rotate gives up the token (leaving the line, in the background, if
-	// leave) and waits on with a new one, which joins the line afresh: a
-	// late copy of an attempt of the old token, or a grant to it, must not
-	// count for the new one.
+	// rotate waits on with a new token (leaving the line with the old one,
+	// in the background, if leave), which joins the line afresh: a grant to
+	// the old one must not count for the new one.
 	rotate := func(leave bool) {
 		if leave {
-			l.leaveQueue(lease)
+			l.leaveQueue(a.lease)
 		}
-		fresh := l.newLease(lease.name, lease.ttl)
-		fresh.owner, fresh.ownerArg, fresh.fair = lease.owner, lease.ownerArg, true
-		lease, unsure, joined, waiting, attemptNow, trust = fresh, false, false, l.clock.Now(), true, true
+		a.rotate()
+		joined, waiting, attemptNow, trust = false, l.clock.Now(), true, true
 		inflight = nil // its outcome is the old token's
 		if w != nil {
 			w.leave()
 		}
-		w = l.b.register(lease.keys[keyLock], lease.token)
-	}
-	giveUp := func() (*Lease, error) {
-		if joined || unsure {
-			l.leaveQueue(lease)
-		}
-		l.opts.Logger.LogAttrs(ctx, slog.LevelDebug, "fencelock: not obtained (fair)",
-			slog.String("lock", lease.name), slog.Duration("waited", l.clock.Now().Sub(callStart)),
-			slog.Any("verdict", verdict))
-		if l.isClosed() {
-			return nil, closedError(lease.name, verdict)
-		}
-		verdict = seen.verdict(verdict, l.clock.Now())
-		ctxE := ctxErr(ctx)
-		if verdict == nil {
-			return nil, ctxEnded(ctx, fmt.Sprintf("acquire %q", lease.name))
-		}
-		return nil, withCtx(verdict, ctxE)
+		w = l.b.register(a.lease.keys[keyLock], a.lease.token)
 	}
 	// obtained completes a lease whose lock was taken or granted with
 	// fence, its Deadline counting from from, or from bound if later. It
 	// returns nil, nil when the waiter waits on with a new token.
 	obtained := func(fence int64, from, bound time.Time, granted bool) (*Lease, error) {
-		seen = busySeen{} // the holder it saw is gone: the lock is this waiter's
-		lease.fence = fence
-		lease.acquired = from
-		lease.deadline = from.Add(lease.ttl - drift(lease.ttl))
+		lease := a.complete(fence, from)
 		if bound.After(lease.deadline) {
 			lease.deadline = bound
-		}
-		if unsure {
-			lease.floorTTL = lease.ttl
 		}
 		// A grant too long ago to count on is renewed now, from a time
 		// known to come before the new expiry; with Replicas, every grant
@@ -204,35 +178,35 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 			switch {
 			case !done: // ctx ended, or Close: the lock may be this waiter's
 				joined = true
-				return giveUp()
+				return a.giveUp()
 			case err == nil:
-			case errors.Is(err, ErrNotHeld) && l.clock.Now().Before(waitEnd):
+			case errors.Is(err, ErrNotHeld) && l.clock.Now().Before(a.waitEnd):
 				// It expired before this waiter came to it (a pause):
 				// wait in line again.
-				rotate(unsure)
+				rotate(a.unsure)
 				return nil, nil
-			case isReplicaShort(err) && l.clock.Now().Before(waitEnd):
+			case isReplicaShort(err) && l.clock.Now().Before(a.waitEnd):
 				// Granted, but not on enough replicas to survive a
 				// failover: pass it on (leaving the line releases it),
 				// and join the line again at its end.
-				verdict = err
+				a.verdict = err
 				rotate(true)
 				return nil, nil
 			default:
-				verdict = err // lease.extend's error reads as Acquire's
-				joined = true // so that giveUp gives the lock back, or passes it on
-				return giveUp()
+				a.verdict = err // lease.extend's error reads as Acquire's
+				joined = true   // so that giveUp gives the lock back, or passes it on
+				return a.giveUp()
 			}
 		}
-		if st != nil {
-			st.waited = l.clock.Now().Sub(callStart)
+		if a.st != nil {
+			a.st.waited = l.clock.Now().Sub(a.start)
 		}
 		return lease, nil
 	}
 
 	for {
-		if ctxErr(ctx) != nil || l.isClosed() {
-			return giveUp()
+		if a.ended() {
+			return a.giveUp()
 		}
 		now := l.clock.Now()
 		if attemptNow {
@@ -240,47 +214,43 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 			if w != nil { // a wake-up that came before the attempt tells nothing new
 				w.drain()
 			}
-			a, done := l.try(ctx, lease, open)
+			at, done := a.try()
 			if !done {
-				unsure = true
-				return giveUp()
+				return a.giveUp()
 			}
 			switch {
-			case a.err != nil && a.retire:
+			case at.err != nil && at.retire:
 				// Taken without enough replicas: the backend gives it
 				// back and retires the token (taking the lock took its
 				// entry out of the line).
-				verdict = callError(lease.name, a.err)
-				if !now.Before(waitEnd) {
-					return giveUp()
+				a.verdict = callError(a.lease.name, at.err)
+				if !now.Before(a.waitEnd) {
+					return a.giveUp()
 				}
 				rotate(false)
 				attemptNow = false // after a pause, as for any failed attempt
-			case a.err != nil:
-				verdict = callError(lease.name, a.err)
-				if !notSent(a.err) {
-					unsure = true
-				}
+			case at.err != nil:
+				refused := a.failed(at)
 				askAt = l.clock.Now().Add(retryEvery) // in line or not, not at once
-				if classify(a.err) == classMisconfigured {
-					return giveUp()
+				if refused {
+					return a.giveUp()
 				}
-			case a.ok:
-				if got, err := obtained(a.fence, now, time.Time{}, false); got != nil || err != nil {
+			case at.ok:
+				if got, err := obtained(at.fence, now, time.Time{}, false); got != nil || err != nil {
 					return got, err
 				}
 				continue
 			default:
-				verdict = seen.see(&BusyError{Name: lease.name, Owner: a.owner, TTL: a.pttl}, now)
-				waiting, joined, askAt = now, true, now.Add(untilExpiry(a.pttl))
+				a.busy(at, now)
+				waiting, joined, askAt = now, true, now.Add(untilExpiry(at.pttl))
 			}
 		}
-		end := waitEnd
-		if !joined && openEnd.Before(end) && errors.Is(verdict, ErrUnavailable) {
-			end = openEnd // an outage, for a fail-open call
+		end := a.waitEnd
+		if !joined && a.openEnd.Before(end) && errors.Is(a.verdict, ErrUnavailable) {
+			end = a.openEnd // an outage, for a fail-open call
 		}
 		if !now.Before(end) {
-			return giveUp()
+			return a.giveUp()
 		}
 		var wake <-chan struct{}
 		var granted <-chan int64
@@ -301,21 +271,17 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			if inflight != nil {
-				unsure = true
-			}
-			return giveUp()
+			a.unsure = a.unsure || inflight != nil
+			return a.giveUp()
 		case <-l.closed:
 			t.Stop()
-			if inflight != nil {
-				unsure = true
-			}
-			return giveUp()
+			a.unsure = a.unsure || inflight != nil
+			return a.giveUp()
 		case fence := <-granted:
 			t.Stop()
 			if trust {
-				if st != nil {
-					st.handoff = 0
+				if a.st != nil {
+					a.st.handoff = 0
 				}
 				if got, err := obtained(fence, waiting, time.Time{}, true); got != nil || err != nil {
 					return got, err
@@ -335,10 +301,10 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 			inflight = nil
 			switch {
 			case r.err != nil && ctxErr(ctx) != nil:
-				unsure = true
-				return giveUp()
+				a.unsure = true
+				return a.giveUp()
 			case r.err != nil:
-				verdict = callError(lease.name, r.err) // keep waiting: the entry lives on for a while
+				a.verdict = callError(a.lease.name, r.err) // keep waiting: the entry lives on for a while
 				askAt = l.clock.Now().Add(retryEvery)
 			case r.r.state == queueGranted:
 				var bound time.Time
@@ -349,7 +315,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 					return got, err
 				}
 			case r.r.state == queueWaiting:
-				verdict = seen.see(stillBusy(verdict, lease.name, r.r.pttl), sent) // in line: not an outage
+				a.verdict = a.seen.see(stillBusy(a.verdict, a.lease.name, r.r.pttl), sent) // in line: not an outage
 				waiting, askAt = sent, sent.Add(untilExpiry(r.r.pttl))
 				if askAgain {
 					askAt = sent
@@ -367,7 +333,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 			// Not in line: the attempt failed. Try again; if it may have
 			// reached Redis, it may have joined the line and been granted
 			// the lock meanwhile.
-			attemptNow, trust = true, trust && !unsure
+			attemptNow, trust = true, trust && !a.unsure
 			continue
 		}
 		if inflight == nil {
@@ -376,7 +342,7 @@ func (l *Locker) acquireFair(ctx context.Context, lease *Lease, wait time.Durati
 			// waiting: a grant's message that comes meanwhile counts at
 			// once, without waiting for its answer.
 			sent, askAgain = l.clock.Now(), false
-			inflight = l.keepAlive(ctx, lease)
+			inflight = l.keepAlive(ctx, a.lease)
 		}
 	}
 }

@@ -1,0 +1,218 @@
+package fencelock
+
+import (
+	"context"
+	mathrand "math/rand/v2"
+	"sync/atomic"
+	"time"
+)
+
+// A line is a waiting Acquire's place in the line of a Redlock quorum's
+// first node. Every waiting Acquire on a Redlock has an id (its Locker's
+// line tag, a dot, and its first attempt's token); its attempts that find
+// the lock held there join the line, or keep their place, and the one that
+// gets the lock there leaves it (redlock_grant.lua). A release there names
+// the first live entry ("next <id>", redlock_release.lua), on the named call's
+// Locker's turn channel, and only that Acquire tries: without the line,
+// every waiter would try on every release, a call to every node each, and
+// all but one in vain; on the lock's channel, every waiting Locker would
+// hear every turn.
+//
+// The line orders wake-ups, nothing else: any attempt may take a free
+// lock, and no release waits for the one it names. When a message is lost
+// or names an Acquire that is gone (its process died: an Acquire that gives
+// up leaves the line), the others try when their pause ends, at most
+// MaxRetryBackoff; an entry nobody keeps alive expires after lineEntryTTL.
+// When the first node cannot be reached, no one is in line, and every
+// release wakes every waiter, as on one deployment.
+type line struct {
+	id    string
+	in    atomic.Bool // the Acquire's last attempt found the lock held on the line's node, which kept its entry
+	first atomic.Bool // and found no one ahead of it there
+	named atomic.Bool // a release named it since (set by the notifier)
+
+	// Set by quorum.register, for widen; only the Acquire's goroutine
+	// uses them.
+	q          *quorum
+	key, token string
+	widened    bool
+}
+
+// hears reports whether m wakes w, a registration of the Acquire in this
+// line: while in line, only its own turn, a release on the line's node,
+// or a confirmation when no one was ahead of it (see waiter.
+// wakesOnConfirmation); woken, it is out of line until its next attempt,
+// which may find nodes whose releases are still on their way (those wake
+// it again). Called with the notifier's mutex held.
+func (ln *line) hears(w *waiter, m message) bool {
+	if ln.in.Load() {
+		switch {
+		case m.named != "" && m.named != ln.id:
+			return false // another's turn
+		case m.payload == "released" && !w.home:
+			return false // the line's node names who is next
+		case m.payload == "" && !w.wakesOnConfirmation():
+			return false
+		}
+		ln.in.Store(false)
+	}
+	if m.named != "" && m.named == ln.id {
+		ln.named.Store(true)
+	}
+	return true
+}
+
+// widen registers w, the Acquire's waiter on the line's node, on the other
+// nodes too, once: the Acquire is out of line, and any node's release may
+// be the one it needs.
+func (ln *line) widen(w *waiter) {
+	if ln.widened {
+		return
+	}
+	ln.widened = true
+	for _, d := range ln.q.nodes[1:] {
+		if o := d.waits.register(d.channel(ln.key), w.wake, ln.token, ln, false); o != nil {
+			w.also = append(w.also, o)
+		}
+	}
+}
+
+// lineEntryTTL is how long a line entry lives after its Acquire's last
+// attempt: long enough for the pause of an Acquire in line (at most
+// maxBackoff, Options.MaxRetryBackoff) and the attempt that follows it.
+func lineEntryTTL(maxBackoff time.Duration) time.Duration {
+	return max(time.Second, 4*maxBackoff)
+}
+
+// registerLine adds the waiter of an Acquire in line on the line's node
+// only (its releases name who is next; the others' would wake it in vain),
+// on the lock's channel and on this Locker's turn channel, until line.widen
+// adds the others.
+func (q *quorum) registerLine(key, token string, ln *line) *waiter {
+	home := q.nodes[0]
+	ln.q, ln.key, ln.token = q, key, token
+	w := home.waits.register(home.channel(key), nil, token, ln, true)
+	if w != nil {
+		if o := home.waits.register(q.turnChannel(key), w.wake, token, ln, true); o != nil {
+			w.also = append(w.also, o)
+		}
+	}
+	return w
+}
+
+// register adds a waiter on every node. A call out of line when it
+// registers also hears this Locker's turn channel on the line's node: its
+// later attempts may join the line there, and be named.
+func (q *quorum) register(key, token string) *waiter {
+	home := q.nodes[0]
+	var first *waiter
+	for _, d := range q.nodes {
+		var wake chan struct{}
+		if first != nil {
+			wake = first.wake
+		}
+		w := d.waits.register(d.channel(key), wake, token, nil, false)
+		switch {
+		case w == nil: // closed
+		case first == nil:
+			first = w
+		default:
+			first.also = append(first.also, w)
+		}
+	}
+	if first != nil { // a later attempt may join the line: its turn is named on this Locker's channel
+		if o := home.waits.register(q.turnChannel(key), first.wake, token, nil, false); o != nil {
+			first.also = append(first.also, o)
+		}
+	}
+	return first
+}
+
+// turnChannel is the channel on which the first node's releases name this
+// Locker's calls in the line of the lock at key ("next <id>", redlock_release.lua):
+// the lock's channel plus ":n:" and the Locker's line tag, the part of the
+// call's id before the dot. Only the named call's Locker hears it.
+func (q *quorum) turnChannel(key string) string {
+	return q.nodes[0].channel(key) + ":n:" + q.l.lineTag
+}
+
+// wakeSpread is how long waiters woken by one release spread their next
+// attempts over: at once, they would split the nodes' votes among them and
+// none would get a quorum. Twice the time a quorum took to answer lately
+// lets the first attempt's grants reach the nodes before most of the
+// others start; it is capped by half MinRetryBackoff.
+func (q *quorum) wakeSpread() time.Duration {
+	return min(2*time.Duration(q.answerTime.Load()), q.l.opts.MinRetryBackoff/2)
+}
+
+// lineWakeup is the wakeup (acquire.go) of a waiting Acquire on a Redlock:
+// woken by its turn while in line, by every node's releases when not.
+type lineWakeup struct {
+	q   *quorum
+	key string
+	id  string // the call's id in the line
+	w   *waiter
+}
+
+// wakeup gives lease's Acquire its id in the line.
+func (q *quorum) wakeup(lease *Lease) *lineWakeup {
+	lease.line = q.l.lineTag + "." + lease.token
+	return &lineWakeup{q: q, key: lease.keys[keyLock], id: lease.line}
+}
+
+func (lw *lineWakeup) next(at attempt, busy bool, d time.Duration) (<-chan struct{}, time.Duration) {
+	if lw.w == nil && busy {
+		if at.lined { // the first node found the lock busy: the call waits to be named there
+			ln := &line{id: lw.id}
+			ln.in.Store(true) // before its subscription's confirmation
+			ln.first.Store(at.ahead == 0)
+			lw.w = lw.q.registerLine(lw.key, "", ln)
+		} else {
+			lw.w = lw.q.register(lw.key, "") // nil after Close, which the wait hears
+		}
+	}
+	if lw.w == nil {
+		return nil, d
+	}
+	lined := at.lined && lw.w.line != nil
+	if ln := lw.w.line; ln != nil {
+		ln.in.Store(lined)
+		ln.first.Store(lined && at.ahead == 0)
+		if !lined {
+			ln.widen(lw.w)
+		}
+	}
+	if lined {
+		// A release names the next in line; this pause is for a message
+		// lost, or one naming an Acquire that is gone.
+		m := lw.q.l.opts.MaxRetryBackoff
+		d = m/2 + mathrand.N(m/2+1)
+	}
+	return lw.w.wake, d
+}
+
+func (lw *lineWakeup) woken() time.Duration {
+	if lw.w.line != nil && lw.w.line.named.Swap(false) {
+		return 0 // woken by name: alone
+	}
+	return mathrand.N(lw.q.wakeSpread() + 1)
+}
+
+// leave also takes a call that gives up out of the line, in the background,
+// so that releases stop naming it, and retires its last token there, so
+// that an attempt still on its way does not put it back. It tries once: an
+// entry left behind expires by itself.
+func (lw *lineWakeup) leave(gaveUp *Lease) {
+	if lw.w != nil {
+		lw.w.leave()
+	}
+	if gaveUp == nil {
+		return
+	}
+	l := lw.q.l
+	l.bg.goBackground(func(<-chan struct{}) {
+		ctx, cancel := context.WithTimeout(context.Background(), l.opts.ReleaseTimeout)
+		defer cancel()
+		_, _, _ = lw.q.nodes[0].releaseNode(ctx, gaveUp, modeAbandon, gaveUp.line)
+	})
+}
