@@ -78,6 +78,7 @@ func (a *acquisition) busy(at attempt, sent time.Time) {
 func (a *acquisition) rotate() {
 	old := a.lease
 	a.lease = a.l.newLease(old.name, old.ttl)
+	a.lease.kind = old.kind
 	a.lease.owner, a.lease.ownerArg, a.lease.line, a.lease.fair = old.owner, old.ownerArg, old.line, old.fair
 	a.unsure = false
 }
@@ -283,12 +284,12 @@ func (l *Locker) try(ctx context.Context, lease *Lease, open bool) (a attempt, d
 	dials, failures := l.dials.Load(), l.dialFailures.Load()
 	done = true
 	if l.traits.stops || (ctx.Done() == nil && l.traits.deadlines) { // it returns by actx's end by itself
-		a = l.b.acquire(actx, lease)
+		a = lease.kind.acquire(actx, lease)
 		if a.err != nil && l.isClosed() {
 			return a, false
 		}
 	} else {
-		a, done = call(l, actx.Done(), l.closed, func() attempt { return l.b.acquire(actx, lease) }, nil)
+		a, done = call(l, actx.Done(), l.closed, func() attempt { return lease.kind.acquire(actx, lease) }, nil)
 	}
 	if done && (a.err == nil || (classify(a.err) != classNoVerdict && (ctxErr(actx) == nil || !isTimeout(a.err)))) {
 		return a, true

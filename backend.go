@@ -5,26 +5,32 @@ import (
 	"time"
 )
 
-// A backend runs the lock's scripts where the locks are kept: one Redis
-// deployment (New), or a quorum of independent ones (NewRedlock). Everything
-// else of a lease's life (deadlines, the watchdog, waiting, retries, the
-// clean-ups in the background) is written once, over these calls.
-type backend interface {
-	// acquire tries once to take the lock for lease's token and, when it
+// A kind is what takes, extends and gives back one kind of lease where the
+// Locker keeps its locks: the backend itself for a lock; a semaphore's
+// permits or a read-write lock's shares bring their own scripts.
+type kind interface {
+	// acquire tries once to take the lease for its token and, when it
 	// does, to issue its fence.
 	acquire(ctx context.Context, lease *Lease) attempt
-	// extend sets the lock's expiry to ttl if lease's token holds it;
-	// renewal says the watchdog asks (see Lease.extend). It returns 1 when
-	// the expiry was set, 0 when the lock does not exist, -1 when another
+	// extend sets the lease's expiry to ttl if its token holds it; renewal
+	// says the watchdog asks (see Lease.extend). It returns 1 when the
+	// expiry was set, 0 when the lease does not exist, -1 when another
 	// token holds it.
 	extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error)
-	// release deletes the lock if lease's token holds it and retires the
-	// token (mode: modeRelease or modeAbandon; see release.lua and
-	// redlock_release.lua). It returns
-	// 1 when the lock was deleted (now or by an earlier try), 0 when it
-	// does not exist, -1 when another token holds it, and in perr the
-	// error of a wake-up that could not be published.
+	// release deletes the lease if its token holds it and retires the
+	// token (mode: modeRelease or modeAbandon; see release.lua). It returns
+	// 1 when the lease was deleted (now or by an earlier try), 0 when it
+	// does not exist, -1 when another token holds it, and in perr the error
+	// of a wake-up that could not be published.
 	release(ctx context.Context, lease *Lease, mode string) (code int64, perr, err error)
+}
+
+// A backend is where the locks are kept: one Redis deployment (New), or a
+// quorum of independent ones (NewRedlock). Everything else of a lease's
+// life (deadlines, the watchdog, waiting, retries, the clean-ups in the
+// background) is written once, over these calls.
+type backend interface {
+	kind // of a lock
 	// inspect reads the lock at key and its fence counter, and with
 	// waiters how many subscribe to its channel, changing nothing.
 	inspect(ctx context.Context, key, fenceKey string, waiters bool) (holding, error)

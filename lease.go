@@ -15,6 +15,7 @@ import (
 // after a failed Acquire does no harm.
 type Lease struct {
 	locker  *Locker
+	kind    kind // what the lease holds: a lock, or a semaphore's permit, ...
 	name    string
 	keys    [nKeys]string // lock, token marker, fence counter, queue, queue entries: the scripts' KEYS
 	keyArgs [nKeys]any    // keys, boxed once
@@ -196,7 +197,7 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration, byWatchdog bool, 
 	ec.sent, ec.ttl = start, ttl
 	l.mu.Unlock()
 
-	code, err := l.locker.b.extend(ctx, l, ttl, byWatchdog)
+	code, err := l.kind.extend(ctx, l, ttl, byWatchdog)
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -433,7 +434,7 @@ const (
 // runRelease runs the release script in mode; perr is set when the lock was
 // deleted but the wake-up could not be published.
 func (l *Lease) runRelease(ctx context.Context, mode string) (code int64, perr, err error) {
-	return l.locker.b.release(ctx, l, mode)
+	return l.kind.release(ctx, l, mode)
 }
 
 func (l *Lease) doneErr() error {

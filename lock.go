@@ -341,7 +341,7 @@ func outage(ctx context.Context, err error) bool {
 func (l *Locker) degraded(ctx context.Context, name string, err error) *Lease {
 	l.opts.Logger.LogAttrs(ctx, slog.LevelError, "fencelock: redis unavailable, running without the lock (fail-open)",
 		slog.String("lock", name), slog.Any("error", err))
-	lease := &Lease{locker: l, name: name, degraded: true}
+	lease := &Lease{locker: l, kind: l.b, name: name, degraded: true}
 	lease.keys[keyLock], lease.keys[keyCounter] = l.keys(name)
 	return lease
 }
@@ -374,7 +374,7 @@ func (l *Locker) newLease(name string, ttl time.Duration) *Lease {
 	}
 	b.Write(token[:])
 	s := b.String()
-	lease := &Lease{locker: l, name: name, ttl: ttl, owner: l.opts.Owner, ownerArg: l.ownerArg}
+	lease := &Lease{locker: l, kind: l.b, name: name, ttl: ttl, owner: l.opts.Owner, ownerArg: l.ownerArg}
 	qi := prefix + len(":fence")       // where P{name}:qi starts
 	marker := qi + prefix + len(":qi") // where P{name}:t:<token> starts
 	lease.keys[keyLock] = s[:prefix]
