@@ -317,6 +317,9 @@ func (l *Locker) acquireWith(ctx context.Context, name string, co callOptions, o
 	l.bg.add() // Close waits for the call, and for the clean-ups it starts when Close ends it
 	defer l.bg.finish()
 	lease := l.newLease(name, co.ttl)
+	if co.kind != nil {
+		lease.kind = co.kind
+	}
 	if co.owner != "" {
 		lease.owner, lease.ownerArg = co.owner, co.owner
 	}

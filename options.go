@@ -271,6 +271,13 @@ type callOptions struct {
 	fair     bool
 	open     bool // WithFailOpen's value
 	openSet  bool
+	kind     kind // what is acquired; nil: the lock of the name (see withKind)
+}
+
+// withKind makes a call acquire a lease of k instead of the lock of the
+// name: how a Semaphore or an RWLock reuses Acquire and RunWithLock.
+func withKind(k kind) Option {
+	return func(c callOptions) callOptions { c.kind = k; return c }
 }
 
 // WithOwner sets who holds the lock for this call, overriding
