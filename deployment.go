@@ -353,8 +353,8 @@ func (d *deployment) channelArg(lease *Lease) any {
 	return d.channel(lease.keys[keyLock])
 }
 
-func (d *deployment) register(key, token string) *waiter {
-	return d.waits.register(d.channel(key), nil, token, nil, false)
+func (d *deployment) register(key string, h hearer) *waiter {
+	return d.waits.register(d.channel(key), nil, h)
 }
 
 func (d *deployment) close(by time.Time) { d.waits.close(by) }
