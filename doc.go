@@ -18,28 +18,23 @@
 // make Acquire wait for a busy lock; NewRedlock keeps each lock on a quorum of
 // deployments. Locker.Inspect reads a lock, Locker.Check the deployment, and
 // Options.Observer reports every call. Errors are sentinels, one per thing a
-// caller handles differently (ErrNotObtained and the others). Each mechanism
-// is explained once: on its call or option, in a section below, or in the
-// section of [GUARANTEES.md] named in quotes, with what a fault-injection
-// suite measured.
-//
-// # What a Redis lock cannot promise
-//
-// A Redis lock is an efficiency lock: a process pause (GC, SIGSTOP, a
-// suspended VM) longer than the TTL, or a failover to a replica that had not
-// received the lock, can let two holders believe they hold it at once; no
-// timer in a paused process can fire. When correctness depends on mutual
-// exclusion, have the protected resource check the fence.
+// caller handles differently (ErrNotObtained and the others). A name in
+// quotes is a section of [GUARANTEES.md], which explains each mechanism in
+// depth with what a fault-injection suite measured.
 //
 // # Fencing tokens
 //
-// Every successful acquisition gets a fencing token (Lease.Fence), a positive
-// int64 issued in the same atomic step that sets the lock, and strictly
-// increasing per lock name: on one deployment also after its counter expired,
-// as each is floored by the TIME of the Redis server that issues it; on a
-// Redlock, counted on from its nodes' counters. Pass it to every write the
-// critical section makes, and have the resource refuse a write whose token is
-// not greater than the greatest it has accepted ("Fencing tokens"):
+// A Redis lock is an efficiency lock: a process pause (GC, SIGSTOP, a
+// suspended VM) longer than the TTL, or a failover to a replica that had not
+// received the lock, can let two holders believe they hold it at once. Where
+// correctness depends on mutual exclusion, the fencing token (Lease.Fence)
+// keeps the data right: a positive int64 issued in the same atomic step that
+// sets the lock, and strictly increasing per lock name (on one deployment
+// also after its counter expired, as each is floored by the TIME of the Redis
+// server that issues it; on a Redlock, counted on from its nodes' counters).
+// Pass it to every write the critical section makes, and have the resource
+// refuse a write whose token is not greater than the greatest it has accepted
+// ("Fencing tokens"):
 //
 //	UPDATE settlements SET status = 'done', fence_token = @fence
 //	WHERE settle_date = @date AND fence_token < @fence
