@@ -12,19 +12,17 @@ import (
 )
 
 // Sentinel errors, to match with errors.Is: the errors of this package wrap
-// them, usually with a cause, in a one-line message. Each names a class a
-// caller handles differently; no error matches two of ErrNotObtained,
-// ErrUnavailable and ErrMisconfigured. When the caller's context ended before
-// Redis gave any verdict, the error matches ctx.Err() and none of them: a
-// shutdown is not "another instance is on it".
+// them, usually with a cause, in a one-line message. No error matches two of
+// ErrNotObtained, ErrUnavailable and ErrMisconfigured. When the caller's
+// context ended before Redis gave any verdict, the error matches ctx.Err()
+// and none of them: a shutdown is not "another instance is on it".
 var (
 	// ErrNotObtained means the lock is busy: another holder has it (a
 	// *BusyError says who), and Acquire tried once or its wait ran out.
 	ErrNotObtained = errors.New("fencelock: not obtained")
 
-	// ErrNotHeld means the lock is no longer held by this lease: it expired,
-	// was taken over by another holder, was deleted, or was released already.
-	// The error's text says which when Redis could tell.
+	// ErrNotHeld means the lock is no longer this lease's: it expired, was
+	// taken over, deleted, or released already (the text says which if known).
 	ErrNotHeld = errors.New("fencelock: not held")
 
 	// ErrUnavailable means Redis could not be reached, did not answer in
@@ -33,11 +31,10 @@ var (
 	// is unknown to the caller; each method says what it leaves behind.
 	ErrUnavailable = errors.New("fencelock: redis unavailable")
 
-	// ErrMisconfigured means Redis answered but refuses the lock's commands:
-	// a missing or wrong password (NOAUTH, WRONGPASS), an ACL that does not
-	// permit them (NOPERM), a lock or fence key of another type (WRONGTYPE),
-	// an unknown command, a fence counter at its maximum, or a closed go-redis
-	// client. Retrying does not help; the error's text says what to fix.
+	// ErrMisconfigured means Redis refuses the lock's commands: a missing or
+	// wrong password (NOAUTH, WRONGPASS), an ACL (NOPERM), a key of another
+	// type (WRONGTYPE), an unknown command, a fence counter at its maximum, or
+	// a closed go-redis client. Retrying does not help; the text says the fix.
 	ErrMisconfigured = errors.New("fencelock: redis refuses the lock's commands")
 
 	// ErrInvalid means an argument or option was rejected before any Redis

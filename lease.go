@@ -116,19 +116,16 @@ func (l *Lease) Deadline() time.Time {
 	return l.deadline
 }
 
-// Extend resets the lock's time to live to ttl, if this lease still holds it,
-// and counts Deadline anew from this request; it never recreates a lock that
-// has expired.
-//
-// It returns nil when the TTL was set; ErrNotHeld when the lock is no longer
-// this lease's (later calls then return ErrNotHeld without a Redis call), or
-// when the lease was lost (the error also matches ErrLost) or released;
-// ErrUnavailable or ErrMisconfigured when Redis could not answer or refused;
-// ErrInvalid for a ttl out of range, or not longer than RenewInterval plus its
-// drift allowance when that is set; or an error matching ctx.Err() when ctx
-// ended first. When the outcome is unknown (ErrUnavailable, or ctx ended after
-// the request was sent), Deadline becomes the earlier of its old value and the
-// one this call would have set.
+// Extend resets the lock's TTL to ttl if this lease still holds it, counting
+// Deadline anew from this request; it never recreates an expired lock. It
+// returns nil when the TTL was set; ErrNotHeld when the lock is no longer this
+// lease's (later calls then return it with no Redis call), or the lease was
+// lost (also matching ErrLost) or released; ErrUnavailable or ErrMisconfigured
+// when Redis could not answer or refused; ErrInvalid for a ttl out of range,
+// or not longer than RenewInterval plus its drift allowance when that is set;
+// or an error matching ctx.Err() when ctx ended first. When the outcome is
+// unknown (ErrUnavailable, or ctx ended after the request was sent), Deadline
+// becomes the earlier of its old value and the one this call would have set.
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l == nil || l.locker == nil || l.degraded {
 		return ErrNotHeld
@@ -285,19 +282,19 @@ func (l *Lease) markDoneLocked(at time.Time, why error) {
 	}
 }
 
-// Release stops the lease's watchdog for good and waits for it to exit,
-// cancelling the contexts KeepAlive returned, so no renewal is sent after it
-// (one already sent may still be answered). It then deletes the lock if this
-// lease still holds it, on a context that keeps ctx's values but not its
-// cancellation, bounded by Options.ReleaseTimeout.
+// Release stops the lease's watchdog for good, cancelling the contexts
+// KeepAlive returned, and waits for it to exit, so no renewal is sent after it
+// (one sent may still be answered). It then deletes the lock if this lease
+// holds it, on a context with ctx's values but not its cancellation, bounded
+// by Options.ReleaseTimeout.
 //
 // It returns nil when the lock was deleted (also after go-redis resent the
 // request), or ErrNotHeld when it was not this lease's, and on a nil or
-// degraded lease; either way the lease is done. On ErrUnavailable (also for
-// no answer within ReleaseTimeout, which does not match
-// context.DeadlineExceeded) or ErrMisconfigured the lock may still be held:
-// call Release again, or it expires after its TTL. When ctx ends first, the
-// error matches ctx.Err() and the deletion goes on in the background.
+// degraded lease: either way the lease is done. On ErrUnavailable (also for no
+// answer within ReleaseTimeout, which does not match context.DeadlineExceeded)
+// or ErrMisconfigured the lock may still be held: call Release again, or it
+// expires after its TTL. When ctx ends first, the error matches ctx.Err() and
+// the deletion goes on in the background.
 func (l *Lease) Release(ctx context.Context) error {
 	if l == nil || l.locker == nil {
 		return ErrNotHeld

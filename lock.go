@@ -254,19 +254,19 @@ func (l *Locker) callOptions(name string, opts []Option) (callOptions, error) {
 
 // Acquire takes the lock called name and returns its Lease. Without WithWait
 // it tries once; with WithWait(d) it tries again, also after ErrUnavailable,
-// until it obtains the lock or d has passed. Each attempt waits at most
+// until it obtains the lock or d has passed, each attempt waiting at most
 // Options.AttemptTimeout for its reply.
 //
 // It returns ErrNotObtained when another holder has the lock; ErrUnavailable
 // when Redis could not answer; ErrMisconfigured, not retried, when Redis
-// refuses the lock's commands; ErrInvalid, with no Redis call, for an empty
-// name, a name containing '{' or '}', a TTL out of range, or a negative wait;
-// ErrClosed after Close; or, when ctx ended, an error matching ctx.Err() that
-// also matches ErrNotObtained or ErrUnavailable when an earlier attempt found
-// the lock busy or Redis unavailable. On an outage it fails open only with
-// WithFailOpen(true). After a failed or cancelled Acquire, a clean-up in the
-// background gives back what its attempts may have taken ("Acquire, release
-// and the keys"). Acquire never returns a lease whose Deadline has passed.
+// refuses; ErrInvalid, with no Redis call, for an empty name, a name with '{'
+// or '}', a TTL out of range or a negative wait; ErrClosed after Close; or,
+// when ctx ended, an error matching ctx.Err(), and ErrNotObtained or
+// ErrUnavailable if an earlier attempt found the lock busy or Redis
+// unavailable. It fails open only with WithFailOpen(true). After a failed or
+// cancelled Acquire, a background clean-up gives back what its attempts may
+// have taken ("Acquire, release and the keys"). It never returns a lease
+// whose Deadline has passed.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lease, error) {
 	co, err := l.callOptions(name, opts)
 	if err != nil {

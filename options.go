@@ -32,9 +32,8 @@ type Options struct {
 	// Acquire, doubled after each busy one up to MaxRetryBackoff, jittered
 	// ("Waiting"). At least 1ms; default 8ms.
 	MinRetryBackoff time.Duration
-	// MaxRetryBackoff caps that pause; on a Redlock it also paces a call in
-	// line and sets its entry's life ("How Redlock works"). At least
-	// MinRetryBackoff; default 256ms.
+	// MaxRetryBackoff caps that pause, and paces a call in a Redlock's line
+	// ("How Redlock works"). At least MinRetryBackoff; default 256ms.
 	MaxRetryBackoff time.Duration
 
 	// ReleaseTimeout bounds the calls that give a lock back (Release, the
@@ -43,8 +42,8 @@ type Options struct {
 	ReleaseTimeout time.Duration
 
 	// FenceRetention is how long a name's fence counter outlives its last
-	// acquisition; it only has to outlast the largest step back of the
-	// server's clock ("Fencing tokens"). Default 1h.
+	// acquisition; it need only outlast the server clock's largest step back
+	// ("Fencing tokens"). Default 1h.
 	FenceRetention time.Duration
 
 	// RenewInterval is how often the watchdog extends a lease; it must be
@@ -55,9 +54,8 @@ type Options struct {
 	MaxHold time.Duration
 
 	// Replicas is how many replicas must acknowledge an acquisition or an
-	// extension (WAIT): an acquisition short of them is given back and fails
-	// with ErrUnavailable, an extension does not move Deadline ("Replicas and
-	// failover"). Default 0: do not wait.
+	// extension (WAIT): one short of them fails with ErrUnavailable, or does
+	// not move Deadline ("Replicas and failover"). Default 0: do not wait.
 	Replicas int
 	// ReplicaTimeout bounds each WAIT; it must be shorter than a third of
 	// the TTL. Default 100ms when Replicas is positive.
@@ -78,22 +76,20 @@ type Options struct {
 	// documentation). Default false: fail closed, with ErrUnavailable.
 	FailOpen bool
 
-	// Logger receives events: acquired, not obtained and released at Debug,
-	// a failed renewal at Warn, a lost lease and a fail-open run at Error,
-	// with the lock name, the fence and timings. Default: discard.
+	// Logger receives events with the lock name, fence and timings: acquired,
+	// not obtained and released at Debug, a failed renewal at Warn, a lost
+	// lease and a fail-open run at Error. Default: discard.
 	Logger *slog.Logger
-	// Observer, if set, is told of every call, renewal and loss (see
-	// Observer).
+	// Observer, if set, is told of every call, renewal and loss.
 	Observer Observer
-	// OnLost, if set, is called once for each lease lost, after the work
-	// context was cancelled, with the cause (matching ErrLost), also when
-	// RunWithLock finds the loss as work returns. It runs on the watchdog's
-	// goroutine, or RunWithLock's: it must not block long nor call Release.
+	// OnLost, if set, is called once for each lease lost (also found only as
+	// RunWithLock's work returns), after its context was cancelled, with the
+	// cause (matching ErrLost), on the watchdog's or RunWithLock's goroutine:
+	// it must not block long nor call the lease's Release.
 	OnLost func(lease *Lease, cause error)
 
-	// Clock is the local time source for deadlines, the watchdog's timers and
-	// a wait's pauses; replace it only to test a local clock that runs fast
-	// or slow. Default: the system's monotonic clock.
+	// Clock is the local time of deadlines, timers and pauses; replace it only
+	// to test a clock that runs fast or slow. Default: the system's clock.
 	Clock Clock
 }
 
