@@ -19,8 +19,7 @@
 // deployments. Locker.Inspect reads a lock, Locker.Check the deployment, and
 // Options.Observer reports every call. Errors are sentinels, one per thing a
 // caller handles differently (ErrNotObtained and the others). A name in
-// quotes is a section of [GUARANTEES.md], which explains each mechanism in
-// depth with what a fault-injection suite measured.
+// quotes is a section of [GUARANTEES.md], which goes into depth.
 //
 // # Fencing tokens
 //
@@ -65,12 +64,14 @@ package fencelock
 
 // Architecture, for contributors (not part of the package documentation):
 //
-//	API        lock.go (Locker, New, Close, Acquire's plain wait), lease.go (Lease),
-//	           watchdog.go (RunWithLock, KeepAlive), inspect.go, check.go, options.go
-//	waiting    fair.go (fair line), redlock.go's line (Redlock line), wait.go
-//	           (pub/sub: one hub goroutine per node, wake-ups to waiters)
-//	seam       backend.go: backend (acquire, extend, release, inspect, register,
-//	           close) and traits
+//	API        lock.go (Locker, New, Close, Acquire; the background work it owns),
+//	           lease.go (Lease), watchdog.go (RunWithLock, KeepAlive), inspect.go,
+//	           check.go, options.go, observer.go
+//	waiting    acquire.go (one acquisition: try, rotate, complete, give up; plain
+//	           waiting), fair.go (fair line), redlock_line.go (Redlock line),
+//	           wait.go (pub/sub: one hub goroutine per node, messages to hearers)
+//	seam       backend.go: kind (acquire, extend, release), backend (a kind, and
+//	           inspect, register, close), traits
 //	stores     deployment.go (one Redis: its script calls, Cluster routing, WAIT
 //	           for Replicas); redlock.go (quorum: fan-out, fence phases, splits)
 //	scripts    scripts.go (one script type), prelude.lua + one .lua per script
