@@ -69,13 +69,12 @@ func (f Finding) String() string {
 
 // Check inspects the deployment (every node of a Redlock, every master of a
 // Cluster, every shard of a Ring) for what weakens the lock's guarantees, and
-// reports it most severe first: eviction, persistence, replicas, pub/sub, ACL
-// permissions (it tries each command, on a lock "fencelock-check:<random>"
-// whose keys it deletes), round trip, Redlock independence (docs/operating.md,
-// "A deployment check"). A command not permitted or a server not reached is a
-// finding, never an error: Check returns an error only for a Locker not made
-// with New or NewRedlock (ErrInvalid), or when ctx ends (its error, with the
-// findings so far).
+// reports it most severe first (docs/operating.md, "A deployment check"); it
+// tries each command the lock, Check and the fencelock command send, on a
+// lock named "fencelock-check:<random>" whose keys it deletes. A command not permitted or
+// a server not reached is a finding, never an error: Check returns an error
+// only for a Locker not made with New or NewRedlock (ErrInvalid), or when ctx
+// ends (its error, with the findings so far).
 func (l *Locker) Check(ctx context.Context) ([]Finding, error) {
 	if err := l.usable(); err != nil {
 		return nil, err

@@ -16,9 +16,8 @@ type LockInfo struct {
 	Owner string        // the holder's Options.Owner or WithOwner; "" when not held or not stored
 	TTL   time.Duration // left on the server; 0 when not held, -1 when the lock has no expiry
 	Fence int64         // the fence of the current holding; 0 when not held
-	// LastFence is the last fence issued for the name, kept for
-	// FenceRetention after its last acquisition; 0 when none is kept (on a
-	// Redlock, see "How Redlock works").
+	// LastFence is the last fence issued, kept FenceRetention after the last
+	// acquisition; 0 when none is kept (on a Redlock: "How Redlock works").
 	LastFence int64
 	// Waiters is how many Lockers wait for the lock's release, each counted
 	// once (docs/operating.md, "Who holds it, and until when").

@@ -106,7 +106,7 @@ func (l *Lease) Degraded() bool {
 // the acquire (or last successful extend) request was sent, plus the TTL,
 // minus TTL/100 + 2ms (for a lock handed to a fair waiter, see "How fair
 // waiting works"). After Release, or once Extend or Release found the lock
-// not held, it is a time that has passed; a nil lease's is the zero time.
+// not held, it is in the past; a nil lease's is the zero time.
 func (l *Lease) Deadline() time.Time {
 	if l == nil {
 		return time.Time{}
@@ -116,16 +116,16 @@ func (l *Lease) Deadline() time.Time {
 	return l.deadline
 }
 
-// Extend resets the lock's TTL to ttl if this lease still holds it, counting
-// Deadline anew from this request; it never recreates an expired lock. It
-// returns nil when the TTL was set; ErrNotHeld when the lock is no longer this
-// lease's (later calls then return it with no Redis call), or the lease was
-// lost (also matching ErrLost) or released; ErrUnavailable or ErrMisconfigured
-// when Redis could not answer or refused; ErrInvalid for a ttl out of range,
-// or not longer than RenewInterval plus its drift allowance when that is set;
-// or an error matching ctx.Err() when ctx ended first. When the outcome is
-// unknown (ErrUnavailable, or ctx ended after the request was sent), Deadline
-// becomes the earlier of its old value and the one this call would have set.
+// Extend resets the lock's TTL to ttl, and so Deadline, if this lease still
+// holds it; it never recreates an expired lock. It returns nil when the TTL
+// was set; ErrNotHeld when the lock is no longer this lease's (later calls
+// then return it with no Redis call), or the lease was lost (also matching
+// ErrLost) or released; ErrUnavailable or ErrMisconfigured when Redis could
+// not answer or refused; ErrInvalid for a ttl out of range, or not longer than
+// RenewInterval plus its drift allowance when that is set; or an error
+// matching ctx.Err() when ctx ended first. When the outcome is unknown
+// (ErrUnavailable, or ctx ended after the request was sent), Deadline becomes
+// the earlier of its old value and the one this call would have set.
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l == nil || l.locker == nil || l.degraded {
 		return ErrNotHeld

@@ -18,9 +18,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// A Locker acquires locks in one Redis deployment. It is safe for concurrent
-// use; create one per client and share it. The zero Locker is not usable:
-// its methods return an error matching ErrInvalid.
+// A Locker acquires locks in one Redis deployment (New), or a quorum of them
+// (NewRedlock). It is safe for concurrent use; create one per client and
+// share it. The zero Locker is not usable: its methods return an error
+// matching ErrInvalid.
 type Locker struct {
 	b     backend
 	opts  Options
@@ -116,15 +117,14 @@ func (l *Locker) dialErrorSince(seen int64) error {
 	return nil
 }
 
-// Close ends the Locker's acquisitions: from then on Acquire and RunWithLock
-// return ErrClosed with no Redis call, and an Acquire waiting or with an
-// attempt in flight returns ErrClosed at once, what its attempts may have
-// taken being given back in the background. Close closes the subscription
-// connection that waiting calls share and waits for the background work for
-// at most Options.ReleaseTimeout. Leases already held are untouched (their
-// watchdogs, work, Release and Extend go on), so closing at shutdown does not
-// break the exclusion of work still running. Close does not close the Redis
-// client. It always returns nil.
+// Close ends the Locker's acquisitions: Acquire and RunWithLock then return
+// ErrClosed with no Redis call, and a waiting Acquire, or one with an attempt
+// in flight, returns it at once, giving back in the background what its
+// attempts may have taken. Close closes the waiters' shared subscription
+// connection and waits for the background work for at most
+// Options.ReleaseTimeout. Leases already held, their watchdogs, work, Release
+// and Extend go on, so closing at shutdown keeps the exclusion of work still
+// running. Close does not close the Redis client. It always returns nil.
 func (l *Locker) Close() error {
 	if l == nil || l.b == nil {
 		return nil

@@ -17,15 +17,14 @@ import (
 
 // NewRedlock returns a Locker whose locks are held on a quorum of
 // independent Redis deployments: the Redlock algorithm, with fencing tokens
-// that stay ordered without trusting clocks. Its leases are used exactly as
-// New's are (the same methods, options and errors). A lock is held when
-// len(clients)/2+1 deployments granted it within its validity (TTL minus the
-// time the grants took minus the drift allowance); a minority down or hung is
-// not an outage, and waiters wait in line on the first client's deployment
-// ("How Redlock works", "What Redlock rests on"). Use an odd number: four
-// tolerate the loss of one, as three do, with one more to lose; five tolerate
-// two. The deployments must be independent (not replicas of one another, not
-// nodes of one Cluster), or a single failure can take a quorum with it.
+// that stay ordered without trusting clocks, and leases used exactly as New's
+// are. A lock is held when len(clients)/2+1 deployments granted it within its
+// validity (TTL minus the time the grants took minus the drift allowance); a
+// minority down or hung is not an outage, and waiters wait in line on the
+// first client's deployment ("How Redlock works", "What Redlock rests on").
+// Use an odd number: four tolerate the loss of one, as three do; five, two.
+// The deployments must be independent (not replicas of one another, not nodes
+// of one Cluster), or a single failure can take a quorum with it.
 //
 // It returns an error matching ErrInvalid, and makes no Redis call, for no
 // clients, a nil client, the same client twice, or an option it cannot
