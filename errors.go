@@ -41,9 +41,8 @@ var (
 	// call was made.
 	ErrInvalid = errors.New("fencelock: invalid argument")
 
-	// ErrLost means a lease was lost while its work ran (see
-	// Lease.KeepAlive): mutual exclusion may have been broken, and only the
-	// fencing token protects the resource from here on.
+	// ErrLost means a lease was lost while its work ran (see Lease.KeepAlive):
+	// mutual exclusion may have been broken; only the fence protects the data.
 	ErrLost = errors.New("fencelock: lease lost")
 
 	// ErrClosed means the Locker was closed (see Locker.Close). It matches
@@ -52,8 +51,7 @@ var (
 )
 
 // A BusyError is the error of an Acquire that found the lock held by
-// another: it matches ErrNotObtained, and says who holds the lock and for
-// how long, as Redis told when it answered.
+// another: it matches ErrNotObtained, and says who holds it and for how long.
 type BusyError struct {
 	Name  string        // the lock's name
 	Owner string        // the holder's Options.Owner or WithOwner; "" if it stored none

@@ -18,12 +18,10 @@ type Options struct {
 	// KeyPrefix+"{"+name+"}", a hash tag its other keys share ("Acquire,
 	// release and the keys"). It must not contain '{' or '}'. Default "lock:".
 	KeyPrefix string
-
 	// Owner says who this Locker is: stored with its locks, shown by Inspect,
 	// the fencelock command and another Acquire's BusyError; at most 200
 	// bytes of printable UTF-8. Default: hostname and pid, "pod-2 (pid 7)".
 	Owner string
-
 	// TTL is how long Redis keeps a lock that is not extended or released,
 	// from 10ms to 365 days. Default 30s.
 	TTL time.Duration
@@ -54,15 +52,16 @@ type Options struct {
 	MaxHold time.Duration
 
 	// Replicas is how many replicas must acknowledge an acquisition or an
-	// extension (WAIT): one short of them fails with ErrUnavailable, or does
-	// not move Deadline ("Replicas and failover"). Default 0: do not wait.
+	// extension (WAIT): an acquisition short of them fails with
+	// ErrUnavailable, an extension does not move Deadline ("Replicas and
+	// failover"). Default 0: do not wait.
 	Replicas int
 	// ReplicaTimeout bounds each WAIT; it must be shorter than a third of
 	// the TTL. Default 100ms when Replicas is positive.
 	ReplicaTimeout time.Duration
 	// ReplicaFsync makes the wait WAITAOF (Redis 7.2+, appendonly yes): the
-	// lock must reach the master's and Replicas replicas' append-only files.
-	// An older server fails every acquisition with ErrMisconfigured.
+	// lock must reach the master's and Replicas replicas' append-only files;
+	// an older server fails acquisitions with ErrMisconfigured. Default false.
 	ReplicaFsync bool
 
 	// AttemptTimeout bounds how long an Acquire attempt waits for its reply,
@@ -70,7 +69,6 @@ type Options struct {
 	// unavailable; a fail-open call's also ends at half the time left before
 	// its deadline. At least 1ms; default 1s ("Deadlines and the watchdog").
 	AttemptTimeout time.Duration
-
 	// FailOpen makes RunWithLock run its work on a degraded Lease when Redis
 	// is unavailable at acquisition (see Degraded runs in the package
 	// documentation). Default false: fail closed, with ErrUnavailable.

@@ -25,7 +25,6 @@ import (
 // Use an odd number: four tolerate the loss of one, as three do; five, two.
 // The deployments must be independent (not replicas of one another, not nodes
 // of one Cluster), or a single failure can take a quorum with it.
-//
 // It returns an error matching ErrInvalid, and makes no Redis call, for no
 // clients, a nil client, the same client twice, or an option it cannot
 // honour. It adds New's dial hook to every client.
