@@ -404,7 +404,7 @@ func (n *notifier) close(by time.Time) {
 		n.wg.Wait()
 		close(done)
 	}()
-	waitUntil(done, by)
+	waitUntil(n.clock, done, by)
 }
 
 // subscriber opens subscription connections: a client for one node, or the
