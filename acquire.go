@@ -381,7 +381,7 @@ func (b *busySeen) verdict(v error, now time.Time) error {
 // future for other calls.
 func (l *Locker) openEnd(ctx context.Context, open bool, start time.Time) time.Time {
 	if dl, ok := ctx.Deadline(); ok && open {
-		return start.Add(time.Until(dl) / 2)
+		return start.Add(time.Until(dl) / 2) // real time, as ctx's deadline
 	}
 	return start.Add(forever)
 }

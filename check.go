@@ -308,13 +308,13 @@ func fields(s string) map[string]string {
 func (c *checker) roundTrip(ctx context.Context, d *deployment, node string) bool {
 	var worst time.Duration
 	for range 5 {
-		start := time.Now()
+		start := c.l.clock.Now()
 		if err := d.client.Ping(ctx).Err(); err != nil {
 			// Unreachable: reported by the server checks. A refusal
 			// (an ACL without +ping) is the permissions check's.
 			return classify(err) != classUnavailable
 		}
-		worst = max(worst, time.Since(start))
+		worst = max(worst, c.l.clock.Now().Sub(start))
 	}
 	ttl := c.l.opts.TTL
 	allowance := drift(ttl)

@@ -28,7 +28,7 @@ var _ backend = (*deployment)(nil)
 
 func newDeployment(l *Locker, client redis.UniversalClient) *deployment {
 	client.AddHook(dialWatch{l})
-	return &deployment{l: l, client: client, waits: newNotifier(client, l.opts.Logger), dbTag: dbTag(client),
+	return &deployment{l: l, client: client, waits: newNotifier(client, l.opts.Logger, l.clock), dbTag: dbTag(client),
 		deadlines: honoursDeadlines(client)}
 }
 

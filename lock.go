@@ -130,9 +130,9 @@ func (l *Locker) Close() error {
 		return nil
 	}
 	l.closeOnce.Do(func() { close(l.closed) })
-	by := time.Now().Add(l.opts.ReleaseTimeout + closeGrace)
+	by := l.clock.Now().Add(l.opts.ReleaseTimeout + closeGrace)
 	l.b.close(by)
-	l.bg.close(by)
+	l.bg.close(l.clock, by)
 	return nil
 }
 
@@ -507,7 +507,7 @@ func ctxErr(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) { // real time, as ctx's deadline
 		return context.DeadlineExceeded
 	}
 	return nil
@@ -545,7 +545,7 @@ func call[T any](l *Locker, stop1, stop2 <-chan struct{}, f func() T, late func(
 	// A call that honours the context (go-redis's dial loop, a client with
 	// ContextTimeoutEnabled) returns at once, often with the cause of its
 	// failure ("connection refused"): give it a moment.
-	t := time.NewTimer(callGrace)
+	t := l.clock.NewTimer(callGrace)
 	select {
 	case <-c.done:
 	case <-t.C:
@@ -615,7 +615,7 @@ func (t *tasks) goBackground(f func(stop <-chan struct{})) {
 // close tells the clean-ups to stop retrying and waits until no tracked
 // goroutine is running, until by at most: a goroutine still running then is
 // in a Redis call that go-redis has not given up on, and ends with it.
-func (t *tasks) close(by time.Time) {
+func (t *tasks) close(clock Clock, by time.Time) {
 	t.mu.Lock()
 	if !t.closed {
 		t.closed = true
@@ -632,12 +632,12 @@ func (t *tasks) close(by time.Time) {
 	}
 	idle := t.idle
 	t.mu.Unlock()
-	waitUntil(idle, by)
+	waitUntil(clock, idle, by)
 }
 
-// waitUntil waits until done is closed, or until by at most.
-func waitUntil(done <-chan struct{}, by time.Time) {
-	t := time.NewTimer(time.Until(by))
+// waitUntil waits until done is closed, or until by on clock at most.
+func waitUntil(clock Clock, done <-chan struct{}, by time.Time) {
+	t := clock.NewTimer(by.Sub(clock.Now()))
 	defer t.Stop()
 	select {
 	case <-done:

@@ -91,8 +91,10 @@ type Options struct {
 	Clock Clock
 }
 
-// Clock is a source of local time. Now must be monotonic; NewTimer returns a
-// timer that fires when Now has advanced by d.
+// Clock is a source of local time. Now must never go back, and a timer from
+// NewTimer(d), or reset to d, must not fire before d has passed: every loop
+// of the library waits at each turn on such a timer or on Redis, so no such
+// Clock can make one spin, however its Now runs.
 type Clock interface {
 	Now() time.Time
 	NewTimer(d time.Duration) *time.Timer

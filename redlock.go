@@ -115,7 +115,7 @@ func each[T any](ctx context.Context, q *quorum, timeout time.Duration, detach b
 			cancel()
 		}
 	}
-	r := &results[T]{ch: make(chan T, len(q.nodes)), n: len(q.nodes), ctx: ctx, timer: time.NewTimer(timeout),
+	r := &results[T]{ch: make(chan T, len(q.nodes)), n: len(q.nodes), ctx: ctx, timer: q.l.clock.NewTimer(timeout),
 		clock: q.l.clock, start: q.l.clock.Now()}
 	for i, d := range q.nodes {
 		q.l.bg.add()

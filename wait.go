@@ -31,6 +31,7 @@ type notifier struct {
 	linger  time.Duration // hubLinger; shortened by tests
 	keep    time.Duration // channelLinger; shortened by tests
 	log     *slog.Logger
+	clock   Clock           // the Locker's: every time and timer of n and its hubs
 	ctx     context.Context // cancelled by close
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup // Add only under mu while !closed
@@ -124,7 +125,7 @@ const channelLinger = time.Second
 // routeTimeout bounds the lookup of the node that serves a channel.
 const routeTimeout = 5 * time.Second
 
-func newNotifier(client redis.UniversalClient, log *slog.Logger) *notifier {
+func newNotifier(client redis.UniversalClient, log *slog.Logger, clock Clock) *notifier {
 	var nodes bool
 	switch client.(type) {
 	case *redis.ClusterClient, *redis.Ring:
@@ -132,7 +133,7 @@ func newNotifier(client redis.UniversalClient, log *slog.Logger) *notifier {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &notifier{
-		client: client, nodes: nodes, linger: hubLinger, keep: channelLinger, log: log, ctx: ctx, cancel: cancel,
+		client: client, nodes: nodes, linger: hubLinger, keep: channelLinger, log: log, clock: clock, ctx: ctx, cancel: cancel,
 		reroute:  2 * time.Second,
 		channels: make(map[string]*chanState), hubs: make(map[string]*hub),
 	}
@@ -203,7 +204,7 @@ func (w *waiter) leave() {
 		return
 	}
 	if w.h.lingers(w) && cs.hub != nil && n.keep > 0 && !n.closed {
-		cs.idle = time.Now()
+		cs.idle = n.clock.Now()
 		cs.hub.kickLocked() // to end it after channelLinger
 		return
 	}
@@ -259,7 +260,7 @@ func (n *notifier) routeLocked(channel string, cs *chanState, moved string) {
 			if c, ok := n.client.(*redis.ClusterClient); ok {
 				c.ReloadState(ctx)
 			}
-			t := time.NewTimer(20 * time.Millisecond)
+			t := n.clock.NewTimer(20 * time.Millisecond)
 			select {
 			case <-ctx.Done():
 			case <-t.C:
@@ -403,7 +404,7 @@ func (n *notifier) close(by time.Time) {
 		n.wg.Wait()
 		close(done)
 	}()
-	waitUntil(done, by)
+	waitUntil(n.clock, done, by)
 }
 
 // subscriber opens subscription connections: a client for one node, or the
@@ -427,6 +428,18 @@ type hub struct {
 	want      map[string]struct{} // guarded by n.mu; channels with waiters routed here
 	confirmed map[string]struct{} // guarded by n.mu; subscribed, as the server confirmed
 	closed    bool                // guarded by n.mu; shut down: run exits
+	reached   time.Time           // only run touches it; the time the last of its timers was set for
+}
+
+// now is the hub's time: the clock's, or the time its last timer was set
+// for if that is later. The timer's firing says that time has come, so
+// each firing moves the hub on, whatever the clock's Now says (see Clock).
+func (h *hub) now() time.Time {
+	now := h.n.clock.Now()
+	if now.Before(h.reached) {
+		return h.reached
+	}
+	return now
 }
 
 func (h *hub) kickLocked() {
@@ -516,9 +529,7 @@ func (h *hub) run() {
 		reopen  = backoff{min: 10 * time.Millisecond, max: time.Second}
 		retryAt time.Time // no new connection before then
 		idle    time.Time // when the hub last had no channel; zero while it has some
-		timer   = time.NewTimer(time.Hour)
 	)
-	defer timer.Stop()
 	drop := func() {
 		if c == nil {
 			return
@@ -537,7 +548,7 @@ func (h *hub) run() {
 			n.mu.Unlock()
 			return
 		}
-		now := time.Now()
+		now := h.now()
 		lingerEnd := h.endLingersLocked(now)
 		want := make([]string, 0, len(h.want))
 		for ch := range h.want {
@@ -546,7 +557,7 @@ func (h *hub) run() {
 		classic := n.classic
 		n.mu.Unlock()
 
-		var wait time.Duration
+		var due time.Time // when to look again; zero: at a change or a message
 		switch {
 		case len(want) == 0 && (c == nil || len(c.sent) == 0):
 			if idle.IsZero() {
@@ -563,10 +574,10 @@ func (h *hub) run() {
 				n.mu.Unlock()
 				continue
 			}
-			wait = idle.Add(n.linger).Sub(now)
+			due = idle.Add(n.linger)
 		case c == nil && now.Before(retryAt):
 			idle = time.Time{}
-			wait = retryAt.Sub(now)
+			due = retryAt
 		default:
 			idle = time.Time{}
 			if c == nil {
@@ -576,15 +587,23 @@ func (h *hub) run() {
 				n.log.LogAttrs(h.ctx, slog.LevelDebug, "fencelock: wake-up subscription failed",
 					slog.String("node", h.key), slog.Any("error", err))
 				drop()
-				retryAt = time.Now().Add(reopen.next())
+				retryAt = h.now().Add(reopen.next())
 				continue
 			}
-			wait = h.checkPending(c)
+			due = h.checkPending(c)
 		}
-		if !lingerEnd.IsZero() {
-			wait = min(wait, lingerEnd.Sub(now))
+		if !lingerEnd.IsZero() && (due.IsZero() || lingerEnd.Before(due)) {
+			due = lingerEnd
 		}
-		timer.Reset(wait)
+		// A new timer from the clock each time, never a Reset (which
+		// would bypass a Clock that is not the system's), and none
+		// when nothing is due: no loop on a timer with nothing to do.
+		var timer *time.Timer
+		var fired <-chan time.Time
+		if !due.IsZero() {
+			timer = n.clock.NewTimer(due.Sub(now))
+			fired = timer.C
+		}
 
 		var msgs <-chan any
 		if c != nil && c.reading {
@@ -592,17 +611,20 @@ func (h *hub) run() {
 		}
 		select {
 		case <-h.kick:
-		case <-timer.C:
+		case <-fired:
+			h.reached = due
 		case m := <-msgs:
-			if h.handle(c, m) {
-				continue
+			if !h.handle(c, m) {
+				// The connection broke, or the server has no sharded
+				// pub/sub: messages may have been lost, so every waiter
+				// tries again; then open a new connection.
+				drop()
+				n.wake(h, "", "")
+				retryAt = h.now().Add(reopen.next())
 			}
-			// The connection broke, or the server has no sharded
-			// pub/sub: messages may have been lost, so every waiter
-			// tries again; then open a new connection.
-			drop()
-			n.wake(h, "", "")
-			retryAt = time.Now().Add(reopen.next())
+		}
+		if timer != nil {
+			timer.Stop()
 		}
 	}
 }
@@ -658,7 +680,7 @@ func (h *hub) sync(c *conn, want []string) error {
 		if err != nil {
 			return err
 		}
-		c.sent[ch] = time.Now()
+		c.sent[ch] = h.now()
 		if !c.reading {
 			c.reading = true
 			go c.read(h.n)
@@ -757,26 +779,27 @@ func (h *hub) handle(c *conn, m any) bool {
 
 // checkPending routes again the channels whose subscription has not been
 // confirmed for a while (refused, or its confirmation lost), and returns
-// when to check next.
-func (h *hub) checkPending(c *conn) time.Duration {
+// when to check next: zero if no channel waits for its confirmation.
+func (h *hub) checkPending(c *conn) (next time.Time) {
 	n := h.n
-	now := time.Now()
-	next := time.Hour
+	now := h.now()
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for ch, at := range c.sent {
 		if _, ok := h.confirmed[ch]; ok {
 			continue
 		}
-		if due := at.Add(n.reroute).Sub(now); due > 0 {
-			next = min(next, due)
+		if due := at.Add(n.reroute); due.After(now) {
+			if next.IsZero() || due.Before(next) {
+				next = due
+			}
 			continue
 		}
 		delete(c.sent, ch)
 		if n.nodes {
 			n.rerouteLocked(ch, "") // unsubscribed by the next sync if it moved
 		}
-		next = 0
+		next = now
 	}
 	return next
 }

@@ -414,7 +414,7 @@ func TestChannelLingersThenEnds(t *testing.T) {
 func TestOwnUnsubscriptionAfterResubscribing(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never used: no hub runs
 	t.Cleanup(func() { _ = client.Close() })
-	n := newNotifier(client, slog.New(slog.DiscardHandler))
+	n := newNotifier(client, slog.New(slog.DiscardHandler), systemClock{})
 	t.Cleanup(func() { n.close(time.Now().Add(time.Minute)) })
 	h := &hub{n: n, kick: make(chan struct{}, 1), want: map[string]struct{}{}, confirmed: map[string]struct{}{}}
 	c := newConn(true)
