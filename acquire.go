@@ -141,8 +141,9 @@ type wakeup interface {
 	leave(gaveUp *Lease)
 }
 
-// releases wakes a waiter on the releases of the lock, once the lock was
-// found busy: the subscription is made in the background, and its
+// releases wakes a waiter on the releases of the lock, from its first
+// attempt that did not take it (busy, or failed: an attempt cut short by
+// AttemptTimeout may have found it busy): the subscription is made in the background, and its
 // confirmation wakes the waiter for another try, so that a release before
 // it is not missed. A release ("released") wakes one of the Locker's plain
 // waiters, the earliest; one whose try does not take the lock, nor find it
@@ -156,7 +157,7 @@ type releases struct {
 }
 
 func (r *releases) next(_ attempt, busy bool, d time.Duration) (<-chan struct{}, time.Duration) {
-	if r.w == nil && busy {
+	if r.w == nil {
 		r.w = r.l.b.register(r.key, r) // nil after Close, which the wait hears
 	}
 	if r.w == nil {

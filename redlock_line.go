@@ -174,7 +174,7 @@ func (q *quorum) wakeup(lease *Lease) *lineWakeup {
 }
 
 func (lw *lineWakeup) next(at attempt, busy bool, d time.Duration) (<-chan struct{}, time.Duration) {
-	if lw.w == nil && busy {
+	if lw.w == nil {
 		if at.lined { // the first node found the lock busy: the call waits to be named there
 			lw.ln = &line{id: lw.id}
 			lw.ln.in.Store(true) // before its subscription's confirmation
