@@ -86,8 +86,9 @@ type Options struct {
 	// it must not block long nor call the lease's Release.
 	OnLost func(lease *Lease, cause error)
 
-	// Clock is the local time of deadlines, timers and pauses; replace it only
-	// to test a clock that runs fast or slow. Default: the system's clock.
+	// Clock is the local time of every deadline, timer and pause of the
+	// library (a ctx's deadline excepted, which is the system's); replace it
+	// only to test a clock that runs fast or slow. Default: the system's.
 	Clock Clock
 }
 

@@ -24,7 +24,7 @@ import (
 // up leaves the line), the others try when their pause ends, at most
 // MaxRetryBackoff; an entry nobody keeps alive expires after lineEntryTTL.
 // When the first node cannot be reached, no one is in line, and every
-// release wakes every waiter, as on one deployment.
+// release wakes every waiter of the Locker (everyMessage).
 type line struct {
 	id    string
 	in    atomic.Bool // the Acquire's last attempt found the lock held on the line's node, which kept its entry
