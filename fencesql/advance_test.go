@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/fencelock/fencelock/fencesql"
 )
 
@@ -35,13 +37,32 @@ func dataTable(t *testing.T, d database, guardTable string) string {
 //   - every transaction whose Advance failed, and every one rolled back,
 //     left no row behind: the rows are those of the committed ones exactly;
 //   - the fence recorded at the end is the greatest committed.
+//
+// It runs twice: on a resource whose row exists, where no transaction
+// fails otherwise, and on a new one, where on MySQL competing first
+// inserts of the row may deadlock (and roll back).
 func TestAdvanceConcurrent(t *testing.T) {
 	eachDatabase(t, func(t *testing.T, d database) {
+		for _, exists := range []bool{true, false} {
+			t.Run(map[bool]string{true: "existing row", false: "new resource"}[exists], func(t *testing.T) {
+				advanceConcurrent(t, d, exists)
+			})
+		}
+	})
+}
+
+func advanceConcurrent(t *testing.T, d database, exists bool) {
+	{
 		g, table := newGuard(t, d)
 		data := dataTable(t, d, table)
 		t.Cleanup(func() { _, _ = d.db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+data) })
 		const resource = "settlement:2026-11-30"
 		ctx := t.Context()
+		if exists {
+			if err := g.Advance(ctx, d.db, resource, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
 
 		// The reader: the recorded fence, polled, never goes down.
 		stop := make(chan struct{})
@@ -81,6 +102,7 @@ func TestAdvanceConcurrent(t *testing.T) {
 			committed = map[int64]int64{} // txid → fence; guarded by mu
 			refused   int                 // guarded by mu
 			rolled    int                 // guarded by mu
+			deadlocks int                 // guarded by mu
 		)
 		const workers, perWorker = 8, 25
 		errs := make([]error, workers)
@@ -92,6 +114,10 @@ func TestAdvanceConcurrent(t *testing.T) {
 					txid := txids.Add(1)
 					fence := max(1, issued.Add(3)-rng.Int64N(30))
 					outcome, err := oneTx(ctx, d, g, table, data, resource, txid, fence, rng.IntN(5) == 0)
+					var myErr *mysql.MySQLError
+					if !exists && errors.As(err, &myErr) && myErr.Number == 1213 {
+						outcome, err = "deadlock", nil
+					}
 					if err != nil {
 						errs[w] = fmt.Errorf("tx %d, fence %d: %w", txid, fence, err)
 						return
@@ -104,6 +130,8 @@ func TestAdvanceConcurrent(t *testing.T) {
 						refused++
 					case "rolled back":
 						rolled++
+					case "deadlock":
+						deadlocks++
 					}
 					mu.Unlock()
 				}
@@ -114,8 +142,8 @@ func TestAdvanceConcurrent(t *testing.T) {
 		if err := errors.Join(append(errs, <-readerErr)...); err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("%d committed, %d refused (stale), %d rolled back after Advance; the reader polled %d times",
-			len(committed), refused, rolled, polls.Load())
+		t.Logf("%d committed, %d refused (stale), %d rolled back after Advance, %d deadlocked; the reader polled %d times",
+			len(committed), refused, rolled, deadlocks, polls.Load())
 		if len(committed) == 0 || refused == 0 || rolled == 0 {
 			t.Fatal("want transactions of each outcome")
 		}
@@ -156,7 +184,7 @@ func TestAdvanceConcurrent(t *testing.T) {
 		if rec := d.recordedFence(t, table, resource); rec != greatest {
 			t.Errorf("recorded fence %d, want the greatest committed, %d", rec, greatest)
 		}
-	})
+	}
 }
 
 // oneTx is one transaction of TestAdvanceConcurrent. It returns an error

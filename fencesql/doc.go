@@ -35,11 +35,13 @@
 // # Transactions
 //
 // Advance's upsert locks the resource's row until its transaction ends, so
-// a holder with a smaller fence waits for the one ahead, then finds its
-// fence recorded and gets ErrStale, whichever tables either writes. Call
-// Advance first in the transaction: a stale holder then does no work. Under
-// PostgreSQL's REPEATABLE READ or SERIALIZABLE, a competing holder may get a
-// serialization failure instead of ErrStale; roll back on either. SQLite
+// a competing holder's Advance waits for that end, then compares its fence
+// with the one committed: a smaller fence gets ErrStale, whichever tables
+// either writes. Call Advance first in the transaction: a stale holder then
+// does no work. Roll back on any error: under PostgreSQL's REPEATABLE READ
+// or SERIALIZABLE a competing holder may get a serialization failure
+// instead of ErrStale, and on MySQL holders racing to insert a resource's
+// first row may get a deadlock error (1213). SQLite
 // locks the whole database for a writer: give the connection a busy
 // timeout, and start the transaction with Advance, or with BEGIN IMMEDIATE
 // (modernc.org/sqlite: _txlock=immediate), so that it reads nothing before
