@@ -94,7 +94,8 @@ type Firing struct {
 	At      string  `json:"at"`    // when the scheduler fired, in the story's clock ("00:05")
 	Fence   int64   `json:"fence"` // the fencing token it held; 0 if it did not get the lock
 	Outcome Outcome `json:"outcome"`
-	Lost    bool    `json:"lost"` // RunWithLock's error matched fencelock.ErrLost
+	Lost    bool    `json:"lost"`  // RunWithLock's error matched fencelock.ErrLost
+	Stale   bool    `json:"stale"` // RunWithLock's error matched fencesql.ErrStale: its write was refused
 	Err     string  `json:"err,omitempty"`
 }
 

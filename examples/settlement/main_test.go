@@ -103,6 +103,7 @@ func checkStory(t *testing.T, res Result) {
 	assert.Equal(t, Rejected, stale.Outcome, "the paused pod's write")
 	assert.Positive(t, stale.Fence)
 	assert.True(t, stale.Lost, "RunWithLock reported ErrLost to the paused pod: %s", stale.Err)
+	assert.True(t, stale.Stale, "RunWithLock's error matches fencesql.ErrStale: %s", stale.Err)
 
 	// 00:06: the catch-up run got a newer fence and settled the day.
 	catchUp := res.Firings[3]
@@ -111,6 +112,7 @@ func checkStory(t *testing.T, res Result) {
 	assert.Equal(t, Settled, catchUp.Outcome)
 	assert.Greater(t, catchUp.Fence, stale.Fence, "the catch-up run's fence is newer")
 	assert.False(t, catchUp.Lost, catchUp.Err)
+	assert.False(t, catchUp.Stale, catchUp.Err)
 
 	// 00:07: the late run got the free lock, found the day done and skipped.
 	late := res.Firings[4]

@@ -141,6 +141,7 @@ func (p *pod) fire(ctx context.Context) Firing {
 		// The lease was lost while the work ran: mutual exclusion may have
 		// been broken. Here it was, and the fence kept the data right.
 		f.Lost = true
+		f.Stale = errors.Is(err, fencesql.ErrStale)
 		f.Err = err.Error()
 		p.say("RunWithLock returned ErrLost: %v", err)
 	default:
