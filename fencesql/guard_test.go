@@ -109,18 +109,19 @@ func advanceSequence(t *testing.T, d database) {
 		fence    int64
 		recorded int64 // the refusing fence; 0: accepted
 	}{
-		{"a", 7, 0},    // new resource
-		{"a", 7, 0},    // the same lease writing again
-		{"b", 3, 0},    // new, after an equal fence on the same connection
-		{"a", 6, 7},    // stale
-		{"b", 3, 0},    // equal, after a stale answer
-		{"a", 9, 0},    // newer
-		{"a", 8, 9},    // stale
-		{"c", 1, 0},    // new, after a stale answer
-		{"A", 2, 0},    // resources are compared exactly: not "a"
-		{"a ", 2, 0},   // nor "a" with a space
-		{"b", 2, 3},    // stale
-		{"a", 1e15, 0}, // large
+		{"a", 7, 0},                          // new resource
+		{"a", 7, 0},                          // the same lease writing again
+		{"b", 3, 0},                          // new, after an equal fence on the same connection
+		{"a", 6, 7},                          // stale
+		{"b", 3, 0},                          // equal, after a stale answer
+		{"a", 9, 0},                          // newer
+		{"a", 8, 9},                          // stale
+		{"c", 1, 0},                          // new, after a stale answer
+		{"A", 2, 0},                          // resources are compared exactly: not "a"
+		{"a ", 2, 0},                         // nor "a" with a space
+		{"b", 2, 3},                          // stale
+		{`o'brien"; DROP TABLE x; --`, 4, 0}, // a bound parameter, as written
+		{"a", 1e15, 0},                       // large
 	}
 	for _, s := range steps {
 		err := g.Advance(ctx, conn, s.resource, s.fence)
@@ -139,7 +140,7 @@ func advanceSequence(t *testing.T, d database) {
 			t.Errorf("Advance(%q, %d): %+v, want %+v", s.resource, s.fence, *stale, want)
 		}
 	}
-	for r, want := range map[string]int64{"a": 1e15, "b": 3, "c": 1, "A": 2, "a ": 2} {
+	for r, want := range map[string]int64{"a": 1e15, "b": 3, "c": 1, "A": 2, "a ": 2, `o'brien"; DROP TABLE x; --`: 4} {
 		if got := d.recordedFence(t, table, r); got != want {
 			t.Errorf("recorded fence of %q: %d, want %d", r, got, want)
 		}
