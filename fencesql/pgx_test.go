@@ -31,9 +31,9 @@ func TestPgx(t *testing.T) {
 		}
 		t.Skipf("postgres not reachable (%v); set FENCELOCK_REQUIRE_POSTGRES=1 to fail instead", err)
 	}
-	defer pool.Close()
+	t.Cleanup(pool.Close) // after the drop below: cleanups run last first
 	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
+	t.Cleanup(func() { _ = db.Close() })
 	d := database{name: "postgres", dialect: fencesql.Postgres, db: db}
 	table := tableName(t)
 	g, err := fencesql.NewGuard(fencesql.Postgres, table)
@@ -44,7 +44,9 @@ func TestPgx(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table+", "+table+"_keys")
+		if _, err := pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table+", "+table+"_keys"); err != nil {
+			t.Errorf("drop %s: %v", table, err)
+		}
 	})
 
 	// In a pgx.Tx: the fence and the key land with the commit.
