@@ -90,4 +90,8 @@ type attempt struct {
 	// many are ahead of it there (see line).
 	lined bool
 	ahead int64
+
+	// holders is how many hold a semaphore's permits, when all are taken;
+	// 0 for a lock.
+	holders int
 }

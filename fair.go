@@ -361,7 +361,7 @@ func stillBusy(verdict error, name string, pttl time.Duration) *BusyError {
 	b := &BusyError{Name: name, TTL: pttl}
 	var was *BusyError
 	if errors.As(verdict, &was) {
-		b.Owner = was.Owner
+		b.Owner, b.Holders = was.Owner, was.Holders
 	}
 	if pttl < -1 {
 		b.TTL, b.Owner = -3, "fair waiters in line"
