@@ -98,4 +98,4 @@ end
 if first then
 	drop(KEYS[4], KEYS[5], token)
 end
-return {1, admit(KEYS[1], KEYS[6], KEYS[3], token, ARGV[2], ARGV[4], ARGV[7], now, nowMs, ARGV[3])}
+return {1, admit(KEYS[1], KEYS[6], KEYS[3], token, ARGV[2], ARGV[4], ARGV[7], now, nowMs, ARGV[3], n == 0)}

@@ -15,15 +15,17 @@ end
 
 -- prune drops the holders whose permits expired before nowMs, and their
 -- info, and returns how many holders are left; with none left, the info
--- goes too (a new number of permits is accepted then).
-local function prune(holders, info, nowMs)
+-- goes too (a new number of permits is accepted then), once a holder was
+-- dropped here or, with left set, by the caller (the info lives as long as
+-- the holders otherwise).
+local function prune(holders, info, nowMs, left)
 	local gone = redis.call('ZRANGE', holders, '-inf', '(' .. nowMs, 'BYSCORE')
 	for _, token in ipairs(gone) do
 		redis.call('ZREM', holders, token)
 		redis.call('HDEL', info, token)
 	end
 	local n = redis.call('ZCARD', holders)
-	if n == 0 then
+	if n == 0 and (left or #gone > 0) then
 		redis.call('DEL', info)
 	end
 	return n
@@ -39,12 +41,17 @@ end
 
 -- admit gives token a permit for ttl ms, stored with owner and the number
 -- of permits, and returns its fence, issued by issueFence (prelude.lua) as
--- a lock's is.
-local function admit(holders, info, counter, token, ttl, owner, permits, now, nowMs, retention)
+-- a lock's is; first says nobody held one (the keys are new).
+local function admit(holders, info, counter, token, ttl, owner, permits, now, nowMs, retention, first)
 	local fence = issueFence(counter, now, retention)
 	redis.call('ZADD', holders, nowMs + tonumber(ttl), token)
 	redis.call('HSET', info, token, fence .. ' ' .. owner, 'n', permits)
-	keepFor(holders, ttl)
-	keepFor(info, ttl)
+	if first then
+		redis.call('PEXPIRE', holders, ttl)
+		redis.call('PEXPIRE', info, ttl)
+	else
+		keepFor(holders, ttl)
+		keepFor(info, ttl)
+	end
 	return fence
 end

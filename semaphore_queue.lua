@@ -43,7 +43,7 @@ end
 redis.call('HSET', KEYS[3], token, (nowMs + tonumber(ARGV[3])) .. ' ' .. ARGV[4] .. ' ' .. ARGV[6] .. ' ' .. ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
-local n = prune(KEYS[1], KEYS[4], nowMs)
+local n = prune(KEYS[1], KEYS[4], nowMs, false)
 local permits = tonumber(n > 0 and redis.call('HGET', KEYS[4], 'n') or ARGV[6])
 if n < permits then
 	-- A permit is free (its holder's expired: no release handed it over).

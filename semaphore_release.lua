@@ -51,9 +51,9 @@ if not deleted then
 	return code
 end
 
-local waiting = redis.call('HGET', KEYS[6], 'w')
-local permits = tonumber(redis.call('HGET', KEYS[6], 'n'))
-local n = prune(KEYS[1], KEYS[6], nowMs)
+local info = redis.call('HMGET', KEYS[6], 'w', 'n')
+local waiting, permits = info[1], tonumber(info[2])
+local n = prune(KEYS[1], KEYS[6], nowMs, true)
 local reply = 1
 local function tell(message)
 	local r = publish(ARGV[2], message)
@@ -77,7 +77,7 @@ if redis.call('EXISTS', KEYS[4]) == 1 then
 		end
 		drop(KEYS[4], KEYS[5], head)
 		if want and tonumber(want) == permits then
-			local fence = admit(KEYS[1], KEYS[6], KEYS[3], head, ttl, owner, want, now, nowMs, ARGV[5])
+			local fence = admit(KEYS[1], KEYS[6], KEYS[3], head, ttl, owner, want, now, nowMs, ARGV[5], n == 0)
 			n = n + 1
 			tell('granted ' .. head .. ' ' .. fence)
 		end
