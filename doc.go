@@ -75,6 +75,14 @@
 // the first live waiter in the same script, fence and all, and a plain
 // Acquire never jumps the line ("How fair waiting works").
 //
+// # Semaphores
+//
+// Locker.Semaphore(name, permits) lets at most permits holders hold a name
+// at once, each with a Lease of its own, taken by Semaphore.Acquire or
+// RunWithLock with the options and errors of a lock's; its fences increase
+// across all its permits, and it needs one deployment, not NewRedlock
+// ("Semaphores", which also says what a fence does for N holders).
+//
 // # Degraded runs
 //
 // Options.FailOpen, or WithFailOpen per call, runs the work on a degraded
