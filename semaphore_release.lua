@@ -51,8 +51,8 @@ if not deleted then
 	return code
 end
 
-local info = redis.call('HMGET', KEYS[6], 'w', 'n')
-local waiting, permits = info[1], tonumber(info[2])
+local waiting = redis.call('HGET', KEYS[6], 'w')
+local permits = tonumber(redis.call('HGET', KEYS[6], 'n'))
 local n = prune(KEYS[1], KEYS[6], nowMs, true)
 local reply = 1
 local function tell(message)
