@@ -29,6 +29,10 @@ type Semaphore struct {
 	marker     string        // the token markers' prefix, P{name}:sem:t:
 	info       any           // the info key, P{name}:sem:h, boxed
 	permitsArg any
+	// wakeWindow is how long, in ms, the releases after a plain waiter
+	// found all permits taken publish a wake-up: longer than its pause
+	// (MaxRetryBackoff at most) and its next attempt (AttemptTimeout).
+	wakeWindow any
 }
 
 var _ ownKeys = (*Semaphore)(nil)
@@ -91,6 +95,7 @@ func (l *Locker) Semaphore(name string, permits int) *Semaphore {
 		s.keyArgs[i] = k
 	}
 	s.marker, s.info = base+":t:", base+":h"
+	s.wakeWindow = ttlMillis(l.opts.MaxRetryBackoff + l.opts.AttemptTimeout)
 	return s
 }
 
@@ -149,7 +154,7 @@ func (s *Semaphore) acquire(ctx context.Context, lease *Lease) attempt {
 		fair = "1"
 	}
 	reply, err := d.run(ctx, semAcquireScript, false, s.allKeys(lease), lease.tokenArg,
-		d.l.ttlArg(lease.ttl), d.l.retentionMillis, lease.ownerArg, fair, queueEntryMillis, s.permitsArg)
+		d.l.ttlArg(lease.ttl), d.l.retentionMillis, lease.ownerArg, fair, queueEntryMillis, s.permitsArg, s.wakeWindow)
 	if err != nil && reply == nil { // the script did not run, or its reply was lost
 		return attempt{err: err}
 	}

@@ -15,8 +15,8 @@
 --                          "<expiry> <ttl> <permits> <owner>"
 -- KEYS[6]  info            lock:{name}:sem:h, a hash of each holder's
 --                          token to "<fence> <owner>", 'n' to the permits
---                          its holders use, 'w' while a plain waiter may
---                          wait
+--                          its holders use, 'w' to the server time (ms)
+--                          until which a plain waiter may wait
 -- ARGV[1]  token           random, unique per Acquire call
 -- ARGV[2]  ttl             milliseconds
 -- ARGV[3]  fence retention milliseconds the counter is kept
@@ -25,6 +25,10 @@
 -- ARGV[6]  entry ttl       milliseconds a queue entry is kept without a
 --                          keep-alive
 -- ARGV[7]  permits         the Semaphore's number of permits
+-- ARGV[8]  wake window     milliseconds within which a plain waiter that
+--                          found all permits taken tries again, unless a
+--                          release wakes it first (its longest pause and
+--                          attempt)
 --
 -- Returns
 --   {1, fence}              a permit is ours: newly taken, or held by this
@@ -36,7 +40,8 @@
 --                           owner's, in pttl ms. pttl -3: a permit is free,
 --                           but fair waiters are in line first. A fair
 --                           caller has joined the queue then; a plain one
---                           has set 'w', so that a release wakes it
+--                           has set 'w', so that the releases of the next
+--                           ARGV[8] ms wake the waiters
 --   {2}                     this token is retired
 --   {3, permits}            the holders use another number of permits
 
@@ -79,7 +84,7 @@ local function wait()
 	if ARGV[5] == '1' then
 		join()
 	elseif n > 0 then
-		redis.call('HSET', KEYS[6], 'w', '1')
+		redis.call('HSET', KEYS[6], 'w', nowMs + tonumber(ARGV[8]))
 	end
 end
 

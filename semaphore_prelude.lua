@@ -3,7 +3,8 @@
 -- holders are a sorted set of their tokens by the server time (ms) at which
 -- each one's permit expires; its info is a hash of each holder's token to
 -- "<fence> <owner>", with the field 'n' (the permits its holders use) and
--- 'w' (a plain waiter may wait for a release).
+-- 'w' (the server time in ms until which a plain waiter may wait for a
+-- release).
 
 -- keepFor makes key live at least ms more milliseconds; it never shortens
 -- its life, which lasts as long as the longest-lived holder's permit.

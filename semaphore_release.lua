@@ -23,8 +23,10 @@
 -- message arrives. A waiter in line for another number of permits than the
 -- holders use leaves the line (its next keep-alive finds its entry gone and
 -- its next attempt the mismatch). When a permit is still free and a plain
--- waiter found all taken since the last such message ('w'), "released" is
--- published; otherwise nobody waits, and nothing is.
+-- waiter may still wait ('w', until a wake window after it last found all
+-- permits taken), "released" is published; a Locker wakes one of its
+-- waiters on each, the others trying again within the window by themselves.
+-- Otherwise nobody waits, and nothing is published.
 --
 -- Returns 1 when the permit was ours and is given back (by this call or,
 -- per the marker, an earlier one), 0 when it is not held (expired, or
@@ -51,7 +53,7 @@ if not deleted then
 	return code
 end
 
-local waiting = redis.call('HGET', KEYS[6], 'w')
+local waiting = tonumber(redis.call('HGET', KEYS[6], 'w'))
 local permits = tonumber(redis.call('HGET', KEYS[6], 'n'))
 local n = prune(KEYS[1], KEYS[6], nowMs, true)
 local reply = 1
@@ -83,8 +85,7 @@ if redis.call('EXISTS', KEYS[4]) == 1 then
 		end
 	end
 end
-if waiting and (not permits or n < permits) then
-	redis.call('HDEL', KEYS[6], 'w')
+if waiting and waiting >= nowMs and (not permits or n < permits) then
 	tell('released')
 end
 return reply

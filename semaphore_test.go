@@ -539,3 +539,40 @@ func TestSemaphoreDegraded(t *testing.T) {
 	assert.Equal(t, "lock:{x}:sem", key, "a degraded permit's key is the semaphore's")
 	assert.True(t, strings.HasPrefix(key, "lock:{x}"))
 }
+
+// Two plain waiters of one Locker, both permits held: each release wakes
+// one of them (a Locker's release wakes its earliest plain waiter), the
+// second release too, although no attempt came between the two releases.
+func TestSemaphoreEachReleaseWakesAWaiter(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, slowPolling) // the backoff alone would wait 20s
+	name := uniqueName(t)
+	sem := l.Semaphore(name, 2)
+	a, err := sem.Acquire(ctx, WithTTL(time.Minute))
+	require.NoError(t, err)
+	b, err := sem.Acquire(ctx, WithTTL(time.Minute))
+	require.NoError(t, err)
+	w1 := semAcquireInBackground(t, sem, WithWait(time.Minute), WithTTL(time.Minute))
+	w2 := semAcquireInBackground(t, sem, WithWait(time.Minute), WithTTL(time.Minute))
+	require.Eventually(t, func() bool { return shardSubscribers(t, e.srv, semKey(name, "")) == 1 },
+		10*time.Second, time.Millisecond, "the waiters' subscription")
+	time.Sleep(100 * time.Millisecond) // both tried again on its confirmation, and found both permits held
+
+	var got []*Lease
+	for _, held := range []*Lease{a, b} {
+		require.NoError(t, held.Release(ctx))
+		select {
+		case r := <-w1:
+			require.NoError(t, r.err)
+			got = append(got, r.lease)
+		case r := <-w2:
+			require.NoError(t, r.err)
+			got = append(got, r.lease)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("release %d woke no waiter", len(got)+1)
+		}
+	}
+	for _, lease := range got {
+		require.NoError(t, lease.Release(ctx))
+	}
+}
