@@ -49,6 +49,7 @@ var aclRules = []aclRule{
 	{rule: "+hset", sev: SeverityCritical, needs: "fair and Redlock lines", try: "HSET {key} f v"},
 	{rule: "+hget", sev: SeverityCritical, needs: "fair and Redlock lines", try: "HGET {key} f"},
 	{rule: "+hdel", sev: SeverityCritical, needs: "fair and Redlock lines", try: "HDEL {key} f"},
+	{rule: "+zcard", sev: SeverityCritical, needs: "semaphores", try: "ZCARD {key}"},
 	{rule: "+spublish", sev: SeverityWarning, needs: "releases waking waiters", redis6: "+publish"},
 	{rule: "+ssubscribe", sev: SeverityWarning, needs: "waiters woken by releases", redis6: "+subscribe"},
 	{rule: "+sunsubscribe", sev: SeverityWarning, needs: "waiters' subscriptions", redis6: "+unsubscribe"},

@@ -25,6 +25,24 @@ type kind interface {
 	release(ctx context.Context, lease *Lease, mode string) (code int64, perr, err error)
 }
 
+// ownKeys is a kind whose leases have keys of their own, not those of the
+// lock of their name: Lease.setKind gives a lease its keys, a fair waiter
+// waits in its own line (Locker.queue), and Lease.TTL reads it.
+type ownKeys interface {
+	kind
+	setKeys(lease *Lease)
+	queue(ctx context.Context, lease *Lease, ttl time.Duration, mode string) (queueReply, error)
+	holding(ctx context.Context, lease *Lease) (holding, error)
+}
+
+// setKind makes l a lease of k, with k's own keys if it has them.
+func (l *Lease) setKind(k kind) {
+	l.kind = k
+	if o, ok := k.(ownKeys); ok {
+		o.setKeys(l)
+	}
+}
+
 // A backend is where the locks are kept: one Redis deployment (New), or a
 // quorum of independent ones (NewRedlock). Everything else of a lease's
 // life (deadlines, the watchdog, waiting, retries, the clean-ups in the
@@ -72,4 +90,8 @@ type attempt struct {
 	// many are ahead of it there (see line).
 	lined bool
 	ahead int64
+
+	// holders is how many hold a semaphore's permits, when all are taken;
+	// 0 for a lock.
+	holders int
 }

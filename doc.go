@@ -38,6 +38,13 @@
 //	UPDATE settlements SET status = 'done', fence_token = @fence
 //	WHERE settle_date = @date AND fence_token < @fence
 //
+// # Semaphores
+//
+// Locker.Semaphore(name, permits) lets at most permits holders hold a name
+// at once, each with a Lease of its own, taken by Semaphore.Acquire or
+// RunWithLock with a lock's options and errors; its fences increase across
+// all its permits. It needs one deployment, not NewRedlock ("Semaphores").
+//
 // # Degraded runs
 //
 // Options.FailOpen, or WithFailOpen per call, runs the work on a degraded

@@ -56,6 +56,9 @@ type BusyError struct {
 	Name  string        // the lock's name
 	Owner string        // the holder's Options.Owner or WithOwner; "" if it stored none
 	TTL   time.Duration // left when Redis answered; -1: the lock has no expiry; other negative values: free, but fair waiters are in line first
+	// Holders is, for a Semaphore, how many hold its permits (Owner's and
+	// TTL are of the first to expire); 0 for a lock.
+	Holders int
 }
 
 func (e *BusyError) Error() string {
@@ -71,6 +74,10 @@ func (e *BusyError) Error() string {
 		return fmt.Sprintf("%s: %q is free, but %s are served first", ErrNotObtained.Error(), e.Name, holder)
 	case e.TTL < 100*time.Millisecond:
 		left = " for " + e.TTL.String() + " more"
+	}
+	if e.Holders > 0 { // a Semaphore's: left is of the first permit to expire
+		return fmt.Sprintf("%s: all %d permits of %q are held, the first by %s%s",
+			ErrNotObtained.Error(), e.Holders, e.Name, holder, left)
 	}
 	return fmt.Sprintf("%s: %q held by %s%s", ErrNotObtained.Error(), e.Name, holder, left)
 }
@@ -159,8 +166,8 @@ func classify(err error) errClass {
 			return classNoVerdict
 		}
 	}
-	if errors.Is(err, redis.ErrClosed) {
-		return classMisconfigured
+	if errors.Is(err, redis.ErrClosed) || errors.Is(err, ErrMisconfigured) {
+		return classMisconfigured // a closed client; a refusal this package found (a Semaphore's permits)
 	}
 	var rerr redis.Error
 	if errors.As(err, &rerr) {
@@ -202,6 +209,9 @@ func errCode(msg string) string {
 // one of this package's: ErrUnavailable or ErrMisconfigured, with a one-line
 // message. It is not used for errors of class classNoVerdict.
 func callError(name string, err error) error {
+	if errors.Is(err, ErrMisconfigured) {
+		return err // its message is already this package's
+	}
 	if classify(err) == classMisconfigured {
 		return &opError{msg: ErrMisconfigured.Error() + ": " + advice(name, err), errs: []error{ErrMisconfigured, err}}
 	}

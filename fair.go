@@ -59,6 +59,12 @@ func (d *deployment) queue(ctx context.Context, lease *Lease, ttl time.Duration,
 	if err != nil {
 		return queueReply{}, err
 	}
+	return decodeQueue(reply)
+}
+
+// decodeQueue decodes the reply of queue.lua, and of a kind's own line
+// (semaphore_queue.lua), which answers alike.
+func decodeQueue(reply []any) (queueReply, error) {
 	r := queueReply{pttl: -2}
 	if len(reply) > 0 {
 		r.state, _ = reply[0].(int64)
@@ -384,7 +390,7 @@ func stillBusy(verdict error, name string, pttl time.Duration) *BusyError {
 	b := &BusyError{Name: name, TTL: pttl}
 	var was *BusyError
 	if errors.As(verdict, &was) {
-		b.Owner = was.Owner
+		b.Owner, b.Holders = was.Owner, was.Holders
 	}
 	if pttl < -1 {
 		b.TTL, b.Owner = -3, "fair waiters in line"
@@ -402,10 +408,19 @@ func (l *Locker) keepAlive(ctx context.Context, lease *Lease) chan queueResult {
 	l.bg.add()
 	go func() {
 		defer l.bg.finish()
-		r, err := l.fair.queue(ctx, lease, ttl, queueKeep)
+		r, err := l.queue(ctx, lease, ttl, queueKeep)
 		c <- queueResult{r, err}
 	}()
 	return c
+}
+
+// queue keeps a fair waiter's entry alive, or takes it out (mode), in the
+// line of the lock, or of the lease's own kind if it has one.
+func (l *Locker) queue(ctx context.Context, lease *Lease, ttl time.Duration, mode string) (queueReply, error) {
+	if o, ok := lease.kind.(ownKeys); ok {
+		return o.queue(ctx, lease, ttl, mode)
+	}
+	return l.fair.queue(ctx, lease, ttl, mode)
 }
 
 type queueResult struct {
@@ -421,7 +436,7 @@ type queueResult struct {
 func (l *Locker) leaveQueue(lease *Lease) {
 	ttl := lease.ttl
 	l.giveBack(lease, "leaving the fair queue", func(ctx context.Context) (bool, error) {
-		if _, err := l.fair.queue(ctx, lease, ttl, queueLeave); err != nil {
+		if _, err := l.queue(ctx, lease, ttl, queueLeave); err != nil {
 			return false, callError(lease.name, err)
 		}
 		code, perr, err := lease.runRelease(ctx, modeAbandon)

@@ -19,6 +19,9 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(fairChildEnv); spec != "" {
 		os.Exit(fairChild(spec))
 	}
+	if spec := os.Getenv(semChildEnv); spec != "" {
+		os.Exit(semChild(spec))
+	}
 	goleak.VerifyTestMain(m)
 }
 

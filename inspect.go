@@ -66,6 +66,10 @@ func (l *Lease) TTL(ctx context.Context) (time.Duration, error) {
 		return 0, ErrNotHeld
 	}
 	res, done := call(l.locker, ctx.Done(), nil, func() holdingResult {
+		if o, ok := l.kind.(ownKeys); ok { // a semaphore's permit, ...
+			h, err := o.holding(ctx, l)
+			return holdingResult{h, err}
+		}
 		h, err := l.locker.b.inspect(ctx, l.keys[keyLock], l.keys[keyCounter], false)
 		return holdingResult{h, err}
 	}, nil)

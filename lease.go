@@ -68,7 +68,8 @@ func (l *Lease) Name() string {
 	return l.name
 }
 
-// Key returns the Redis key that holds the lock: KeyPrefix+"{"+name+"}".
+// Key returns the Redis key that holds the lock: KeyPrefix+"{"+name+"}";
+// for a Semaphore's permit, that plus ":sem", its holders.
 func (l *Lease) Key() string {
 	if l == nil {
 		return ""

@@ -275,7 +275,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 	open := co.openSet && co.open // Acquire fails open only when asked to
 	got, err := l.acquireObserved(ctx, name, co, open)
 	if err != nil && open && outage(ctx, err) {
-		return l.degraded(ctx, name, err), nil
+		return l.degraded(ctx, name, co.kind, err), nil
 	}
 	return got, err
 }
@@ -310,7 +310,7 @@ func (l *Locker) acquireWith(ctx context.Context, name string, co callOptions, o
 	defer l.bg.finish()
 	lease := l.newLease(name, co.ttl)
 	if co.kind != nil {
-		lease.kind = co.kind
+		lease.setKind(co.kind)
 	}
 	if co.owner != "" {
 		lease.owner, lease.ownerArg = co.owner, co.owner
@@ -331,13 +331,17 @@ func outage(ctx context.Context, err error) bool {
 	return errors.Is(err, ErrUnavailable) && ctx.Err() == nil
 }
 
-// degraded returns the fail-open stand-in for a lease of name, after an
-// Acquire that failed with err, and logs it at Error level.
-func (l *Locker) degraded(ctx context.Context, name string, err error) *Lease {
+// degraded returns the fail-open stand-in for a lease of name (of k, if
+// not nil), after an Acquire that failed with err, and logs it at Error
+// level.
+func (l *Locker) degraded(ctx context.Context, name string, k kind, err error) *Lease {
 	l.opts.Logger.LogAttrs(ctx, slog.LevelError, "fencelock: redis unavailable, running without the lock (fail-open)",
 		slog.String("lock", name), slog.Any("error", err))
 	lease := &Lease{locker: l, kind: l.b, name: name, degraded: true}
 	lease.keys[keyLock], lease.keys[keyCounter] = l.keys(name)
+	if k != nil {
+		lease.setKind(k)
+	}
 	return lease
 }
 

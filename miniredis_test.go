@@ -1,6 +1,7 @@
 package fencelock
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -54,4 +55,24 @@ func TestMiniExtendKeepsItAlive(t *testing.T) {
 	}
 	assert.Equal(t, 10*time.Second, m.TTL(lease.Key()))
 	require.NoError(t, lease.Release(ctx))
+}
+
+// A server without sharded pub/sub (miniredis, Redis 6.2) answers PUBSUB
+// SHARDNUMSUB with "unknown subcommand": Inspect counts the waiters with
+// PUBSUB NUMSUB instead.
+func TestMiniInspectWithoutShardedPubSub(t *testing.T) {
+	_, l := newMini(t)
+	lease, err := l.Acquire(ctx, "job")
+	require.NoError(t, err)
+	info, err := l.Inspect(ctx, "job")
+	require.NoError(t, err)
+	assert.Equal(t, lease.Fence(), info.Fence)
+	permit, err := l.Semaphore("job", 2).Acquire(ctx)
+	require.NoError(t, err)
+	sinfo, err := l.Semaphore("job", 2).Inspect(ctx)
+	require.NoError(t, err)
+	require.Len(t, sinfo.Holders, 1)
+	assert.Equal(t, permit.Fence(), sinfo.Holders[0].Fence)
+	assert.True(t, isUnknownCommand(errors.New("ERR Unknown subcommand or wrong number of arguments for 'shardnumsub'. Try PUBSUB HELP.")),
+		"Redis 6.2's reply")
 }

@@ -805,5 +805,7 @@ func (h *hub) checkPending(c *conn) (next time.Time) {
 }
 
 func isUnknownCommand(err error) bool {
-	return strings.Contains(strings.ToLower(err.Error()), "unknown command")
+	msg := strings.ToLower(err.Error())
+	// PUBSUB SHARDNUMSUB before Redis 7: "ERR Unknown subcommand ..."
+	return strings.Contains(msg, "unknown command") || strings.Contains(msg, "unknown subcommand")
 }

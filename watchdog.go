@@ -66,7 +66,7 @@ func (l *Locker) run(ctx context.Context, name string,
 		if !open || !outage(ctx, err) {
 			return err
 		}
-		return work(ctx, l.degraded(ctx, name, err))
+		return work(ctx, l.degraded(ctx, name, co.kind, err))
 	}
 
 	workCtx := lease.keepAlive(ctx, true) // renewed until work returns, also after ctx ended

@@ -9,7 +9,9 @@
 // fail over those processes, and check what the lock and its fencing tokens
 // guaranteed: on one Redis deployment (New: scenarios S0-S6) and on five
 // independent ones (NewRedlock: scenarios R0-R4, where each worker reaches
-// each node through a proxy of its own). S0-S3 run twice: with plain
+// each node through a proxy of its own), and for a semaphore of 2 permits
+// (fencelock.Semaphore: scenario N1, the pauses, partitions and restarts of
+// S1, S2 and S5 in turn, with four workers). S0-S3 run twice: with plain
 // waiters (WithWait) and with fair ones (WithWait and WithFair, the
 // workers' Fair setting), on the same faults. GUARANTEES.md at the
 // repository root reports the runs.

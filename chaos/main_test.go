@@ -66,6 +66,7 @@ func TestChaos(t *testing.T) {
 	t.Run("S6_slow_clock_inside", func(t *testing.T) { testS6(t, true) })
 	t.Run("S6_slow_clock_beyond", func(t *testing.T) { testS6(t, false) })
 	t.Run("S6_slow_clock_renewals", testS6Renewals)
+	t.Run("N1_semaphore", testN1)
 	t.Run("R0_redlock_no_fault", testR0)
 	t.Run("R1_redlock_minority_killed", testR1)
 	t.Run("R2_redlock_minority_paused", testR2)

@@ -76,6 +76,7 @@ type workerConfig struct {
 	RedlockAddrs  []string // instead of Addr: NewRedlock over these independent nodes (this worker's proxies to them)
 
 	Lock           string
+	Permits        int // > 0: a permit of the semaphore Lock with this many (fencelock.Semaphore) instead of the lock
 	TTL            time.Duration
 	Wait           time.Duration // WithWait for each attempt
 	Fair           bool          // WithFair too: wait in the lock's line (see variant)

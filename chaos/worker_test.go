@@ -169,11 +169,17 @@ func (w *worker) attempt(ctx context.Context, seq int) {
 	if w.cfg.Fair {
 		opts = append(opts, fencelock.WithFair())
 	}
-	err := w.locker.RunWithLock(ctx, w.cfg.Lock, func(ctx context.Context, lease *fencelock.Lease) error {
+	work := func(ctx context.Context, lease *fencelock.Lease) error {
 		fence, token = lease.Fence(), lease.Token()
 		defer func() { workEnd = wallMicros(time.Now()) }()
 		return w.section(ctx, seq, lease)
-	}, opts...)
+	}
+	var err error
+	if w.cfg.Permits > 0 {
+		err = w.locker.Semaphore(w.cfg.Lock, w.cfg.Permits).RunWithLock(ctx, work, opts...)
+	} else {
+		err = w.locker.RunWithLock(ctx, w.cfg.Lock, work, opts...)
+	}
 	done := time.Now()
 	req := request{Op: "done", W: w.id, Seq: seq, Fence: fence, Wall: wallMicros(done), WorkEnd: workEnd}
 	if token != "" {
@@ -378,6 +384,9 @@ func (h *renewHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			}
 		}
 		token, ok := extendToken(cmd)
+		if !ok && !h.redlock {
+			token, ok = semExtendToken(cmd)
+		}
 		if !ok {
 			return next(ctx, cmd)
 		}
@@ -446,6 +455,25 @@ func grantToken(cmd redis.Cmder) (token string, repair, ok bool) {
 		return string(token), repair, true
 	}
 	return "", false, false
+}
+
+// semExtendToken returns the token of a semaphore's extend script call
+// (semaphore_extend.lua): two keys and two arguments, the second an integer
+// TTL, which no other script of one deployment has (redlock_fence.lua has
+// that shape, and a Redlock worker does not ask).
+func semExtendToken(cmd redis.Cmder) (string, bool) {
+	if _, isCmd := cmd.(*redis.Cmd); !isCmd {
+		return "", false
+	}
+	args := cmd.Args()
+	if len(args) != 7 || (cmd.Name() != "evalsha" && cmd.Name() != "eval") || fmt.Sprint(args[2]) != "2" {
+		return "", false
+	}
+	if _, err := strconv.ParseInt(fmt.Sprint(args[6]), 10, 64); err != nil {
+		return "", false
+	}
+	token, ok := args[5].(string)
+	return token, ok
 }
 
 // extendToken returns the token of an extend script call.

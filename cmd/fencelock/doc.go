@@ -74,7 +74,10 @@
 // master of a Cluster; the fence counters (<prefix>{<name>}:fence), token
 // markers (<prefix>{<name>}:t:<token>) and the lines of fair and Redlock
 // waiters (:q, :qi) next to them are not locks and are not listed. Each
-// lock is then read with Locker.Inspect.
+// lock is then read with Locker.Inspect. The semaphores
+// (fencelock.Semaphore) of matching names that have holders follow, found
+// by their holders' keys (<prefix>{<name>}:sem) and read with
+// Semaphore.Inspect.
 //
 // On a terminal (stdout is a character device) it prints a table:
 //
@@ -83,9 +86,11 @@
 //
 // Otherwise, for cut and awk, one lock a line, tab-separated, without a
 // header: name, owner, TTL in milliseconds (-1: no expiry), fence,
-// waiters. Waiters are counted as fencelock.LockInfo's: Lockers subscribed
-// to the lock's releases, a Locker whose fair wait ended less than a
-// second ago and a running watch included. When no lock matches, it says
+// waiters, then one line per holder of a semaphore, the same five fields
+// and "semaphore <held>/<permits>". Waiters are counted as
+// fencelock.LockInfo's: Lockers subscribed to the lock's releases, a
+// Locker whose fair wait ended less than a second ago and a running watch
+// included. When no lock matches, it says
 // so on stderr. With --json, one document (see JSON). It exits 0 when no
 // lock is held too, and 1 when a lock could not be read (after printing
 // the others).
@@ -98,8 +103,10 @@
 // by whom (Options.Owner or WithOwner), for how long more, with which
 // fence; the last fence issued for the name, kept for FenceRetention after
 // its last acquisition; and how many Lockers wait for it (subscribers of
-// its wake-up channel; a running watch counts as one). It exits 1 when the
-// lock is not held, after printing what it found.
+// its wake-up channel; a running watch counts as one). When the semaphore
+// of the name has holders, it shows each one's owner, fence, TTL left and
+// token. It exits 1 when neither the lock nor a permit of the semaphore is
+// held, after printing what it found.
 //
 // # watch
 //
@@ -166,6 +173,14 @@
 // then it may still be working, which is why the resource must check the
 // fence. It exits 1 when the lock is not held.
 //
+//	fencelock release --force [--yes] --permit TOKEN NAME
+//
+// Frees instead one holder's permit of the semaphore NAME: the holder whose
+// token (shown by inspect) is TOKEN, or starts with it, 8 characters at
+// least. The script (force_release_permit.lua) frees it only if the holder
+// still holds it as read, retires its token and publishes "forced", as
+// above; the holder finds out at its next renewal.
+//
 // # doctor
 //
 //	fencelock doctor [--json] [--ttl D] [--replicas N]
@@ -192,7 +207,11 @@
 //	 "fence": 1764525481123456, "last_fence": 1764525481123456, "waiters": 1}
 //
 // A lock not held has "held": false, "owner": "", "ttl_ms": 0, "fence": 0.
-// ls prints {"prefix": "lock:", "pattern": "*", "locks": [lock, ...]}.
+// ls prints {"prefix": "lock:", "pattern": "*", "locks": [lock, ...],
+// "semaphores": [semaphore, ...]}, a semaphore being {"name", "key",
+// "permits", "holders": [{"token", "owner", "ttl_ms", "fence"}, ...],
+// "last_fence", "waiters"}; inspect adds "semaphore": semaphore to the
+// lock when the semaphore of its name has holders.
 // doctor prints {"critical": n, "warning": n, "info": n, "findings":
 // [{"severity", "check", "node", "seen", "means", "fix"}, ...]} (see
 // fencelock.Finding). watch prints, per event, {"time" (RFC 3339, with

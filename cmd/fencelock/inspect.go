@@ -15,14 +15,20 @@ var inspectCommand = &command{
 held, by which owner (Options.Owner or WithOwner), for how long more, with
 which fence; the last fence issued for the name (kept for FenceRetention
 after its last acquisition); and how many Lockers wait for it. A running
-fencelock watch counts as one waiter.
+fencelock watch counts as one waiter. When the semaphore NAME
+(fencelock.Semaphore) has holders, it shows them too: each one's owner,
+fence, TTL left and token (for release --force --permit).
 
-It exits 1 when the lock is not held, after printing what it found.
+It exits 1 when neither the lock nor a permit of the semaphore is held,
+after printing what it found.
 
 Flags:
 
 	--json             one JSON object: {"name", "key", "held", "owner",
-	                   "ttl_ms", "fence", "last_fence", "waiters"}.
+	                   "ttl_ms", "fence", "last_fence", "waiters"}, and
+	                   "semaphore": {"name", "key", "permits", "holders":
+	                   [{"token", "owner", "ttl_ms", "fence"}, ...],
+	                   "last_fence", "waiters"} when it has holders.
 `,
 }
 
@@ -51,8 +57,21 @@ func runInspect(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return redisError("inspect", &cf, err)
 	}
+	sem, err := s.inspectSemaphore(ctx, name)
+	if err != nil {
+		return redisError("inspect", &cf, err)
+	}
+	semHeld := len(sem.Holders) > 0
 	if *asJSON {
-		if err := writeJSON(e.stdout, toJSON(s.key(name), info)); err != nil {
+		out := struct {
+			lockJSON
+			Semaphore *semJSON `json:"semaphore,omitempty"`
+		}{lockJSON: toJSON(s.key(name), info)}
+		if semHeld {
+			j := semToJSON(s.key(name)+semSuffix, sem)
+			out.Semaphore = &j
+		}
+		if err := writeJSON(e.stdout, out); err != nil {
 			return err
 		}
 	} else {
@@ -79,8 +98,12 @@ func runInspect(ctx context.Context, e *env, args []string) error {
 			fmt.Fprintf(tw, "waiters\t0\n")
 		}
 		_ = tw.Flush()
+		if semHeld {
+			fmt.Fprintln(e.stdout)
+			printSemaphore(e.stdout, s.key(name)+semSuffix, sem)
+		}
 	}
-	if !info.Held {
+	if !info.Held && !semHeld {
 		return &cmdError{code: exitFailed}
 	}
 	return nil

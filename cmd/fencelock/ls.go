@@ -24,17 +24,19 @@ var lsCommand = &command{
 on every master of a Cluster, and reads each with Locker.Inspect: owner,
 TTL left, fence, waiters. Fence counters and token markers are not locks
 and are not listed. Waiters are the subscribers of the lock's wake-up
-channel. A running watch counts as one waiter.
+channel. A running watch counts as one waiter. The semaphores of matching
+names (fencelock.Semaphore) with holders follow, one line per holder.
 
 On a terminal it prints a table; otherwise one lock a line, tab-separated,
 without a header: name, owner, TTL in milliseconds (-1: no expiry), fence,
-waiters; when no lock matches, it says so on stderr. It exits 0 when no
-lock is held, too.
+waiters; then one line per semaphore holder, the same five fields and
+"semaphore <held>/<permits>". When no lock and no semaphore is held, it
+says so on stderr. It exits 0 when no lock is held, too.
 
 Flags:
 
-	--json             one JSON document: {"prefix", "pattern", "locks": [...]},
-	                   each lock as in inspect --json.
+	--json             one JSON document: {"prefix", "pattern", "locks": [...],
+	                   "semaphores": [...]}, each as in inspect --json.
 `,
 }
 
@@ -67,7 +69,7 @@ func runLs(ctx context.Context, e *env, args []string) error {
 	ctx, cancel := cf.withTimeout(ctx)
 	defer cancel()
 
-	names, err := s.scan(ctx, pattern)
+	names, err := s.scan(ctx, pattern, "")
 	if err != nil {
 		return redisError("ls", &cf, err)
 	}
@@ -81,26 +83,44 @@ func runLs(ctx context.Context, e *env, args []string) error {
 			held = append(held, info)
 		}
 	}
+	sems, semErrs, err := s.semaphores(ctx, pattern)
+	if err != nil {
+		return redisError("ls", &cf, err)
+	}
+	errs = append(errs, semErrs...)
 	switch {
 	case *asJSON:
 		out := struct {
-			Prefix  string     `json:"prefix"`
-			Pattern string     `json:"pattern"`
-			Locks   []lockJSON `json:"locks"`
-		}{Prefix: s.prefix, Pattern: pattern, Locks: make([]lockJSON, 0, len(held))}
+			Prefix     string     `json:"prefix"`
+			Pattern    string     `json:"pattern"`
+			Locks      []lockJSON `json:"locks"`
+			Semaphores []semJSON  `json:"semaphores"`
+		}{Prefix: s.prefix, Pattern: pattern, Locks: make([]lockJSON, 0, len(held)), Semaphores: make([]semJSON, 0, len(sems))}
 		for _, info := range held {
 			out.Locks = append(out.Locks, toJSON(s.key(info.Name), info))
+		}
+		for _, info := range sems {
+			out.Semaphores = append(out.Semaphores, semToJSON(s.key(info.Name)+semSuffix, info))
 		}
 		if err := writeJSON(e.stdout, out); err != nil {
 			return err
 		}
 	case e.tty:
-		printTable(e.stdout, held, s.key(pattern))
+		if len(held) > 0 || len(sems) == 0 {
+			printTable(e.stdout, held, s.key(pattern))
+		}
+		if len(sems) > 0 {
+			if len(held) > 0 {
+				fmt.Fprintln(e.stdout)
+			}
+			printSemaphoreTable(e.stdout, sems)
+		}
 	default:
 		for _, info := range held {
 			fmt.Fprintf(e.stdout, "%s\t%s\t%d\t%d\t%d\n", info.Name, info.Owner, ttlMillis(info.TTL), info.Fence, info.Waiters)
 		}
-		if len(held) == 0 && len(errs) == 0 {
+		printSemaphoreLines(e.stdout, sems)
+		if len(held) == 0 && len(sems) == 0 && len(errs) == 0 {
 			// On stderr: stdout, which scripts read, stays empty.
 			e.warn("ls: no lock held matching %s", s.key(pattern))
 		}
@@ -129,9 +149,10 @@ func printTable(w io.Writer, locks []fencelock.LockInfo, match string) {
 }
 
 // scan returns the names of the lock keys that match pattern, sorted, from
-// SCAN on every master.
-func (s *session) scan(ctx context.Context, pattern string) ([]string, error) {
-	match := globEscape(s.prefix) + "{" + pattern + "}"
+// SCAN on every master; with suffix, of the keys that are a lock key plus
+// suffix (":sem", a semaphore's holders).
+func (s *session) scan(ctx context.Context, pattern, suffix string) ([]string, error) {
+	match := globEscape(s.prefix) + "{" + pattern + "}" + globEscape(suffix)
 	var (
 		mu    sync.Mutex // ForEachMaster calls concurrently
 		names = map[string]struct{}{}
@@ -145,7 +166,8 @@ func (s *session) scan(ctx context.Context, pattern string) ([]string, error) {
 			}
 			mu.Lock()
 			for _, k := range keys {
-				if name, ok := s.nameOf(k); ok {
+				lockKey, ok := strings.CutSuffix(k, suffix)
+				if name, isLock := s.nameOf(lockKey); ok && isLock {
 					names[name] = struct{}{} // SCAN may return a key twice
 				}
 			}

@@ -14,7 +14,7 @@ import (
 
 var releaseCommand = &command{
 	name:     "release",
-	synopsis: "--force [--yes] [flags] NAME",
+	synopsis: "--force [--yes] [--permit TOKEN] [flags] NAME",
 	list:     "--force NAME",
 	short:    "delete a lock whoever holds it",
 	help: `Deletes the lock NAME whoever holds it: for a holder that is stuck and
@@ -33,10 +33,17 @@ fence.
 
 It exits 1 when the lock is not held.
 
+With --permit TOKEN it frees instead one holder's permit of the semaphore
+NAME (fencelock.Semaphore): the holder whose token is TOKEN, or starts with
+it (8 characters at least; inspect shows them), if it still holds the
+permit as read. As for a lock, its token is retired, the semaphore's
+waiters are woken, and the holder finds out at its next renewal.
+
 Flags:
 
 	--force            required: delete the lock whoever holds it.
 	--yes              really delete it.
+	--permit TOKEN     free the semaphore NAME's permit held by TOKEN.
 `,
 }
 
@@ -61,6 +68,7 @@ func runRelease(ctx context.Context, e *env, args []string) error {
 	fs := newFlagSet("release", &cf)
 	force := fs.Bool("force", false, "")
 	yes := fs.Bool("yes", false, "")
+	permit := fs.String("permit", "", "")
 	pos, err := parse(e, releaseCommand, fs, args)
 	if err != nil {
 		return err
@@ -79,6 +87,9 @@ func runRelease(ctx context.Context, e *env, args []string) error {
 	defer s.close()
 	ctx, cancel := cf.withTimeout(ctx)
 	defer cancel()
+	if *permit != "" {
+		return releasePermit(ctx, e, s, &cf, name, *permit, *yes)
+	}
 
 	key := s.key(name)
 	for try := range forceTries {

@@ -1,0 +1,387 @@
+package fencelock
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// A Semaphore lets at most its number of permits hold a name at once. Each
+// Acquire takes one permit as an ordinary Lease (its own token, TTL,
+// Deadline, fence, Extend, Release, watchdog), with the options of a lock's
+// Acquire; GUARANTEES.md ("Semaphores") explains how. It is safe for
+// concurrent use.
+type Semaphore struct {
+	l       *Locker
+	d       *deployment // where the permits are kept
+	name    string
+	permits int
+	err     error // why its calls fail with no Redis call (ErrInvalid); nil when usable
+
+	keys       [nKeys]string // its leases' keys, but the token marker
+	keyArgs    [nKeys]any    // keys, boxed once
+	marker     string        // the token markers' prefix, P{name}:sem:t:
+	info       any           // the info key, P{name}:sem:h, boxed
+	permitsArg any
+	// wakeWindow is how long, in ms, the releases after a plain waiter
+	// found all permits taken publish a wake-up: longer than its pause
+	// (MaxRetryBackoff at most) and its next attempt (AttemptTimeout).
+	wakeWindow any
+}
+
+var _ ownKeys = (*Semaphore)(nil)
+
+// The semaphore's scripts, each after prelude.lua and semaphore_prelude.lua.
+var (
+	semAcquireScript = newSemaphoreScript("semaphore_acquire")
+	semReleaseScript = newSemaphoreScript("semaphore_release")
+	semExtendScript  = newSemaphoreScript("semaphore_extend")
+	semQueueScript   = newSemaphoreScript("semaphore_queue")
+	semInspectScript = newSemaphoreScript("semaphore_inspect")
+)
+
+// newSemaphoreScript is newScript with the functions of a semaphore's
+// scripts between the prelude and the script.
+func newSemaphoreScript(name string) *script {
+	src := readLua("prelude") + "\n" + readLua("semaphore_prelude") + "\n" + readLua(name)
+	sum := sha1.Sum([]byte(src))
+	return &script{name: name, src: src, hash: hex.EncodeToString(sum[:])}
+}
+
+// Semaphore returns the semaphore called name with permits permits, making
+// no Redis call. Its calls fail with ErrInvalid, with no Redis call, for an
+// empty name or one containing '{' or '}', for permits < 1, and on a
+// NewRedlock Locker, whose nodes would each count holders on their own.
+func (l *Locker) Semaphore(name string, permits int) *Semaphore {
+	s := &Semaphore{l: l, name: name, permits: permits, permitsArg: strconv.Itoa(permits)}
+	if s.err = l.usable(); s.err != nil {
+		return s
+	}
+	if s.err = checkName(name); s.err != nil {
+		return s
+	}
+	if permits < 1 {
+		s.err = invalidf("semaphore %q: permits %d is less than 1", name, permits)
+		return s
+	}
+	switch b := l.b.(type) {
+	case *deployment:
+		s.d = b
+	case *quorum:
+		// GUARANTEES.md ("Semaphores"): a quorum semaphore would be safe
+		// only if every node had to grant each permit.
+		s.err = invalidf("semaphore %q on a NewRedlock Locker: its %d nodes would each count holders on their own, "+
+			"so up to %d holders (nodes × permits / quorum) could each win a quorum; use New", name, len(b.nodes), len(b.nodes)*permits/b.n)
+		return s
+	default:
+		s.err = invalidf("semaphore %q: not on a Locker of New", name)
+		return s
+	}
+	// P{name}:sem and the keys after it: the lock's hash tag, none of the
+	// lock's keys (P{name}, P{name}:fence, P{name}:t:<token>, P{name}:q,
+	// P{name}:qi).
+	base := l.opts.KeyPrefix + "{" + name + "}:sem"
+	s.keys[keyLock] = base
+	s.keys[keyCounter] = base + ":fence"
+	s.keys[keyQueue] = base + ":q"
+	s.keys[keyQueueInfo] = base + ":qi"
+	for i, k := range s.keys {
+		s.keyArgs[i] = k
+	}
+	s.marker, s.info = base+":t:", base+":h"
+	s.wakeWindow = ttlMillis(l.opts.MaxRetryBackoff + l.opts.AttemptTimeout)
+	return s
+}
+
+// Acquire takes one permit and returns its Lease, as Locker.Acquire takes a
+// lock, with the same options and errors; all permits taken is
+// ErrNotObtained, a *BusyError whose TTL is when the first permit expires.
+// Holders that use another number of permits make it fail with
+// ErrMisconfigured, naming both numbers, until none of them is left.
+func (s *Semaphore) Acquire(ctx context.Context, opts ...Option) (*Lease, error) {
+	if err := s.usable(); err != nil {
+		return nil, err
+	}
+	return s.l.Acquire(ctx, s.name, s.with(opts)...)
+}
+
+// RunWithLock takes one permit as Acquire does and runs work while a
+// watchdog renews its lease, as Locker.RunWithLock does for a lock: work's
+// context is cancelled with cause ErrLost once the permit is no longer
+// certainly held, and the permit is given back when work returns.
+func (s *Semaphore) RunWithLock(ctx context.Context, work func(ctx context.Context, lease *Lease) error, opts ...Option) error {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	return s.l.RunWithLock(ctx, s.name, work, s.with(opts)...)
+}
+
+func (s *Semaphore) usable() error {
+	if s == nil {
+		return invalidf("nil Semaphore")
+	}
+	return s.err
+}
+
+// with returns opts and the option that makes a call take a permit of s, in
+// a slice of their own.
+func (s *Semaphore) with(opts []Option) []Option {
+	return append(opts[:len(opts):len(opts)], withKind(s))
+}
+
+// setKeys gives lease the semaphore's keys in place of the lock's.
+func (s *Semaphore) setKeys(lease *Lease) {
+	lease.keys, lease.keyArgs = s.keys, s.keyArgs
+	lease.keys[keyMarker] = s.marker + lease.token
+	lease.keyArgs[keyMarker] = lease.keys[keyMarker]
+}
+
+// allKeys returns the KEYS of the acquire and release scripts for lease.
+func (s *Semaphore) allKeys(lease *Lease) []any {
+	return append(lease.keyArgs[:nKeys:nKeys], s.info)
+}
+
+func (s *Semaphore) acquire(ctx context.Context, lease *Lease) attempt {
+	d := s.d
+	fair := "0"
+	if lease.fair {
+		fair = "1"
+	}
+	reply, err := d.run(ctx, semAcquireScript, false, s.allKeys(lease), lease.tokenArg,
+		d.l.ttlArg(lease.ttl), d.l.retentionMillis, lease.ownerArg, fair, queueEntryMillis, s.permitsArg, s.wakeWindow)
+	if err != nil && reply == nil { // the script did not run, or its reply was lost
+		return attempt{err: err}
+	}
+	// As for a lock (deployment.acquire): a permit was taken only when the
+	// script says so; any other answer stands whatever WAIT said.
+	r, derr := s.decodeAcquire(reply)
+	switch {
+	case err != nil && (r.ok || errors.Is(derr, errReply)):
+		if isReplicaShort(err) {
+			d.l.abandon(lease)
+			return attempt{err: err, retire: true}
+		}
+		return attempt{err: err}
+	case derr != nil:
+		return attempt{err: derr}
+	case r.ok:
+		return attempt{ok: true, fence: r.fence}
+	case r.pttl < 0: // a permit is free, but fair waiters are in line first
+		return attempt{pttl: -3, owner: "fair waiters in line"}
+	}
+	return attempt{pttl: r.pttl, owner: r.owner, holders: r.holders}
+}
+
+// semAcquireReply is semaphore_acquire.lua's reply.
+type semAcquireReply struct {
+	ok      bool
+	fence   int64
+	pttl    time.Duration // of the first permit to expire; -3: free, fair waiters first
+	holders int
+	owner   string // the first permit's to expire
+}
+
+// decodeAcquire decodes semaphore_acquire.lua's reply: {1, fence}, {0,
+// pttl, holders, owner}, {2} for a retired token or {3, permits} for holders
+// with another number of permits, which read as errors.
+func (s *Semaphore) decodeAcquire(reply any) (semAcquireReply, error) {
+	arr, _ := reply.([]any)
+	var flag int64
+	if len(arr) > 0 {
+		flag, _ = arr[0].(int64)
+	}
+	switch {
+	case flag == 0 && len(arr) == 4:
+		pttl, ok1 := arr[1].(int64)
+		n, ok2 := arr[2].(int64)
+		owner, ok3 := arr[3].(string)
+		if ok1 && ok2 && ok3 {
+			return semAcquireReply{pttl: time.Duration(pttl) * time.Millisecond, holders: int(n), owner: owner}, nil
+		}
+	case flag == 1 && len(arr) == 2:
+		f, _ := arr[1].(string)
+		if fence, err := strconv.ParseInt(f, 10, 64); err == nil && fence > 0 {
+			return semAcquireReply{ok: true, fence: fence}, nil
+		}
+	case flag == 2 && len(arr) == 1:
+		return semAcquireReply{}, errRetired
+	case flag == 3 && len(arr) == 2:
+		used, _ := arr[1].(string)
+		if n, err := strconv.Atoi(used); err == nil {
+			return semAcquireReply{}, &permitsError{name: s.name, used: n, want: s.permits}
+		}
+	}
+	return semAcquireReply{}, fmt.Errorf("%w from the semaphore's acquire script: %v", errReply, reply)
+}
+
+// A permitsError is an Acquire whose Semaphore has another number of
+// permits than the name's holders use.
+type permitsError struct {
+	name       string
+	used, want int
+}
+
+func (e *permitsError) Error() string {
+	return fmt.Sprintf("%s: semaphore %q is held with %d permits, this Semaphore has %d: "+
+		"give every Semaphore of a name one number (a new one counts once no holder is left)",
+		ErrMisconfigured.Error(), e.name, e.used, e.want)
+}
+
+// Is reports whether target is ErrMisconfigured.
+func (e *permitsError) Is(target error) bool { return target == ErrMisconfigured }
+
+func (s *Semaphore) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
+	reply, err := s.d.run(ctx, semExtendScript, renewal, []any{lease.keyArgs[keyLock], s.info}, lease.tokenArg, s.d.l.ttlArg(ttl))
+	if err != nil && reply == nil {
+		return 0, err
+	}
+	code, ok := reply.(int64)
+	switch {
+	case err != nil && (!ok || code == 1):
+		return 0, err // set (or unknown), but too few replicas have it
+	case !ok || (code != 0 && code != 1):
+		return 0, fmt.Errorf("%w from the semaphore's extend script: %v", errReply, reply)
+	}
+	return code, nil
+}
+
+func (s *Semaphore) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
+	d := s.d
+	markerTTL := d.l.releaseTimeoutMillis
+	if mode != modeRelease {
+		markerTTL = d.abandonMarkerMillis(lease) // a late attempt is refused for as long as its permit would live
+	}
+	reply, err := evalScript(ctx, d.client, semReleaseScript, false, s.allKeys(lease),
+		[]any{lease.tokenArg, d.channelArg(lease), mode, markerTTL, d.l.retentionMillis}).Result()
+	if err != nil {
+		return 0, nil, err
+	}
+	return decodeRelease(reply)
+}
+
+func (s *Semaphore) queue(ctx context.Context, lease *Lease, ttl time.Duration, mode string) (queueReply, error) {
+	reply, err := evalScript(ctx, s.d.client, semQueueScript, false,
+		[]any{lease.keyArgs[keyLock], lease.keyArgs[keyQueue], lease.keyArgs[keyQueueInfo], s.info},
+		[]any{lease.tokenArg, mode, queueEntryMillis, s.d.l.ttlArg(ttl), lease.ownerArg, s.permitsArg}).Slice()
+	if err != nil {
+		return queueReply{}, err
+	}
+	return decodeQueue(reply)
+}
+
+// holding reads lease's permit for Lease.TTL: its value as a lock's,
+// "<token> <fence> <owner>", or "" when it holds none.
+func (s *Semaphore) holding(ctx context.Context, lease *Lease) (holding, error) {
+	r, err := s.read(ctx)
+	if err != nil {
+		return holding{}, err
+	}
+	for _, h := range r.holders {
+		if h.Token == lease.token {
+			return holding{value: h.Token + " " + strconv.FormatInt(h.Fence, 10) + " " + h.Owner, pttl: h.TTL}, nil
+		}
+	}
+	return holding{}, nil
+}
+
+// SemaphoreInfo is what Semaphore.Inspect found about a semaphore.
+type SemaphoreInfo struct {
+	Name string
+	// Permits is the number of permits the holders use; the Semaphore's
+	// own when nobody holds one.
+	Permits int
+	// Holders are the permits held, oldest fence first.
+	Holders []HolderInfo
+	// LastFence is the last fence issued for the semaphore, kept for
+	// FenceRetention after its last acquisition; 0 when none is kept.
+	LastFence int64
+	// Waiters is how many Lockers wait for a permit, counted as
+	// LockInfo.Waiters is.
+	Waiters int
+}
+
+// HolderInfo is one holder of a semaphore's permit.
+type HolderInfo struct {
+	Token string        // the holder's Lease.Token
+	Owner string        // its Options.Owner or WithOwner
+	TTL   time.Duration // left on the server
+	Fence int64
+}
+
+// Inspect reads the semaphore without changing it: its permits, who holds
+// them with which fence and for how long, the last fence issued, and how
+// many Lockers wait. It returns ErrInvalid as Acquire does, ErrUnavailable
+// or ErrMisconfigured when Redis could not answer, or an error matching
+// ctx.Err() when ctx ended first.
+func (s *Semaphore) Inspect(ctx context.Context) (SemaphoreInfo, error) {
+	if err := s.usable(); err != nil {
+		return SemaphoreInfo{}, err
+	}
+	type result struct {
+		r       semRead
+		waiters int
+		err     error
+	}
+	res, done := call(s.l, ctx.Done(), nil, func() result {
+		r, err := s.read(ctx)
+		if err != nil {
+			return result{err: err}
+		}
+		n, err := s.d.subscribers(ctx, s.d.channel(s.keys[keyLock]))
+		return result{r, n, err}
+	}, nil)
+	switch {
+	case !done || (res.err != nil && (classify(res.err) == classNoVerdict || ctxErr(ctx) != nil)):
+		return SemaphoreInfo{}, ctxEnded(ctx, fmt.Sprintf("inspect semaphore %q", s.name))
+	case res.err != nil:
+		return SemaphoreInfo{}, callError(s.name, res.err)
+	}
+	info := SemaphoreInfo{Name: s.name, Permits: s.permits, Holders: res.r.holders, LastFence: res.r.counter, Waiters: res.waiters}
+	if res.r.permits > 0 {
+		info.Permits = res.r.permits
+	}
+	return info, nil
+}
+
+// semRead is what semaphore_inspect.lua read.
+type semRead struct {
+	permits int // the holders'; 0 when none holds one
+	counter int64
+	holders []HolderInfo // oldest fence first
+}
+
+func (s *Semaphore) read(ctx context.Context) (semRead, error) {
+	reply, err := evalScript(ctx, s.d.client, semInspectScript, false,
+		[]any{s.keyArgs[keyLock], s.info, s.keyArgs[keyCounter]}, nil).Slice()
+	if err != nil {
+		return semRead{}, err
+	}
+	bad := fmt.Errorf("%w from the semaphore's inspect script: %v", errReply, reply)
+	if len(reply) != 3 {
+		return semRead{}, bad
+	}
+	permits, ok1 := reply[0].(string)
+	counter, ok2 := reply[1].(string)
+	items, ok3 := reply[2].([]any)
+	if !ok1 || !ok2 || !ok3 || len(items)%3 != 0 {
+		return semRead{}, bad
+	}
+	var r semRead
+	r.permits, _ = strconv.Atoi(permits)
+	r.counter, _ = strconv.ParseInt(counter, 10, 64)
+	for i := 0; i < len(items); i += 3 {
+		token, _ := items[i].(string)
+		pttl, _ := items[i+1].(int64)
+		value, _ := items[i+2].(string)
+		_, fence, owner := parseValue("x " + value)
+		r.holders = append(r.holders, HolderInfo{Token: token, Owner: owner, TTL: time.Duration(pttl) * time.Millisecond, Fence: fence})
+	}
+	slices.SortFunc(r.holders, func(a, b HolderInfo) int { return cmp.Compare(a.Fence, b.Fence) })
+	return r, nil
+}

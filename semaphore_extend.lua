@@ -1,0 +1,20 @@
+-- semaphore_extend: reset a permit's expiry only if this token holds it. It
+-- never gives back a permit that has expired.
+--
+-- KEYS[1]  holders, lock:{name}:sem (see semaphore_acquire.lua)
+-- KEYS[2]  info, lock:{name}:sem:h
+-- ARGV[1]  token
+-- ARGV[2]  ttl, milliseconds
+--
+-- Returns 1 when the expiry was set, 0 when the token holds no permit
+-- (expired, given back or taken away).
+
+local _, nowMs = clock()
+local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not expiry or tonumber(expiry) < nowMs then
+	return 0
+end
+redis.call('ZADD', KEYS[1], nowMs + tonumber(ARGV[2]), ARGV[1])
+keepFor(KEYS[1], ARGV[2])
+keepFor(KEYS[2], ARGV[2])
+return 1

@@ -1,0 +1,21 @@
+-- semaphore_inspect: read a semaphore without changing anything.
+--
+-- KEYS[1]  holders, lock:{name}:sem (see semaphore_acquire.lua)
+-- KEYS[2]  info, lock:{name}:sem:h
+-- KEYS[3]  fence counter, lock:{name}:sem:fence
+--
+-- Returns {permits, counter, holders}, read in one atomic step: the permits
+-- the holders use ('' when none holds one), the counter ('' when there is
+-- none), and for each holder whose permit has not expired its token, its
+-- PTTL in milliseconds and its "<fence> <owner>", three items each.
+
+local _, nowMs = clock()
+local live = redis.call('ZRANGE', KEYS[1], nowMs, '+inf', 'BYSCORE', 'WITHSCORES')
+local holders = {}
+for i = 1, #live, 2 do
+	holders[#holders + 1] = live[i]
+	holders[#holders + 1] = tonumber(live[i + 1]) - nowMs
+	holders[#holders + 1] = redis.call('HGET', KEYS[2], live[i]) or ''
+end
+local permits = #live > 0 and redis.call('HGET', KEYS[2], 'n') or ''
+return {permits, redis.call('GET', KEYS[3]) or '', holders}
