@@ -70,7 +70,11 @@ func (a *acquisition) failed(at attempt) (refused bool) {
 
 // busy records at, an answer to the attempt sent at sent, as the verdict.
 func (a *acquisition) busy(at attempt, sent time.Time) {
-	a.verdict = a.seen.see(&BusyError{Name: a.lease.name, Owner: at.owner, TTL: at.pttl}, sent)
+	name := a.lease.name
+	if at.name != "" {
+		name = at.name
+	}
+	a.verdict = a.seen.see(&BusyError{Name: name, Owner: at.owner, TTL: at.pttl}, sent)
 }
 
 // rotate gives the call a new token, which a clean-up of the old one, or a

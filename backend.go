@@ -61,6 +61,7 @@ type attempt struct {
 	fence int64
 	pttl  time.Duration // the holder's, when busy; -1: no expiry
 	owner string        // the holder's, when busy
+	name  string        // the name found busy, when a lease stands for several (AcquireAll); "": its own
 	err   error
 	// retire: the try may have taken the lock somewhere without getting
 	// it (a quorum not reached, too few replicas); the backend is giving
