@@ -81,8 +81,7 @@ func (a *acquisition) busy(at attempt, sent time.Time) {
 // late copy of one of its attempts, cannot touch.
 func (a *acquisition) rotate() {
 	old := a.lease
-	a.lease = a.l.newLease(old.name, old.ttl)
-	a.lease.kind = old.kind
+	a.lease = a.l.leaseOf(old.kind, old.name, old.ttl)
 	a.lease.owner, a.lease.ownerArg, a.lease.line, a.lease.fair = old.owner, old.ownerArg, old.line, old.fair
 	a.unsure = false
 }

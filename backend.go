@@ -25,6 +25,21 @@ type kind interface {
 	release(ctx context.Context, lease *Lease, mode string) (code int64, perr, err error)
 }
 
+// A keyed kind keeps its leases at keys of its own (a read-write lock's
+// shares, say), sharing the name's hash tag: it sets them on each new
+// lease of the kind (see Locker.leaseOf).
+type keyed interface {
+	kind
+	setKeys(lease *Lease)
+}
+
+// A waking kind brings the wake-ups of its waiting Acquire calls, as its
+// releases publish them on a channel of its own (see wakeup).
+type waking interface {
+	kind
+	wakeup(lease *Lease) wakeup
+}
+
 // A backend is where the locks are kept: one Redis deployment (New), or a
 // quorum of independent ones (NewRedlock). Everything else of a lease's
 // life (deadlines, the watchdog, waiting, retries, the clean-ups in the
