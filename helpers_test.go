@@ -19,6 +19,9 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(fairChildEnv); spec != "" {
 		os.Exit(fairChild(spec))
 	}
+	if spec := os.Getenv(rwChildEnv); spec != "" {
+		os.Exit(rwChild(spec))
+	}
 	goleak.VerifyTestMain(m)
 }
 
