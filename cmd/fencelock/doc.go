@@ -74,7 +74,9 @@
 // master of a Cluster; the fence counters (<prefix>{<name>}:fence), token
 // markers (<prefix>{<name>}:t:<token>) and the lines of fair and Redlock
 // waiters (:q, :qi) next to them are not locks and are not listed. Each
-// lock is then read with Locker.Inspect.
+// lock is then read with Locker.Inspect. Read-write locks (RWLock) are found
+// by their writer key (<prefix>{<name>}:rw:w) or readers' index (:rw:r),
+// and read with RWLock.Inspect.
 //
 // On a terminal (stdout is a character device) it prints a table:
 //
@@ -86,7 +88,9 @@
 // waiters. Waiters are counted as fencelock.LockInfo's: Lockers subscribed
 // to the lock's releases, a Locker whose fair wait ended less than a
 // second ago and a running watch included. When no lock matches, it says
-// so on stderr. With --json, one document (see JSON). It exits 0 when no
+// so on stderr. Read-write locks in use follow, one holder a line: the same
+// five fields, the writers waiting in place of waiters, and a sixth, shared
+// or exclusive. With --json, one document (see JSON). It exits 0 when no
 // lock is held too, and 1 when a lock could not be read (after printing
 // the others).
 //
@@ -98,8 +102,10 @@
 // by whom (Options.Owner or WithOwner), for how long more, with which
 // fence; the last fence issued for the name, kept for FenceRetention after
 // its last acquisition; and how many Lockers wait for it (subscribers of
-// its wake-up channel; a running watch counts as one). It exits 1 when the
-// lock is not held, after printing what it found.
+// its wake-up channel; a running watch counts as one). When the read-write
+// lock of the name is in use, its writer, readers (owner, TTL, fence) and
+// waiting writers follow. It exits 1 when neither is held, after printing
+// what it found.
 //
 // # watch
 //
@@ -192,7 +198,11 @@
 //	 "fence": 1764525481123456, "last_fence": 1764525481123456, "waiters": 1}
 //
 // A lock not held has "held": false, "owner": "", "ttl_ms": 0, "fence": 0.
-// ls prints {"prefix": "lock:", "pattern": "*", "locks": [lock, ...]}.
+// A read-write lock: {"name", "key" (the prefix of its keys,
+// "lock:{catalogue}:rw"), "writer" (null, or {"owner", "ttl_ms", "fence"}),
+// "readers" (a list of those), "writers_waiting", "last_fence"}; inspect
+// adds it to the lock as "rwlock" when it is in use. ls prints {"prefix":
+// "lock:", "pattern": "*", "locks": [lock, ...], "rwlocks": [rwlock, ...]}.
 // doctor prints {"critical": n, "warning": n, "info": n, "findings":
 // [{"severity", "check", "node", "seen", "means", "fix"}, ...]} (see
 // fencelock.Finding). watch prints, per event, {"time" (RFC 3339, with
@@ -203,7 +213,8 @@
 // # Exit status
 //
 //	0  done
-//	1  not found or refused: a lock that is not held (inspect, release),
+//	1  not found or refused: a lock that is not held (inspect: neither it
+//	   nor the read-write lock of the name; release),
 //	   release without --yes, a critical doctor finding, Redis unreachable
 //	   or refusing (a password, an ACL), --timeout passed
 //	2  usage: an unknown command or flag, a missing or extra argument, a

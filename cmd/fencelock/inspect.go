@@ -17,12 +17,17 @@ which fence; the last fence issued for the name (kept for FenceRetention
 after its last acquisition); and how many Lockers wait for it. A running
 fencelock watch counts as one waiter.
 
-It exits 1 when the lock is not held, after printing what it found.
+When the read-write lock (RWLock) of the name is in use, its writer,
+readers and waiting writers follow.
+
+It exits 1 when neither is held, after printing what it found.
 
 Flags:
 
 	--json             one JSON object: {"name", "key", "held", "owner",
-	                   "ttl_ms", "fence", "last_fence", "waiters"}.
+	                   "ttl_ms", "fence", "last_fence", "waiters"}, and
+	                   "rwlock": {"name", "key", "writer", "readers",
+	                   "writers_waiting", "last_fence"} when it is in use.
 `,
 }
 
@@ -51,8 +56,17 @@ func runInspect(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return redisError("inspect", &cf, err)
 	}
+	rw, err := s.locker.RWLock(name).Inspect(ctx)
+	if err != nil {
+		return redisError("inspect", &cf, err)
+	}
 	if *asJSON {
-		if err := writeJSON(e.stdout, toJSON(s.key(name), info)); err != nil {
+		out := inspectJSON{lockJSON: toJSON(s.key(name), info)}
+		if rwInUse(rw) {
+			j := rwToJSON(s.rwKey(name), rw)
+			out.RWLock = &j
+		}
+		if err := writeJSON(e.stdout, out); err != nil {
 			return err
 		}
 	} else {
@@ -79,8 +93,11 @@ func runInspect(ctx context.Context, e *env, args []string) error {
 			fmt.Fprintf(tw, "waiters\t0\n")
 		}
 		_ = tw.Flush()
+		if rwInUse(rw) {
+			printRWInspect(e.stdout, s.rwKey(name), rw)
+		}
 	}
-	if !info.Held {
+	if !info.Held && !rwInUse(rw) {
 		return &cmdError{code: exitFailed}
 	}
 	return nil

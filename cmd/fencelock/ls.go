@@ -31,10 +31,13 @@ without a header: name, owner, TTL in milliseconds (-1: no expiry), fence,
 waiters; when no lock matches, it says so on stderr. It exits 0 when no
 lock is held, too.
 
+Read-write locks (RWLock) in use follow, one holder a line: the same five
+fields (waiters: the writers waiting), and a sixth, shared or exclusive.
+
 Flags:
 
-	--json             one JSON document: {"prefix", "pattern", "locks": [...]},
-	                   each lock as in inspect --json.
+	--json             one JSON document: {"prefix", "pattern", "locks": [...],
+	                   "rwlocks": [...]}, each as in inspect --json.
 `,
 }
 
@@ -72,6 +75,8 @@ func runLs(ctx context.Context, e *env, args []string) error {
 		return redisError("ls", &cf, err)
 	}
 	infos, errs := inspectAll(ctx, s.locker, names)
+	rwlocks, rwErrs := lsRWLocks(ctx, s, pattern)
+	errs = append(errs, rwErrs...)
 	if ctx.Err() != nil {
 		return redisError("ls", &cf, ctx.Err())
 	}
@@ -84,23 +89,29 @@ func runLs(ctx context.Context, e *env, args []string) error {
 	switch {
 	case *asJSON:
 		out := struct {
-			Prefix  string     `json:"prefix"`
-			Pattern string     `json:"pattern"`
-			Locks   []lockJSON `json:"locks"`
-		}{Prefix: s.prefix, Pattern: pattern, Locks: make([]lockJSON, 0, len(held))}
+			Prefix  string       `json:"prefix"`
+			Pattern string       `json:"pattern"`
+			Locks   []lockJSON   `json:"locks"`
+			RWLocks []rwlockJSON `json:"rwlocks"`
+		}{Prefix: s.prefix, Pattern: pattern, Locks: make([]lockJSON, 0, len(held)), RWLocks: []rwlockJSON{}}
 		for _, info := range held {
 			out.Locks = append(out.Locks, toJSON(s.key(info.Name), info))
+		}
+		for _, info := range rwlocks {
+			out.RWLocks = append(out.RWLocks, rwToJSON(s.rwKey(info.Name), info))
 		}
 		if err := writeJSON(e.stdout, out); err != nil {
 			return err
 		}
 	case e.tty:
 		printTable(e.stdout, held, s.key(pattern))
+		printRWTable(e.stdout, rwlocks)
 	default:
 		for _, info := range held {
 			fmt.Fprintf(e.stdout, "%s\t%s\t%d\t%d\t%d\n", info.Name, info.Owner, ttlMillis(info.TTL), info.Fence, info.Waiters)
 		}
-		if len(held) == 0 && len(errs) == 0 {
+		printRWLines(e.stdout, rwlocks)
+		if len(held) == 0 && len(rwlocks) == 0 && len(errs) == 0 {
 			// On stderr: stdout, which scripts read, stays empty.
 			e.warn("ls: no lock held matching %s", s.key(pattern))
 		}
@@ -131,7 +142,12 @@ func printTable(w io.Writer, locks []fencelock.LockInfo, match string) {
 // scan returns the names of the lock keys that match pattern, sorted, from
 // SCAN on every master.
 func (s *session) scan(ctx context.Context, pattern string) ([]string, error) {
-	match := globEscape(s.prefix) + "{" + pattern + "}"
+	return s.scanMatching(ctx, globEscape(s.prefix)+"{"+pattern+"}", s.nameOf)
+}
+
+// scanMatching returns the names that nameOf finds in the keys matching
+// match, sorted, from SCAN on every master.
+func (s *session) scanMatching(ctx context.Context, match string, nameOf func(key string) (string, bool)) ([]string, error) {
 	var (
 		mu    sync.Mutex // ForEachMaster calls concurrently
 		names = map[string]struct{}{}
@@ -145,7 +161,7 @@ func (s *session) scan(ctx context.Context, pattern string) ([]string, error) {
 			}
 			mu.Lock()
 			for _, k := range keys {
-				if name, ok := s.nameOf(k); ok {
+				if name, ok := nameOf(k); ok {
 					names[name] = struct{}{} // SCAN may return a key twice
 				}
 			}
@@ -209,8 +225,14 @@ func globEscape(s string) string {
 // inspectAll inspects the named locks, a few at a time, and returns their
 // infos in order (a zero one where it failed) and the errors.
 func inspectAll(ctx context.Context, l *fencelock.Locker, names []string) ([]fencelock.LockInfo, []error) {
+	return inspectEach(names, func(name string) (fencelock.LockInfo, error) { return l.Inspect(ctx, name) })
+}
+
+// inspectEach calls inspect for each name, a few at a time, and returns
+// the results in order (a zero one where it failed) and the errors.
+func inspectEach[T any](names []string, inspect func(name string) (T, error)) ([]T, []error) {
 	const parallel = 8
-	infos := make([]fencelock.LockInfo, len(names))
+	infos := make([]T, len(names))
 	errs := make([]error, len(names))
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, parallel)
@@ -218,7 +240,7 @@ func inspectAll(ctx context.Context, l *fencelock.Locker, names []string) ([]fen
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			infos[i], errs[i] = l.Inspect(ctx, name)
+			infos[i], errs[i] = inspect(name)
 		})
 	}
 	wg.Wait()
