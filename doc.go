@@ -75,6 +75,16 @@
 // the first live waiter in the same script, fence and all, and a plain
 // Acquire never jumps the line ("How fair waiting works").
 //
+// # Read-write locks and several names
+//
+// Locker.RWLock returns a read-write lock: any number of shared leases
+// (AcquireShared) or one exclusive lease (Acquire), never both; a writer
+// that waits stops new readers, and fences increase across all its leases
+// ("Read-write locks"). Locker.AcquireAll takes several names, all or none:
+// in one script where they share a deployment or a Cluster slot, else one
+// by one in sorted order, so that overlapping calls never wait for each
+// other in a circle ("Several names at once").
+//
 // # Degraded runs
 //
 // Options.FailOpen, or WithFailOpen per call, runs the work on a degraded
@@ -111,6 +121,7 @@ package fencelock
 //
 //	API        lock.go (Locker, New, Close, Acquire's plain wait), lease.go (Lease),
 //	           watchdog.go (RunWithLock, KeepAlive), inspect.go, check.go, options.go
+//	kinds      rwlock.go (RWLock: a kind, rwlock_*.lua), multi.go (AcquireAll, RunWithLocks)
 //	waiting    fair.go (fair line), redlock.go's line (Redlock line), wait.go
 //	           (pub/sub: one hub goroutine per node, wake-ups to waiters)
 //	seam       backend.go: backend (acquire, extend, release, inspect, register,

@@ -26,20 +26,17 @@ const maxNames = 1000
 var multiAcquireScript = newScript("multi_acquire", true)
 
 // AcquireAll takes the locks called names, all or none, and returns their
-// leases in the order given: each an ordinary Lease, as Acquire's, with its
-// own token, fence, Extend and Release. WithWait bounds the whole call.
-// When it returns an error, the call holds none of the names: the leases it
-// took are released before it returns (in the background when ctx ended
-// first or Redis did not answer, as Release does), and an attempt of
-// unknown outcome is made harmless in the background, as a failed
-// Acquire's.
+// leases in the order given, each an ordinary Lease as Acquire's; WithWait
+// bounds the whole call (GUARANTEES.md, "Several names at once"). When it
+// returns an error the call holds none of the names: what it took was
+// released before it returned, and what an attempt of unknown outcome may
+// have taken is given back in the background, as after a failed Acquire.
 //
 // It returns ErrInvalid, with no Redis call, for an empty list, more than
 // 1,000 names, a name given twice, a bad name or option, or WithFair;
-// ErrNotObtained, as a *BusyError naming the name found held, when one is
-// busy; otherwise Acquire's errors, and, when names taken one by one are
-// kept alive while a later one is waited for, the error of that renewal
-// (see Lease.Extend).
+// ErrNotObtained as a *BusyError naming the name found busy; otherwise
+// Acquire's errors, or, for names taken one by one, the error of keeping
+// an earlier one alive while it waited (Lease.Extend's).
 func (l *Locker) AcquireAll(ctx context.Context, names []string, opts ...Option) ([]*Lease, error) {
 	co, err := l.setOptions(names, opts)
 	if err != nil {
@@ -53,11 +50,11 @@ func (l *Locker) AcquireAll(ctx context.Context, names []string, opts ...Option)
 	return leases, err
 }
 
-// RunWithLocks runs work while holding the locks called names, taken as
-// AcquireAll takes them, and renewed as RunWithLock renews one. work's
-// context is cancelled with cause ErrLost as soon as any of the leases is
-// no longer certainly held (or with ErrNotHeld when work released one);
-// all of them are released after work returns, also when it panics.
+// RunWithLocks runs work holding the locks called names, taken as
+// AcquireAll takes them and renewed as RunWithLock renews one: work's
+// context is cancelled with cause ErrLost as soon as any lease is no
+// longer certainly held, and all are released after work returns, also
+// when it panics.
 //
 // It returns AcquireAll's error, work not having run, unless fail-open ran
 // it on degraded leases; ErrInvalid for a nil work; otherwise work's error,

@@ -16,14 +16,11 @@ import (
 // writer, the readers and the waiting writers' intents at keys of their
 // own (rwlock_prelude.lua).
 
-// An RWLock is a read-write lock: any number of shared holders, or one
-// exclusive holder, never both. A writer that waits stops new readers from
-// entering until its wait ends, and the readers that waited behind it
-// enter together after it. Every lease, shared or exclusive, is an
-// ordinary Lease with its own token, TTL, watchdog and fence; fences are
-// strictly increasing across all leases of the RWLock. Its keys are apart
-// from those of a plain lock of the same name. A Locker made by NewRedlock
-// refuses its calls with ErrInvalid.
+// An RWLock is a read-write lock: any number of shared leases or one
+// exclusive lease, never both, each an ordinary Lease, with fences
+// increasing across all of them; a writer that waits stops new readers
+// (GUARANTEES.md, "Read-write locks"). Its keys are apart from the lock of
+// the same name. A NewRedlock Locker refuses its calls with ErrInvalid.
 type RWLock struct {
 	l    *Locker
 	name string
