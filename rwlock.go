@@ -20,7 +20,8 @@ import (
 // exclusive lease, never both, each an ordinary Lease, with fences
 // increasing across all of them; a writer that waits stops new readers
 // (GUARANTEES.md, "Read-write locks"). Its keys are apart from the lock of
-// the same name. A NewRedlock Locker refuses its calls with ErrInvalid.
+// the same name. It is safe for concurrent use; a NewRedlock Locker refuses
+// its calls with ErrInvalid.
 type RWLock struct {
 	l    *Locker
 	name string
