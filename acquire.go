@@ -144,27 +144,48 @@ type wakeup interface {
 	leave(gaveUp *Lease)
 }
 
-// releases wakes a waiter on every release of the lock, once the lock was
-// found busy: the subscription is made in the background, and its
+// releases wakes a waiter on the releases of the lock, from its first
+// attempt that did not take it (busy, or failed: an attempt cut short by
+// AttemptTimeout may have found it busy): the subscription is made in the background, and its
 // confirmation wakes the waiter for another try, so that a release before
-// it is not missed.
+// it is not missed. A release ("released") wakes one of the Locker's plain
+// waiters, the earliest; one whose try does not take the lock, nor find it
+// taken, passes the wake-up on. The others try when their pause ends. A
+// grant to a fair waiter wakes none: the lock is held again.
 type releases struct {
-	l   *Locker
-	key string
-	w   *waiter
+	l        *Locker
+	key      string
+	w        *waiter
+	wasWoken bool // the last pause ended with a wake-up
 }
 
 func (r *releases) next(_ attempt, busy bool, d time.Duration) (<-chan struct{}, time.Duration) {
-	if r.w == nil && busy {
-		r.w = r.l.b.register(r.key, "") // nil after Close, which the wait hears
+	if r.w == nil {
+		r.w = r.l.b.register(r.key, r) // nil after Close, which the wait hears
 	}
 	if r.w == nil {
 		return nil, d
 	}
+	if r.wasWoken && !busy {
+		r.w.passOn()
+	}
+	r.wasWoken = false
 	return r.w.wake, d
 }
 
-func (r *releases) woken() time.Duration { return 0 }
+func (r *releases) woken() time.Duration { r.wasWoken = true; return 0 }
+
+func (r *releases) hear(_ *waiter, m message) hearing {
+	switch {
+	case m.payload == "":
+		return wakeAll
+	case m.head == "granted":
+		return ignore
+	}
+	return wakeOne
+}
+
+func (r *releases) lingers(*waiter) bool { return false }
 
 func (r *releases) leave(*Lease) {
 	if r.w != nil {
@@ -364,7 +385,7 @@ func (b *busySeen) verdict(v error, now time.Time) error {
 // future for other calls.
 func (l *Locker) openEnd(ctx context.Context, open bool, start time.Time) time.Time {
 	if dl, ok := ctx.Deadline(); ok && open {
-		return start.Add(time.Until(dl) / 2)
+		return start.Add(time.Until(dl) / 2) // real time, as ctx's deadline
 	}
 	return start.Add(forever)
 }

@@ -49,9 +49,9 @@ type backend interface {
 	// inspect reads the lock at key and its fence counter, and with
 	// waiters how many subscribe to its channel, changing nothing.
 	inspect(ctx context.Context, key, fenceKey string, waiters bool) (holding, error)
-	// register adds a waiter for the releases of the lock at key; with a
-	// token, a fair waiter that also gets the grants made to it.
-	register(key, token string) *waiter
+	// register adds a waiter for the messages on the channel of the lock at
+	// key, which h decides what wakes.
+	register(key string, h hearer) *waiter
 	// close closes the waiters' subscriptions and waits for their
 	// goroutines until by at most.
 	close(by time.Time)

@@ -17,14 +17,9 @@ import (
 type Severity int
 
 const (
-	// SeverityInfo is worth knowing; nothing needs to change.
-	SeverityInfo Severity = iota
-	// SeverityWarning weakens a guarantee when a fault happens (a restart,
-	// a failover, memory running out).
-	SeverityWarning
-	// SeverityCritical breaks a guarantee in normal operation, or makes the
-	// lock unusable.
-	SeverityCritical
+	SeverityInfo     Severity = iota // worth knowing; nothing needs to change
+	SeverityWarning                  // weakens a guarantee when a fault happens (a restart, a failover, memory running out)
+	SeverityCritical                 // breaks a guarantee in normal operation, or makes the lock unusable
 )
 
 func (s Severity) String() string {
@@ -47,9 +42,7 @@ type Finding struct {
 	// "persistence", "replicas", "permissions", "pubsub", "round-trip",
 	// "independence" (Redlock), "config".
 	Check string
-	// Node is the server the finding is about (its address, or a Redlock
-	// node's name); "" for the whole deployment.
-	Node  string
+	Node  string // the server's address or Redlock node's name; "" for the deployment
 	Seen  string // what was seen
 	Means string // what it means for the lock
 	Fix   string // what to change; "" when nothing needs to
@@ -74,19 +67,14 @@ func (f Finding) String() string {
 	return b.String()
 }
 
-// Check inspects the Redis deployment (every node of a Redlock, every master
-// of a Cluster, every shard of a Ring) and reports what it means for the
-// lock's guarantees, most severe first: a maxmemory-policy that can evict
-// lock keys, persistence off (a restart grants held locks again), fewer
-// connected replicas than Options.Replicas, a server without sharded
-// pub/sub, an ACL user refused a command that the lock, Check or the
-// fencelock command sends (it tries each, with a lock named
-// "fencelock-check:<random>" whose keys it deletes at the end), the round-trip time against the TTL's drift allowance,
-// Redlock nodes that are not independent. A command that is not permitted
-// (managed services block CONFIG) or a server that cannot be reached is a
-// finding, never an error: Check returns an error only for a Locker not
-// made with New or NewRedlock (ErrInvalid), or when ctx ends (its error,
-// with the findings so far).
+// Check inspects the deployment (every node of a Redlock, every master of a
+// Cluster, every shard of a Ring) for what weakens the lock's guarantees, and
+// reports it most severe first (docs/operating.md, "A deployment check"); it
+// tries each command the lock, Check and the fencelock command send, on a
+// lock named "fencelock-check:<random>" whose keys it deletes. A command not permitted or
+// a server not reached is a finding, never an error: Check returns an error
+// only for a Locker not made with New or NewRedlock (ErrInvalid), or when ctx
+// ends (its error, with the findings so far).
 func (l *Locker) Check(ctx context.Context) ([]Finding, error) {
 	if err := l.usable(); err != nil {
 		return nil, err
@@ -320,13 +308,13 @@ func fields(s string) map[string]string {
 func (c *checker) roundTrip(ctx context.Context, d *deployment, node string) bool {
 	var worst time.Duration
 	for range 5 {
-		start := time.Now()
+		start := c.l.clock.Now()
 		if err := d.client.Ping(ctx).Err(); err != nil {
 			// Unreachable: reported by the server checks. A refusal
 			// (an ACL without +ping) is the permissions check's.
 			return classify(err) != classUnavailable
 		}
-		worst = max(worst, time.Since(start))
+		worst = max(worst, c.l.clock.Now().Sub(start))
 	}
 	ttl := c.l.opts.TTL
 	allowance := drift(ttl)

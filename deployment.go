@@ -28,7 +28,7 @@ var _ backend = (*deployment)(nil)
 
 func newDeployment(l *Locker, client redis.UniversalClient) *deployment {
 	client.AddHook(dialWatch{l})
-	return &deployment{l: l, client: client, waits: newNotifier(client, l.opts.Logger), dbTag: dbTag(client),
+	return &deployment{l: l, client: client, waits: newNotifier(client, l.opts.Logger, l.clock), dbTag: dbTag(client),
 		deadlines: honoursDeadlines(client)}
 }
 
@@ -353,8 +353,8 @@ func (d *deployment) channelArg(lease *Lease) any {
 	return d.channel(lease.keys[keyLock])
 }
 
-func (d *deployment) register(key, token string) *waiter {
-	return d.waits.register(d.channel(key), nil, token, nil, false)
+func (d *deployment) register(key string, h hearer) *waiter {
+	return d.waits.register(d.channel(key), nil, h)
 }
 
 func (d *deployment) close(by time.Time) { d.waits.close(by) }

@@ -11,59 +11,47 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Sentinel errors. Compare with errors.Is: the errors returned by this package
-// wrap them, usually together with a cause. Each names a class a caller
-// handles differently; no error matches two of ErrNotObtained,
-// ErrUnavailable and ErrMisconfigured.
+// Sentinel errors, to match with errors.Is: the errors of this package wrap
+// them, usually with a cause, in a one-line message. No error matches two of
+// ErrNotObtained, ErrUnavailable and ErrMisconfigured. When the caller's
+// context ended before Redis gave any verdict, the error matches ctx.Err()
+// and none of them: a shutdown is not "another instance is on it".
 var (
-	// ErrNotObtained means the lock is busy: another holder has it, and either
-	// Acquire was asked to try once or its wait ran out. When the caller's
-	// context ended during the wait, the error also matches ctx.Err().
+	// ErrNotObtained means the lock is busy: another holder has it (a
+	// *BusyError says who), and Acquire tried once or its wait ran out.
 	ErrNotObtained = errors.New("fencelock: not obtained")
 
-	// ErrNotHeld means the lock is no longer held by this lease: it expired,
-	// was taken over by another holder, was deleted, or was released already.
-	// The error's text says which when Redis could tell.
+	// ErrNotHeld means the lock is no longer this lease's: it expired, was
+	// taken over, deleted, or released already (the text says which if known).
 	ErrNotHeld = errors.New("fencelock: not held")
 
 	// ErrUnavailable means Redis could not be reached, did not answer in
 	// time, or answered with a transient state (LOADING, BUSY, READONLY,
-	// MASTERDOWN, CLUSTERDOWN, TRYAGAIN, NOREPLICAS, OOM). The error wraps the
-	// cause. The state of the lock is unknown to the caller; see each method
-	// for what it leaves behind. Options.FailOpen opens on this class only.
+	// MASTERDOWN, CLUSTERDOWN, TRYAGAIN, NOREPLICAS, OOM). The lock's state
+	// is unknown to the caller; each method says what it leaves behind.
 	ErrUnavailable = errors.New("fencelock: redis unavailable")
 
-	// ErrMisconfigured means Redis answered but refuses the lock's commands:
-	// a missing or wrong password (NOAUTH, WRONGPASS), an ACL that does not
-	// permit them (NOPERM), a lock or fence key of another type (WRONGTYPE),
-	// an unknown command, a fence counter at its maximum, or a closed
-	// go-redis client. Retrying does not help and Options.FailOpen never opens
-	// on it; the error's text says what to fix.
+	// ErrMisconfigured means Redis refuses the lock's commands: a missing or
+	// wrong password (NOAUTH, WRONGPASS), an ACL (NOPERM), a key of another
+	// type (WRONGTYPE), an unknown command, a fence counter at its maximum, or
+	// a closed go-redis client. Retrying does not help; the text says the fix.
 	ErrMisconfigured = errors.New("fencelock: redis refuses the lock's commands")
 
 	// ErrInvalid means an argument or option was rejected before any Redis
 	// call was made.
 	ErrInvalid = errors.New("fencelock: invalid argument")
 
-	// ErrLost means a lease was lost while its work ran: the lock was taken
-	// over or deleted, or its local deadline passed before a renewal
-	// succeeded. Mutual exclusion may have been broken; only the fencing
-	// token protects the resource from here on. It is the cause of the
-	// cancelled work context (context.Cause) and part of RunWithLock's
-	// error.
+	// ErrLost means a lease was lost while its work ran (see Lease.KeepAlive):
+	// mutual exclusion may have been broken; only the fence protects the data.
 	ErrLost = errors.New("fencelock: lease lost")
 
-	// ErrClosed means the Locker was closed (Locker.Close): Acquire and
-	// RunWithLock return it at once, with no Redis call, and an Acquire
-	// that was waiting when Close was called returns it, having given back
-	// what its attempts may have taken. It matches no other sentinel, and
-	// FailOpen never opens on it.
+	// ErrClosed means the Locker was closed (see Locker.Close). It matches
+	// no other sentinel.
 	ErrClosed = errors.New("fencelock: locker closed")
 )
 
 // A BusyError is the error of an Acquire that found the lock held by
-// another: it matches ErrNotObtained, and says who holds the lock and for
-// how long, as Redis told when it answered.
+// another: it matches ErrNotObtained, and says who holds it and for how long.
 type BusyError struct {
 	Name  string        // the lock's name
 	Owner string        // the holder's Options.Owner or WithOwner; "" if it stored none

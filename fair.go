@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -122,7 +124,8 @@ func (a *acquisition) fair() (*Lease, error) {
 		joined     bool             // the queue has (or may have) an entry of this token
 		trust      = true           // a grant message for this token is current
 		attemptNow = true
-		w          = l.b.register(a.lease.keys[keyLock], a.lease.token) // nil after Close, which the wait below hears
+		g          = &grantee{token: a.lease.token, granted: make(chan int64, 1)}
+		w          = l.b.register(a.lease.keys[keyLock], g) // nil after Close, which the wait below hears
 	)
 	defer func() {
 		if w != nil {
@@ -159,7 +162,8 @@ func (a *acquisition) fair() (*Lease, error) {
 		if w != nil {
 			w.leave()
 		}
-		w = l.b.register(a.lease.keys[keyLock], a.lease.token)
+		g = &grantee{token: a.lease.token, granted: make(chan int64, 1)}
+		w = l.b.register(a.lease.keys[keyLock], g)
 	}
 	// obtained completes a lease whose lock was taken or granted with
 	// fence, its Deadline counting from from, or from bound if later. It
@@ -255,7 +259,7 @@ func (a *acquisition) fair() (*Lease, error) {
 		var wake <-chan struct{}
 		var granted <-chan int64
 		if w != nil {
-			wake, granted = w.wake, w.granted
+			wake, granted = w.wake, g.granted
 		}
 		now = l.clock.Now()
 		due := end
@@ -346,6 +350,31 @@ func (a *acquisition) fair() (*Lease, error) {
 		}
 	}
 }
+
+// A grantee is the hearer of a fair waiter: a grant ("granted <token>
+// <fence>", release.lua) goes to its grantee only, which gets the fence; the
+// others have nothing to try, the lock being held again. Every other
+// message wakes it.
+type grantee struct {
+	token   string
+	granted chan int64 // buffered
+}
+
+func (g *grantee) hear(_ *waiter, m message) hearing {
+	if m.head != "granted" {
+		return wakeAll
+	}
+	token, f, _ := strings.Cut(m.rest, " ")
+	if fence, _ := strconv.ParseInt(f, 10, 64); token == g.token && fence > 0 {
+		select {
+		case g.granted <- fence:
+		default:
+		}
+	}
+	return ignore
+}
+
+func (*grantee) lingers(*waiter) bool { return true }
 
 // stillBusy is the verdict of a fair waiter that the server answered "still
 // waiting", the lock's PTTL pttl (-2: free, others ahead in line): busy,

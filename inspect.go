@@ -16,31 +16,19 @@ type LockInfo struct {
 	Owner string        // the holder's Options.Owner or WithOwner; "" when not held or not stored
 	TTL   time.Duration // left on the server; 0 when not held, -1 when the lock has no expiry
 	Fence int64         // the fence of the current holding; 0 when not held
-	// LastFence is the last fence issued for the name, kept for
-	// FenceRetention after its last acquisition; 0 when none is kept. On a
-	// Redlock it is the largest value a quorum of the answering nodes'
-	// counters reached: every fence issued after Inspect is greater; when a
-	// node did not answer, or attempts without a quorum counted nodes on,
-	// it can be below or above the last fence issued.
+	// LastFence is the last fence issued, kept FenceRetention after the last
+	// acquisition; 0 when none is kept (on a Redlock: "How Redlock works").
 	LastFence int64
-	// Waiters is how many Lockers wait for the lock's release (subscribed
-	// to its channel): several waiting calls of one Locker count once, waits
-	// that poll (without pub/sub permissions) not at all, and a Locker whose
-	// last fair wait, or wait in a Redlock's line, for the lock ended less
-	// than a second ago still counts, even if that wait took the lock (its
-	// subscription lingers).
+	// Waiters is how many Lockers wait for the lock's release, each counted
+	// once (docs/operating.md, "Who holds it, and until when").
 	Waiters int
 }
 
-// Inspect reads the lock called name without changing it: who holds it,
-// for how long, with which fence, the last fence issued, and how many
-// Lockers wait for it. On a Redlock it reports the holding a quorum of
-// nodes agree on, and the longest TTL for which a quorum keeps it.
-//
-// It returns ErrInvalid for a bad name, ErrUnavailable or ErrMisconfigured
-// when Redis could not answer (on a Redlock, when fewer than a quorum of
-// nodes answered, each within Options.ReleaseTimeout), or an error matching
-// ctx.Err() when ctx ended first.
+// Inspect reads the lock called name without changing it (see LockInfo); on
+// a Redlock, the holding a quorum of nodes agree on. It returns ErrInvalid for
+// a bad name, ErrUnavailable or ErrMisconfigured when Redis could not answer
+// (on a Redlock, fewer than a quorum of nodes within Options.ReleaseTimeout),
+// or an error matching ctx.Err() when ctx ended first.
 func (l *Locker) Inspect(ctx context.Context, name string) (LockInfo, error) {
 	if err := l.usable(); err != nil {
 		return LockInfo{}, err
@@ -69,12 +57,10 @@ func (l *Locker) Inspect(ctx context.Context, name string) (LockInfo, error) {
 }
 
 // TTL returns how long the server keeps the lock if this lease still holds
-// it, without changing anything. It returns an error matching ErrNotHeld
-// (saying why) when the lock is not this lease's, and on a nil or degraded
-// lease; ErrUnavailable or ErrMisconfigured when Redis could not answer; an
-// error matching ctx.Err() when ctx ended first. -1 means the lock has no
-// expiry. On a Redlock it is the longest time for which a quorum of nodes
-// keeps the lock.
+// it (-1: no expiry; on a Redlock, the longest a quorum of nodes keeps it),
+// changing nothing. It returns ErrNotHeld when the lock is not this lease's,
+// and on a nil or degraded lease; ErrUnavailable or ErrMisconfigured when
+// Redis could not answer; an error matching ctx.Err() when ctx ended first.
 func (l *Lease) TTL(ctx context.Context) (time.Duration, error) {
 	if l == nil || l.locker == nil || l.degraded {
 		return 0, ErrNotHeld

@@ -85,10 +85,8 @@ func (l *Lease) Token() string {
 	return l.token
 }
 
-// Fence returns the fencing token issued with this acquisition. Fences are
-// strictly increasing across all acquisitions of the same name (see Fencing
-// tokens in the package documentation). A degraded or nil lease's fence is
-// 0.
+// Fence returns the fencing token issued with this acquisition (see Fencing
+// tokens in the package documentation). A degraded or nil lease's fence is 0.
 func (l *Lease) Fence() int64 {
 	if l == nil {
 		return 0
@@ -96,20 +94,19 @@ func (l *Lease) Fence() int64 {
 	return l.fence
 }
 
-// Degraded reports whether this is a fail-open stand-in (WithFailOpen,
-// Options.FailOpen): Redis was unavailable at acquisition, and the lease
-// holds no lock.
+// Degraded reports whether this is a fail-open stand-in that holds no lock
+// (see Degraded runs in the package documentation).
 func (l *Lease) Degraded() bool {
 	return l != nil && l.degraded
 }
 
 // Deadline returns the local time until which the lock is certainly held,
-// barring a process pause or a failover: the monotonic time taken before the
-// acquire (or last successful extend) request was sent, plus the TTL, minus a
-// drift allowance of TTL/100 + 2ms (for a lock handed to a fair waiter, see
-// GUARANTEES.md, "How fair waiting works"). After Release, or once
-// Extend or Release found the lock not held, it returns a time that has
-// passed. A nil lease's deadline is the zero time.
+// barring a process pause, a failover, or a local clock slower than the
+// server's by more than the drift allowance: the monotonic time taken before
+// the acquire (or last successful extend) request was sent, plus the TTL,
+// minus TTL/100 + 2ms (for a lock handed to a fair waiter, see "How fair
+// waiting works"). After Release, or once Extend or Release found the lock
+// not held, it is in the past; a nil lease's is the zero time.
 func (l *Lease) Deadline() time.Time {
 	if l == nil {
 		return time.Time{}
@@ -119,22 +116,16 @@ func (l *Lease) Deadline() time.Time {
 	return l.deadline
 }
 
-// Extend resets the lock's time to live to ttl, if this lease still holds it,
-// and moves Deadline to the time before the request plus ttl minus drift. It
-// never recreates a lock that has expired.
-//
-// It returns nil when the TTL was set; ErrNotHeld when the lock is no longer
-// this lease's, saying why when Redis told (the lease is then done: later
-// calls return ErrNotHeld without a Redis call), or when the lease was lost
-// (the error then also matches ErrLost) or released; ErrUnavailable or
-// ErrMisconfigured when Redis could not be reached, did not answer, or
-// refused; ErrInvalid for a ttl out of range (see WithTTL), or not longer
-// than Options.RenewInterval plus its drift allowance when RenewInterval is
-// set; or, within a few milliseconds, an error matching ctx.Err() when ctx
-// ended first. When the outcome is unknown (ErrUnavailable, or ctx ended
-// after the request was sent), Deadline becomes the earlier of its old value
-// and the one this call would have set (GUARANTEES.md, "Deadlines and the
-// watchdog").
+// Extend resets the lock's TTL to ttl, and so Deadline, if this lease still
+// holds it; it never recreates an expired lock. It returns nil when the TTL
+// was set; ErrNotHeld when the lock is no longer this lease's (later calls
+// then return it with no Redis call), or the lease was lost (also matching
+// ErrLost) or released; ErrUnavailable or ErrMisconfigured when Redis could
+// not answer or refused; ErrInvalid for a ttl out of range, or not longer than
+// RenewInterval plus its drift allowance when that is set; or an error
+// matching ctx.Err() when ctx ended first. When the outcome is unknown
+// (ErrUnavailable, or ctx ended after the request was sent), Deadline becomes
+// the earlier of its old value and the one this call would have set.
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l == nil || l.locker == nil || l.degraded {
 		return ErrNotHeld
@@ -291,23 +282,19 @@ func (l *Lease) markDoneLocked(at time.Time, why error) {
 	}
 }
 
-// Release cancels the contexts KeepAlive returned, stops the lease's watchdog,
-// if KeepAlive started one, and waits for it to exit, so no renewal is sent
-// after Release (one already sent may still be answered). It then deletes
-// the lock if this lease still holds it, leaving another holder's lock
-// alone, on a context that keeps ctx's values but not its cancellation,
-// bounded by Options.ReleaseTimeout.
+// Release stops the lease's watchdog for good, cancelling the contexts
+// KeepAlive returned, and waits for it to exit, so no renewal is sent after it
+// (one sent may still be answered). It then deletes the lock if this lease
+// holds it, on a context with ctx's values but not its cancellation, bounded
+// by Options.ReleaseTimeout.
 //
-// It returns nil when the lock was deleted (also when go-redis resent the
-// request after a lost reply), or ErrNotHeld, saying why when Redis told,
-// when it was no longer this lease's; either way the lease is done. On
-// ErrUnavailable (Redis not reached, or no answer within ReleaseTimeout,
-// which does not match context.DeadlineExceeded) or ErrMisconfigured the
-// lock may still be held: Release may be called again, or it expires after
-// its TTL. When ctx ends first, Release returns an error matching ctx.Err()
-// within a few milliseconds and the deletion goes on in the background. The
-// watchdog is stopped for good in every case. On a nil or degraded lease
-// Release returns ErrNotHeld.
+// It returns nil when the lock was deleted (also after go-redis resent the
+// request), or ErrNotHeld when it was not this lease's, and on a nil or
+// degraded lease: either way the lease is done. On ErrUnavailable (also for no
+// answer within ReleaseTimeout, which does not match context.DeadlineExceeded)
+// or ErrMisconfigured the lock may still be held: call Release again, or it
+// expires after its TTL. When ctx ends first, the error matches ctx.Err() and
+// the deletion goes on in the background.
 func (l *Lease) Release(ctx context.Context) error {
 	if l == nil || l.locker == nil {
 		return ErrNotHeld

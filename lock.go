@@ -18,9 +18,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// A Locker acquires locks in one Redis deployment. It is safe for concurrent
-// use; create one per client and share it. The zero Locker is not usable:
-// its methods return an error matching ErrInvalid.
+// A Locker acquires locks in one Redis deployment (New), or a quorum of them
+// (NewRedlock). It is safe for concurrent use; create one per client and
+// share it. The zero Locker is not usable: its methods return an error
+// matching ErrInvalid.
 type Locker struct {
 	b     backend
 	opts  Options
@@ -46,12 +47,11 @@ type Locker struct {
 	lastDialErr  atomic.Pointer[error] // the last one's error
 }
 
-// New returns a Locker that keeps its locks in client, configured by opts (nil
-// means all defaults). It returns an error wrapping ErrInvalid for a nil
-// client or an option it cannot honour, and makes no Redis call. It adds a
-// hook to client (AddHook) that only records the client's failed dials, so
-// that an error can name why Redis could not be reached ("connection
-// refused").
+// New returns a Locker that keeps its locks in client, configured by opts
+// (nil means all defaults), and makes no Redis call. It returns an error
+// wrapping ErrInvalid for a nil client or an option it cannot honour. It adds
+// a hook to client that only records failed dials, so that an error can name
+// why Redis could not be reached ("connection refused").
 func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 	if isNil(client) {
 		return nil, invalidf("nil redis client")
@@ -117,26 +117,22 @@ func (l *Locker) dialErrorSince(seen int64) error {
 	return nil
 }
 
-// Close ends the Locker's acquisitions and what it runs in the background.
-// From then on Acquire and RunWithLock return ErrClosed with no Redis call;
-// an Acquire waiting or with an attempt in flight returns ErrClosed at once,
-// and what its attempts may have taken is given back in the background, as
-// for any Acquire that gives up. Close then closes the subscription
-// connection that waiting calls share, and waits for the background work
-// for at most Options.ReleaseTimeout (GUARANTEES.md, "Acquire, release and
-// the keys"). Leases already held are not touched: their watchdogs go on
-// renewing, RunWithLock's work goes on to its end, and Release and Extend
-// work as before, so that closing a Locker at shutdown does not break the
-// exclusion of work still running. Close does not close the Redis client.
-// It always returns nil.
+// Close ends the Locker's acquisitions: Acquire and RunWithLock then return
+// ErrClosed with no Redis call, and a waiting Acquire, or one with an attempt
+// in flight, returns it at once, giving back in the background what its
+// attempts may have taken. Close closes the waiters' shared subscription
+// connection and waits for the background work for at most
+// Options.ReleaseTimeout. Leases already held, their watchdogs, work, Release
+// and Extend go on, so closing at shutdown keeps the exclusion of work still
+// running. Close does not close the Redis client. It always returns nil.
 func (l *Locker) Close() error {
 	if l == nil || l.b == nil {
 		return nil
 	}
 	l.closeOnce.Do(func() { close(l.closed) })
-	by := time.Now().Add(l.opts.ReleaseTimeout + closeGrace)
+	by := l.clock.Now().Add(l.opts.ReleaseTimeout + closeGrace)
 	l.b.close(by)
-	l.bg.close(by)
+	l.bg.close(l.clock, by)
 	return nil
 }
 
@@ -256,25 +252,21 @@ func (l *Locker) callOptions(name string, opts []Option) (callOptions, error) {
 	return co, nil
 }
 
-// Acquire takes the lock called name and returns its Lease. Without
-// WithWait it tries once; with WithWait(d) it tries again until the lock is
-// obtained or d has passed, and retries ErrUnavailable like a busy lock.
+// Acquire takes the lock called name and returns its Lease. Without WithWait
+// it tries once; with WithWait(d) it tries again, also after ErrUnavailable,
+// until it obtains the lock or d has passed, each attempt waiting at most
+// Options.AttemptTimeout for its reply.
 //
-// It returns ErrNotObtained when another holder has the lock;
-// ErrUnavailable, wrapping the cause, when Redis could not be reached, did
-// not answer or answered with a transient state; ErrMisconfigured, not
-// retried, when Redis refuses the lock's commands; ErrInvalid, with no Redis
-// call, for an empty name, a name containing '{' or '}', a TTL out of range,
-// or a negative wait; ErrClosed after Close; or an error matching ctx.Err()
-// when ctx ended, which also matches ErrNotObtained or ErrUnavailable when
-// an earlier attempt found the lock busy or Redis unavailable, and neither
-// when no attempt got a verdict. With WithFailOpen(true), an outage returns
-// a degraded Lease and a nil error instead. Each attempt waits at most
-// Options.AttemptTimeout for its reply. It returns within a few milliseconds
-// of ctx's end, an attempt in flight going on in the background; after a failed
-// or cancelled Acquire, a clean-up in the background gives back what its
-// attempts may have taken (GUARANTEES.md, "Acquire, release and the keys").
-// Acquire never returns a lease whose Deadline has passed.
+// It returns ErrNotObtained when another holder has the lock; ErrUnavailable
+// when Redis could not answer; ErrMisconfigured, not retried, when Redis
+// refuses; ErrInvalid, with no Redis call, for an empty name, a name with '{'
+// or '}', a TTL out of range or a negative wait; ErrClosed after Close; or,
+// when ctx ended, an error matching ctx.Err(), and ErrNotObtained or
+// ErrUnavailable if an earlier attempt found the lock busy or Redis
+// unavailable. It fails open only with WithFailOpen(true). After a failed or
+// cancelled Acquire, a background clean-up gives back what its attempts may
+// have taken ("Acquire, release and the keys"). It never returns a lease
+// whose Deadline has passed.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lease, error) {
 	co, err := l.callOptions(name, opts)
 	if err != nil {
@@ -528,7 +520,7 @@ func ctxErr(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) { // real time, as ctx's deadline
 		return context.DeadlineExceeded
 	}
 	return nil
@@ -566,7 +558,7 @@ func call[T any](l *Locker, stop1, stop2 <-chan struct{}, f func() T, late func(
 	// A call that honours the context (go-redis's dial loop, a client with
 	// ContextTimeoutEnabled) returns at once, often with the cause of its
 	// failure ("connection refused"): give it a moment.
-	t := time.NewTimer(callGrace)
+	t := l.clock.NewTimer(callGrace)
 	select {
 	case <-c.done:
 	case <-t.C:
@@ -636,7 +628,7 @@ func (t *tasks) goBackground(f func(stop <-chan struct{})) {
 // close tells the clean-ups to stop retrying and waits until no tracked
 // goroutine is running, until by at most: a goroutine still running then is
 // in a Redis call that go-redis has not given up on, and ends with it.
-func (t *tasks) close(by time.Time) {
+func (t *tasks) close(clock Clock, by time.Time) {
 	t.mu.Lock()
 	if !t.closed {
 		t.closed = true
@@ -653,12 +645,12 @@ func (t *tasks) close(by time.Time) {
 	}
 	idle := t.idle
 	t.mu.Unlock()
-	waitUntil(idle, by)
+	waitUntil(clock, idle, by)
 }
 
-// waitUntil waits until done is closed, or until by at most.
-func waitUntil(done <-chan struct{}, by time.Time) {
-	t := time.NewTimer(time.Until(by))
+// waitUntil waits until done is closed, or until by on clock at most.
+func waitUntil(clock Clock, done <-chan struct{}, by time.Time) {
+	t := clock.NewTimer(by.Sub(clock.Now()))
 	defer t.Stop()
 	select {
 	case <-done:

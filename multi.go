@@ -387,7 +387,7 @@ type setReleases struct {
 func (s *setReleases) next(at attempt, busy bool, d time.Duration) (<-chan struct{}, time.Duration) {
 	if _, ok := s.ws[at.name]; busy && at.name != "" && !ok {
 		key, _ := s.d.l.keys(at.name)
-		s.ws[at.name] = s.d.waits.register(s.d.channel(key), s.wake, "", nil, false)
+		s.ws[at.name] = s.d.waits.register(s.d.channel(key), s.wake, setHearing{})
 	}
 	if len(s.ws) == 0 {
 		return nil, d
@@ -396,6 +396,22 @@ func (s *setReleases) next(at attempt, busy bool, d time.Duration) (<-chan struc
 }
 
 func (s *setReleases) woken() time.Duration { return 0 }
+
+// setHearing is what a waiting AcquireAll makes of the messages on the
+// channel of a name it found busy: every release, and the subscription's
+// confirmation, wake it, not one plain waiter of many (releases'): the call
+// may find another of its names busy, and pass the release on to no one.
+// A grant wakes it not, the lock being held again.
+type setHearing struct{}
+
+func (setHearing) hear(_ *waiter, m message) hearing {
+	if m.head == "granted" {
+		return ignore
+	}
+	return wakeAll
+}
+
+func (setHearing) lingers(*waiter) bool { return false }
 
 func (s *setReleases) leave(*Lease) {
 	for _, w := range s.ws {

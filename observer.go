@@ -6,24 +6,18 @@ import (
 	"time"
 )
 
-// An Observer is told what a Locker does, for metrics and traces: the
-// module github.com/fencelock/fencelock/otel implements it with
-// OpenTelemetry, and the core imports nothing of it. Set it in
-// Options.Observer.
-//
-// Its methods are called synchronously, on the goroutine that does the
-// work, and must return quickly and not call the Locker. Start returns the
-// context the operation goes on with: a tracer starts a span there, and
-// the span is then the parent of the Redis calls' spans and, for
-// RunWithLock, of the work's.
+// An Observer is told what a Locker does, for metrics and traces; the module
+// github.com/fencelock/fencelock/otel implements it with OpenTelemetry. Its
+// methods run on the goroutine doing the work, must return quickly and must
+// not call the Locker. A span that Start begins in the context it returns is
+// the parent of the Redis calls' spans and, for RunWithLock, of the work's.
 type Observer interface {
 	// Start is called when Acquire, Release or RunWithLock starts.
 	Start(ctx context.Context, op Op, name string) context.Context
 	// End is called when it ends, with the context Start returned.
 	End(ctx context.Context, e Event)
-	// Notify is called for what happens to a lease while it is held: each
-	// renewal (OpRenew) and a loss (OpLost), with the context of the
-	// operation that took the lease (RunWithLock's, else Acquire's).
+	// Notify is called for each renewal (OpRenew) and loss (OpLost), with the
+	// context of the call that took the lease (RunWithLock's, else Acquire's).
 	Notify(ctx context.Context, e Event)
 }
 
@@ -80,16 +74,9 @@ type Event struct {
 	Err      error
 	Fence    int64         // the lease's fence, when there is a lease
 	Duration time.Duration // how long the operation took (OpAcquire, OpRelease, OpRun)
-	// Waited is, for OpAcquire, the time spent waiting between attempts
-	// for a busy lock.
-	Waited time.Duration
-	// Handoff is, for an OpAcquire woken by a release, the time from the
-	// wake-up's arrival to the grant; 0 when not known.
-	Handoff time.Duration
-	// Held is how long the lease was held: for OpLost, and for an OpRelease
-	// that deleted the lock of a lease not lost before (0 otherwise, so
-	// that a hold is counted once).
-	Held time.Duration
+	Waited   time.Duration // OpAcquire: time waiting between attempts for a busy lock
+	Handoff  time.Duration // OpAcquire woken by a release: wake-up's arrival to grant; 0 if not known
+	Held     time.Duration // how long held: for OpLost, or an OpRelease that deleted an unlost lease's lock; else 0
 }
 
 // OutcomeOf returns the outcome class of an operation that returned err.

@@ -14,130 +14,88 @@ import (
 // default; New applies the defaults in one place and rejects values it cannot
 // honour with ErrInvalid. A nil *Options means all defaults.
 type Options struct {
-	// KeyPrefix is prepended to every lock name: the lock for name is stored
-	// at KeyPrefix+"{"+name+"}", a hash tag its other keys share. It must not
-	// contain '{' or '}'. Default "lock:".
+	// KeyPrefix is prepended to every lock name: the lock for name is at
+	// KeyPrefix+"{"+name+"}", a hash tag its other keys share ("Acquire,
+	// release and the keys"). It must not contain '{' or '}'. Default "lock:".
 	KeyPrefix string
-
-	// Owner says who this Locker is: it is stored with every lock it takes,
-	// shown by Locker.Inspect and the fencelock command, and named in the
-	// ErrNotObtained of another Acquire. At most 200 bytes of printable
-	// UTF-8; WithOwner overrides it per call. Default: the hostname and the
-	// process id, "pod-2 (pid 7)".
+	// Owner says who this Locker is: stored with its locks, shown by Inspect,
+	// the fencelock command and another Acquire's BusyError; at most 200
+	// bytes of printable UTF-8. Default: hostname and pid, "pod-2 (pid 7)".
 	Owner string
-
-	// TTL is how long Redis keeps a lock that is not extended or released.
-	// It must be at least 10ms (below that, a lease's local deadline leaves
-	// no time for a renewal's round trip) and at most 365 days. Acquire's
-	// WithTTL overrides it per call. Default 30s.
+	// TTL is how long Redis keeps a lock that is not extended or released,
+	// from 10ms to 365 days. Default 30s.
 	TTL time.Duration
 
-	// MinRetryBackoff is the first pause between two attempts of an Acquire
-	// that waits (WithWait); the pause doubles after each busy attempt up to
-	// MaxRetryBackoff, jittered (GUARANTEES.md, "Waiting"). It must be at
-	// least 1ms. Default 8ms.
+	// MinRetryBackoff is the first pause between attempts of a waiting
+	// Acquire, doubled after each busy one up to MaxRetryBackoff, jittered
+	// ("Waiting"). At least 1ms; default 8ms.
 	MinRetryBackoff time.Duration
-
-	// MaxRetryBackoff caps the pause between two attempts of an Acquire that
-	// waits; on a Redlock it also sets the pauses of a call in line and how
-	// long its entry there lives ("How Redlock works"). It must not be
-	// smaller than MinRetryBackoff. Default 256ms.
+	// MaxRetryBackoff caps that pause, and paces a call in a Redlock's line
+	// ("How Redlock works"). At least MinRetryBackoff; default 256ms.
 	MaxRetryBackoff time.Duration
 
-	// ReleaseTimeout bounds the Redis calls that give a lock back (Release,
-	// and the clean-up after an Acquire whose outcome is unknown), which run
-	// on a context not cancelled with the caller's; a released lease's token
-	// is remembered in Redis as long, so that a release resent by go-redis
-	// after a lost reply reports what the first one did. Default 5s.
+	// ReleaseTimeout bounds the calls that give a lock back (Release, the
+	// clean-up after a failed Acquire), and is how long a released token is
+	// remembered ("Acquire, release and the keys"). Default 5s.
 	ReleaseTimeout time.Duration
 
-	// FenceRetention is how long a lock name's fence counter is kept after
-	// the name's last acquisition; as fences are floored by the server's
-	// clock, it only has to outlast the largest step back of that clock
-	// ("Fencing tokens"). A longer retention costs one small key per name
-	// acquired within it. Default 1h.
+	// FenceRetention is how long a name's fence counter outlives its last
+	// acquisition; it need only outlast the server clock's largest step back
+	// ("Fencing tokens"). Default 1h.
 	FenceRetention time.Duration
 
-	// RenewInterval is how often the watchdog (Lease.KeepAlive and
-	// RunWithLock) extends a lease while its work runs. It must be shorter
-	// than the TTL minus its drift allowance. Default: a third of the
-	// lease's TTL.
+	// RenewInterval is how often the watchdog extends a lease; it must be
+	// shorter than the TTL minus its drift allowance. Default: TTL/3.
 	RenewInterval time.Duration
-
-	// MaxHold caps how long the watchdog keeps renewing one lease, so that a
-	// hung (not crashed) holder cannot keep the lock forever: past it the
-	// work context is cancelled with ErrLost at the lease's deadline, within
-	// one TTL. Set it to the longest the work may legitimately take. Default
-	// 0: no cap.
+	// MaxHold caps how long the watchdog renews one lease, so that a hung
+	// (not crashed) holder cannot keep the lock forever. Default 0: no cap.
 	MaxHold time.Duration
 
 	// Replicas is how many replicas must acknowledge an acquisition or an
-	// extension before it counts (WAIT, on the connection that ran the
-	// script). An acquisition acknowledged by fewer is given back and
-	// Acquire returns ErrUnavailable ("k of n replicas acknowledged"); an
-	// extension acknowledged by fewer does not move Deadline. An answer that
-	// wrote no lock (busy; not held) stands whatever WAIT says. See
-	// "Replicas and failover". 0, the default: do not wait.
+	// extension (WAIT): an acquisition short of them fails with
+	// ErrUnavailable, an extension does not move Deadline ("Replicas and
+	// failover"). Default 0: do not wait.
 	Replicas int
-
-	// ReplicaTimeout bounds each WAIT. It must be shorter than a third of the
-	// TTL (the watchdog renews at that interval, and each renewal waits for
-	// it too). Default 100ms; used only when Replicas is positive.
+	// ReplicaTimeout bounds each WAIT; it must be shorter than a third of
+	// the TTL. Default 100ms when Replicas is positive.
 	ReplicaTimeout time.Duration
-
-	// ReplicaFsync makes the wait WAITAOF (Redis 7.2 and later, with
-	// appendonly yes): the lock must be written to the append-only file of
-	// the master and of Replicas replicas, not only be in their memory. On
-	// an older server every acquisition fails with ErrMisconfigured. Default
-	// false.
+	// ReplicaFsync makes the wait WAITAOF (Redis 7.2+, appendonly yes): the
+	// lock must reach the master's and Replicas replicas' append-only files;
+	// an older server fails acquisitions with ErrMisconfigured. Default false.
 	ReplicaFsync bool
 
-	// AttemptTimeout bounds how long one attempt of an Acquire waits for its
-	// reply, whatever the go-redis client's options: past it the attempt
-	// counts as Redis unavailable ("no reply within AttemptTimeout"), and a
-	// wait (WithWait) tries again. An attempt of a fail-open call also ends
-	// at half the time left before its context's deadline. An attempt runs
-	// on the caller's goroutine on a Redlock, and with ContextTimeoutEnabled
-	// and a context that is never cancelled (context.Background()); else on
-	// one of its own, so that it is bounded so whatever go-redis does. It
-	// must be at least 1ms. Default 1s (why: "Deadlines and the watchdog").
+	// AttemptTimeout bounds how long an Acquire attempt waits for its reply,
+	// whatever the client's options: past it the attempt counts as Redis
+	// unavailable; a fail-open call's also ends at half the time left before
+	// its deadline. At least 1ms; default 1s ("Deadlines and the watchdog").
 	AttemptTimeout time.Duration
-
-	// FailOpen decides in advance what RunWithLock does when Redis is
-	// unavailable at acquisition: false (the default, fail-closed) returns
-	// ErrUnavailable without running the work; true runs the work without
-	// the lock, on a degraded Lease (Degraded true, Fence 0), logged at
-	// Error level. WithFailOpen overrides it per call, and makes Acquire
-	// fail open too. Choose fail-open only where running the work twice is
-	// acceptable, or where the resource's own checks make it safe ("Fail-open
-	// and degraded runs").
+	// FailOpen makes RunWithLock run its work on a degraded Lease when Redis
+	// is unavailable at acquisition (see Degraded runs in the package
+	// documentation). Default false: fail closed, with ErrUnavailable.
 	FailOpen bool
 
-	// Logger receives the library's events: acquired, not obtained and
-	// released at Debug level, a failed renewal at Warn, a lost lease and a
-	// fail-open run at Error, each with the lock name, the fence and
-	// timings. Default: discard.
+	// Logger receives events with the lock name, fence and timings: acquired,
+	// not obtained and released at Debug, a failed renewal at Warn, a lost
+	// lease and a fail-open run at Error. Default: discard.
 	Logger *slog.Logger
-
-	// Observer, if set, is told of every Acquire, Release and RunWithLock,
-	// renewal and loss, for metrics and traces (see Observer). Default nil.
+	// Observer, if set, is told of every call, renewal and loss.
 	Observer Observer
-
-	// OnLost, if set, is called once for each lease lost (see KeepAlive),
-	// after the work context was cancelled, with the cause (which matches
-	// ErrLost); also when RunWithLock finds the loss only as its work returns.
-	// It runs on the watchdog's goroutine, or RunWithLock's, and must not
-	// block for long nor call the lease's Release. Default nil.
+	// OnLost, if set, is called once for each lease lost (also found only as
+	// RunWithLock's work returns), after its context was cancelled, with the
+	// cause (matching ErrLost), on the watchdog's or RunWithLock's goroutine:
+	// it must not block long nor call the lease's Release.
 	OnLost func(lease *Lease, cause error)
 
-	// Clock is the local time source for lease deadlines, the watchdog's
-	// timers and the pauses of a wait; replace it only to test a local clock
-	// that runs fast or slow. Default: the system's monotonic clock.
+	// Clock is the local time of every deadline, timer and pause of the
+	// library (a ctx's deadline excepted, which is the system's); replace it
+	// only to test a clock that runs fast or slow. Default: the system's.
 	Clock Clock
 }
 
-// Clock is a source of local time. Now must be monotonic; NewTimer returns a
-// timer that fires when Now has advanced by d.
+// Clock is a source of local time. Now must never go back, and a timer from
+// NewTimer(d), or reset to d, must not fire before d has passed: every loop
+// of the library waits at each turn on such a timer or on Redis, so no such
+// Clock can make one spin, however its Now runs.
 type Clock interface {
 	Now() time.Time
 	NewTimer(d time.Duration) *time.Timer
@@ -280,20 +238,15 @@ func withKind(k kind) Option {
 	return func(c callOptions) callOptions { c.kind = k; return c }
 }
 
-// WithOwner sets who holds the lock for this call, overriding
-// Options.Owner (see there).
+// WithOwner sets who holds the lock for this call, overriding Options.Owner.
 func WithOwner(owner string) Option {
 	return func(c callOptions) callOptions { c.owner, c.ownerSet = owner, true; return c }
 }
 
-// WithFailOpen decides for this call what happens when Redis is unavailable
-// at acquisition, overriding Options.FailOpen: with open true, RunWithLock
-// runs its work on a degraded Lease, and Acquire returns a degraded Lease
-// (Degraded true, Fence 0, nothing to extend or release) and a nil error,
-// logged at Error level; with open false, both return the ErrUnavailable.
-// Without it, Acquire fails closed and RunWithLock follows Options.FailOpen.
-// A busy lock, a refusal (ErrMisconfigured) or a context that ended first
-// never opens.
+// WithFailOpen overrides Options.FailOpen for this call, for Acquire too:
+// with open true, an Acquire on an outage returns a degraded Lease and a nil
+// error; with open false, Acquire and RunWithLock return the ErrUnavailable.
+// Without it, Acquire fails closed.
 func WithFailOpen(open bool) Option {
 	return func(c callOptions) callOptions { c.open, c.openSet = open, true; return c }
 }
@@ -339,31 +292,28 @@ func checkOwner(what, owner string) error {
 	return nil
 }
 
-// WithTTL sets the lock's time to live for this call, overriding Options.TTL.
-// It must be at least 10ms and at most 365 days; Acquire rejects other values
-// with ErrInvalid.
+// WithTTL sets the lock's time to live for this call, overriding Options.TTL
+// (same range; Acquire rejects others with ErrInvalid).
 func WithTTL(ttl time.Duration) Option {
 	return func(c callOptions) callOptions { c.ttl, c.ttlSet = ttl, true; return c }
 }
 
-// WithWait makes Acquire wait up to d for a busy lock instead of trying once.
-// d bounds the waiting between attempts, not an attempt in flight: an attempt
-// that started before d ran out is waited for, bounded by the caller's
-// context, and its lease is returned if it got the lock. The wait also ends
-// with the caller's context. Zero means try once; a negative d is rejected
-// with ErrInvalid.
+// WithWait makes Acquire wait up to d for a busy lock instead of trying once,
+// woken by the release's pub/sub message; a lost one costs at most a backoff
+// or the holder's TTL, never correctness ("Waiting"). d bounds the waiting
+// between attempts: an attempt in flight when d ran out is waited for, bounded
+// by ctx, and its lease returned if it got the lock. Zero means try once; a
+// negative d is rejected with ErrInvalid.
 func WithWait(d time.Duration) Option {
 	return func(c callOptions) callOptions { c.wait = d; return c }
 }
 
-// WithFair makes a waiting Acquire (WithWait) wait in line: fair waiters of
-// a lock are served in the order their first attempts reached Redis, and a
-// release hands the lock straight to the first one, fence and all, so that
-// it holds the lock when the release's message arrives (GUARANTEES.md, "How
-// fair waiting works"). A plain Acquire of a lock with fair waiters in line
-// does not jump the queue: it finds the lock busy until the queue is empty.
-// Without WithWait, WithFair changes nothing. A NewRedlock Locker rejects
-// WithFair with ErrInvalid.
+// WithFair makes a waiting Acquire (WithWait) wait in line: waiters are
+// served in the order their first attempts reached Redis, and a release hands
+// the lock, fence and all, to the first, which holds it when the message
+// arrives ("How fair waiting works"). A plain Acquire does not jump the line:
+// it finds the lock busy until the line is empty. Without WithWait, WithFair
+// changes nothing; a NewRedlock Locker rejects it with ErrInvalid.
 func WithFair() Option {
 	return func(c callOptions) callOptions { c.fair = true; return c }
 }

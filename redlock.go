@@ -15,23 +15,19 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// NewRedlock returns a Locker whose locks are held on a majority of
-// independent Redis deployments: the Redlock algorithm, with fencing
-// tokens that stay ordered. Its leases are used exactly as New's are (the
-// same Acquire, RunWithLock, Lease methods, options and errors); see the
-// package documentation (Redlock) for what it guarantees and what it rests
-// on.
-//
-// A lock is held when a quorum of len(clients)/2+1 deployments granted it
-// within its validity (TTL minus the time the grants took minus the drift
-// allowance). Use an odd number of deployments: four tolerate the loss of
-// one, as three do, with one more to lose; five tolerate two. The clients
-// must reach independent deployments (not replicas of one another, not
-// nodes of one Cluster), or a single failure can take a quorum with it.
-//
+// NewRedlock returns a Locker whose locks are held on a quorum of
+// independent Redis deployments: the Redlock algorithm, with fencing tokens
+// that stay ordered without trusting clocks, and leases used exactly as New's
+// are. A lock is held when len(clients)/2+1 deployments granted it within its
+// validity (TTL minus the time the grants took minus the drift allowance); a
+// minority down or hung is not an outage, and waiters wait in line on the
+// first client's deployment ("How Redlock works", "What Redlock rests on").
+// Use an odd number: four tolerate the loss of one, as three do; five, two.
+// The deployments must be independent (not replicas of one another, not nodes
+// of one Cluster), or a single failure can take a quorum with it.
 // It returns an error matching ErrInvalid, and makes no Redis call, for no
 // clients, a nil client, the same client twice, or an option it cannot
-// honour. New's dial hook (see New) is added to every client.
+// honour. It adds New's dial hook to every client.
 func NewRedlock(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
 	if len(clients) == 0 {
 		return nil, invalidf("no redis clients")
@@ -119,7 +115,7 @@ func each[T any](ctx context.Context, q *quorum, timeout time.Duration, detach b
 			cancel()
 		}
 	}
-	r := &results[T]{ch: make(chan T, len(q.nodes)), n: len(q.nodes), ctx: ctx, timer: time.NewTimer(timeout),
+	r := &results[T]{ch: make(chan T, len(q.nodes)), n: len(q.nodes), ctx: ctx, timer: q.l.clock.NewTimer(timeout),
 		clock: q.l.clock, start: q.l.clock.Now()}
 	for i, d := range q.nodes {
 		q.l.bg.add()

@@ -24,43 +24,55 @@ import (
 // up leaves the line), the others try when their pause ends, at most
 // MaxRetryBackoff; an entry nobody keeps alive expires after lineEntryTTL.
 // When the first node cannot be reached, no one is in line, and every
-// release wakes every waiter, as on one deployment.
+// release wakes every waiter of the Locker (everyMessage).
 type line struct {
 	id    string
 	in    atomic.Bool // the Acquire's last attempt found the lock held on the line's node, which kept its entry
 	first atomic.Bool // and found no one ahead of it there
 	named atomic.Bool // a release named it since (set by the notifier)
 
-	// Set by quorum.register, for widen; only the Acquire's goroutine
+	// Set by quorum.registerLine, for widen; only the Acquire's goroutine
 	// uses them.
-	q          *quorum
-	key, token string
-	widened    bool
+	q       *quorum
+	key     string
+	widened bool
 }
 
-// hears reports whether m wakes w, a registration of the Acquire in this
-// line: while in line, only its own turn, a release on the line's node,
-// or a confirmation when no one was ahead of it (see waiter.
-// wakesOnConfirmation); woken, it is out of line until its next attempt,
-// which may find nodes whose releases are still on their way (those wake
-// it again). Called with the notifier's mutex held.
-func (ln *line) hears(w *waiter, m message) bool {
+// A lineSeat is a registration of an Acquire in a line (home: on the
+// line's node), whose hear lets it hear, while in line, only its own turn,
+// a release on the line's node, or a confirmation when no one was ahead of
+// it (a release before named one of those); woken, it is out of line until
+// its next attempt, which may find nodes whose releases are still on their
+// way (those wake it again).
+type lineSeat struct {
+	ln   *line
+	home bool
+}
+
+func (s lineSeat) hear(_ *waiter, m message) hearing {
+	ln := s.ln
+	var named string
+	if m.head == "next" {
+		named = m.rest
+	}
 	if ln.in.Load() {
 		switch {
-		case m.named != "" && m.named != ln.id:
-			return false // another's turn
-		case m.payload == "released" && !w.home:
-			return false // the line's node names who is next
-		case m.payload == "" && !w.wakesOnConfirmation():
-			return false
+		case named != "" && named != ln.id:
+			return ignore // another's turn
+		case m.payload == "released" && !s.home:
+			return ignore // the line's node names who is next
+		case m.payload == "" && !ln.first.Load():
+			return ignore
 		}
 		ln.in.Store(false)
 	}
-	if m.named != "" && m.named == ln.id {
+	if named == ln.id {
 		ln.named.Store(true)
 	}
-	return true
+	return wakeAll
 }
+
+func (s lineSeat) lingers(*waiter) bool { return s.home }
 
 // widen registers w, the Acquire's waiter on the line's node, on the other
 // nodes too, once: the Acquire is out of line, and any node's release may
@@ -71,7 +83,7 @@ func (ln *line) widen(w *waiter) {
 	}
 	ln.widened = true
 	for _, d := range ln.q.nodes[1:] {
-		if o := d.waits.register(d.channel(ln.key), w.wake, ln.token, ln, false); o != nil {
+		if o := d.waits.register(d.channel(ln.key), w.wake, lineSeat{ln: ln}); o != nil {
 			w.also = append(w.also, o)
 		}
 	}
@@ -88,12 +100,12 @@ func lineEntryTTL(maxBackoff time.Duration) time.Duration {
 // only (its releases name who is next; the others' would wake it in vain),
 // on the lock's channel and on this Locker's turn channel, until line.widen
 // adds the others.
-func (q *quorum) registerLine(key, token string, ln *line) *waiter {
+func (q *quorum) registerLine(key string, ln *line) *waiter {
 	home := q.nodes[0]
-	ln.q, ln.key, ln.token = q, key, token
-	w := home.waits.register(home.channel(key), nil, token, ln, true)
+	ln.q, ln.key = q, key
+	w := home.waits.register(home.channel(key), nil, lineSeat{ln: ln, home: true})
 	if w != nil {
-		if o := home.waits.register(q.turnChannel(key), w.wake, token, ln, true); o != nil {
+		if o := home.waits.register(q.turnChannel(key), w.wake, lineSeat{ln: ln, home: true}); o != nil {
 			w.also = append(w.also, o)
 		}
 	}
@@ -103,7 +115,7 @@ func (q *quorum) registerLine(key, token string, ln *line) *waiter {
 // register adds a waiter on every node. A call out of line when it
 // registers also hears this Locker's turn channel on the line's node: its
 // later attempts may join the line there, and be named.
-func (q *quorum) register(key, token string) *waiter {
+func (q *quorum) register(key string, h hearer) *waiter {
 	home := q.nodes[0]
 	var first *waiter
 	for _, d := range q.nodes {
@@ -111,7 +123,7 @@ func (q *quorum) register(key, token string) *waiter {
 		if first != nil {
 			wake = first.wake
 		}
-		w := d.waits.register(d.channel(key), wake, token, nil, false)
+		w := d.waits.register(d.channel(key), wake, h)
 		switch {
 		case w == nil: // closed
 		case first == nil:
@@ -121,7 +133,7 @@ func (q *quorum) register(key, token string) *waiter {
 		}
 	}
 	if first != nil { // a later attempt may join the line: its turn is named on this Locker's channel
-		if o := home.waits.register(q.turnChannel(key), first.wake, token, nil, false); o != nil {
+		if o := home.waits.register(q.turnChannel(key), first.wake, h); o != nil {
 			first.also = append(first.also, o)
 		}
 	}
@@ -152,6 +164,7 @@ type lineWakeup struct {
 	key string
 	id  string // the call's id in the line
 	w   *waiter
+	ln  *line // nil when w was registered out of line
 }
 
 // wakeup gives lease's Acquire its id in the line.
@@ -161,21 +174,21 @@ func (q *quorum) wakeup(lease *Lease) *lineWakeup {
 }
 
 func (lw *lineWakeup) next(at attempt, busy bool, d time.Duration) (<-chan struct{}, time.Duration) {
-	if lw.w == nil && busy {
+	if lw.w == nil {
 		if at.lined { // the first node found the lock busy: the call waits to be named there
-			ln := &line{id: lw.id}
-			ln.in.Store(true) // before its subscription's confirmation
-			ln.first.Store(at.ahead == 0)
-			lw.w = lw.q.registerLine(lw.key, "", ln)
+			lw.ln = &line{id: lw.id}
+			lw.ln.in.Store(true) // before its subscription's confirmation
+			lw.ln.first.Store(at.ahead == 0)
+			lw.w = lw.q.registerLine(lw.key, lw.ln)
 		} else {
-			lw.w = lw.q.register(lw.key, "") // nil after Close, which the wait hears
+			lw.w = lw.q.register(lw.key, everyMessage{}) // nil after Close, which the wait hears
 		}
 	}
 	if lw.w == nil {
 		return nil, d
 	}
-	lined := at.lined && lw.w.line != nil
-	if ln := lw.w.line; ln != nil {
+	lined := at.lined && lw.ln != nil
+	if ln := lw.ln; ln != nil {
 		ln.in.Store(lined)
 		ln.first.Store(lined && at.ahead == 0)
 		if !lined {
@@ -192,7 +205,7 @@ func (lw *lineWakeup) next(at attempt, busy bool, d time.Duration) (<-chan struc
 }
 
 func (lw *lineWakeup) woken() time.Duration {
-	if lw.w.line != nil && lw.w.line.named.Swap(false) {
+	if lw.ln != nil && lw.ln.named.Swap(false) {
 		return 0 // woken by name: alone
 	}
 	return mathrand.N(lw.q.wakeSpread() + 1)

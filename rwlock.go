@@ -248,24 +248,53 @@ func (k *rwKind) release(ctx context.Context, lease *Lease, mode string) (int64,
 // wakeup wakes a waiting call on every release that may let it in (see
 // rwlock_release.lua); a waiting writer that gives up takes its intent out.
 func (k *rwKind) wakeup(*Lease) wakeup {
-	r := &releases{l: k.d.l, key: k.rw.base}
+	r := &rwReleases{l: k.d.l, key: k.rw.base}
 	if k.waits {
-		return &intentReleases{releases: r, l: k.d.l}
+		return &intentReleases{rwReleases: r}
 	}
 	return r
 }
 
-// intentReleases are a waiting writer's wake-ups: as releases, and, when
+// rwReleases wakes a call waiting for a read-write lock on every message on
+// its channel (everyMessage), not one waiter of many as a lock's releases
+// do: the readers that waited behind a writer all try when it leaves, and
+// enter together. It registers after the call's first attempt that did not
+// get in; the registration's confirmation wakes it for another try, so
+// that a release before it is not missed.
+type rwReleases struct {
+	l   *Locker
+	key string
+	w   *waiter
+}
+
+func (r *rwReleases) next(_ attempt, _ bool, d time.Duration) (<-chan struct{}, time.Duration) {
+	if r.w == nil {
+		r.w = r.l.b.register(r.key, everyMessage{}) // nil after Close, which the wait hears
+	}
+	if r.w == nil {
+		return nil, d
+	}
+	return r.w.wake, d
+}
+
+func (r *rwReleases) woken() time.Duration { return 0 }
+
+func (r *rwReleases) leave(*Lease) {
+	if r.w != nil {
+		r.w.leave()
+	}
+}
+
+// intentReleases are a waiting writer's wake-ups: as rwReleases, and, when
 // the writer gives up holding nothing, its intent is taken out in the
 // background (abandoning its token, as after an attempt of unknown
 // outcome), which wakes the readers it held back.
 type intentReleases struct {
-	*releases
-	l *Locker
+	*rwReleases
 }
 
 func (w *intentReleases) leave(gaveUp *Lease) {
-	w.releases.leave(gaveUp)
+	w.rwReleases.leave(gaveUp)
 	if gaveUp != nil {
 		w.l.abandon(gaveUp)
 	}

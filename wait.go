@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -32,6 +31,7 @@ type notifier struct {
 	linger  time.Duration // hubLinger; shortened by tests
 	keep    time.Duration // channelLinger; shortened by tests
 	log     *slog.Logger
+	clock   Clock           // the Locker's: every time and timer of n and its hubs
 	ctx     context.Context // cancelled by close
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup // Add only under mu while !closed
@@ -42,6 +42,7 @@ type notifier struct {
 	classic  bool                  // guarded by mu; the server has no sharded pub/sub
 	channels map[string]*chanState // guarded by mu; channels with waiters
 	hubs     map[string]*hub       // guarded by mu; by node address, "" for a single deployment
+	seq      uint64                // guarded by mu; registrations so far
 }
 
 // chanState is one channel's waiters and the hub that subscribes to it.
@@ -58,15 +59,51 @@ type waiter struct {
 	channel string
 	wake    chan struct{} // buffered: a pending wake-up
 	also    []*waiter     // the same call's registrations on the other nodes of a quorum
-	token   string        // a fair waiter's token: "granted <token> <fence>" is for it
-	granted chan int64    // buffered; a fair waiter's grant, with its fence
-	// line is the waiting Acquire's place in a Redlock line, shared by its
-	// registrations on the quorum's nodes (nil outside a Redlock); home is
-	// set on the registration with the line's node. While the Acquire is
-	// in line, "next <id>" wakes it only when it names it, and "released"
-	// only from the line's node (see notifier.wake).
-	line *line
-	home bool
+	h       hearer        // what the call makes of the channel's messages
+	seq     uint64        // the order of registration: one wake-up goes to the earliest
+	wokeBy  *message      // the wake-up it got as one of many (see wakeOne); guarded by n.mu
+}
+
+// A hearer is what one kind of waiter makes of the messages on its channel
+// (release.lua, redlock_release.lua); the notifier knows no payload. It is
+// called with the notifier's mutex held.
+type hearer interface {
+	// hear tells what m, a message on w's channel (the empty payload: the
+	// subscription's confirmation), does to w.
+	hear(w *waiter, m message) hearing
+	// lingers reports whether w's channel stays subscribed for
+	// channelLinger after w, its last waiter, left.
+	lingers(w *waiter) bool
+}
+
+// hearing is what a message does to a waiter.
+type hearing int
+
+const (
+	ignore  hearing = iota
+	wakeAll         // wake this waiter
+	// wakeOne: wake this waiter or another that heard the same, the one
+	// that registered first; the one woken passes the wake-up on if it
+	// leaves before trying (see waiter.leave).
+	wakeOne
+)
+
+// everyMessage is the hearer of a waiter that every message wakes.
+type everyMessage struct{}
+
+func (everyMessage) hear(*waiter, message) hearing { return wakeAll }
+func (everyMessage) lingers(*waiter) bool          { return false }
+
+// A message is a payload published on a lock's channel, cut once by the
+// connection that read it into its first word and the rest.
+type message struct {
+	payload    string
+	head, rest string
+}
+
+func parseMessage(payload string) message {
+	head, rest, _ := strings.Cut(payload, " ")
+	return message{payload: payload, head: head, rest: rest}
 }
 
 // hubLinger is how long a hub stays open after its last waiter left, so that a
@@ -88,7 +125,7 @@ const channelLinger = time.Second
 // routeTimeout bounds the lookup of the node that serves a channel.
 const routeTimeout = 5 * time.Second
 
-func newNotifier(client redis.UniversalClient, log *slog.Logger) *notifier {
+func newNotifier(client redis.UniversalClient, log *slog.Logger, clock Clock) *notifier {
 	var nodes bool
 	switch client.(type) {
 	case *redis.ClusterClient, *redis.Ring:
@@ -96,29 +133,28 @@ func newNotifier(client redis.UniversalClient, log *slog.Logger) *notifier {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &notifier{
-		client: client, nodes: nodes, linger: hubLinger, keep: channelLinger, log: log, ctx: ctx, cancel: cancel,
+		client: client, nodes: nodes, linger: hubLinger, keep: channelLinger, log: log, clock: clock, ctx: ctx, cancel: cancel,
 		reroute:  2 * time.Second,
 		channels: make(map[string]*chanState), hubs: make(map[string]*hub),
 	}
 }
 
-// register adds a waiter on channel and returns at once; it returns nil
-// after close. The waiter is woken, on wake if not nil, when its channel's
-// subscription is confirmed (at once if it already was), and on every
-// release (but see waiter.line).
-func (n *notifier) register(channel string, wake chan struct{}, token string, ln *line, home bool) *waiter {
+// register adds a waiter on channel, which h decides what wakes, and
+// returns at once; it returns nil after close. The waiter is woken, on wake
+// if not nil, by its channel's messages as h decides, the subscription's
+// confirmation (at once if it already was) among them.
+func (n *notifier) register(channel string, wake chan struct{}, h hearer) *waiter {
 	if wake == nil {
 		wake = make(chan struct{}, 1)
 	}
-	w := &waiter{n: n, channel: channel, wake: wake, token: token, line: ln, home: home}
-	if token != "" {
-		w.granted = make(chan int64, 1)
-	}
+	w := &waiter{n: n, channel: channel, wake: wake, h: h}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed {
 		return nil
 	}
+	n.seq++
+	w.seq = n.seq
 	cs := n.channels[channel]
 	if cs == nil {
 		cs = &chanState{waiters: make(map[*waiter]struct{})}
@@ -128,7 +164,7 @@ func (n *notifier) register(channel string, wake chan struct{}, token string, ln
 	cs.idle = time.Time{}
 	switch {
 	case cs.hub != nil:
-		if _, ok := cs.hub.confirmed[channel]; ok && w.wakesOnConfirmation() {
+		if _, ok := cs.hub.confirmed[channel]; ok && h.hear(w, message{}) != ignore {
 			w.signal() // subscribed: try now, a release may have come since the attempt
 		}
 	case !cs.routing:
@@ -146,8 +182,9 @@ func (w *waiter) drain() {
 	}
 }
 
-// leave deregisters w; it never blocks on Redis. The last waiter on a channel
-// has its hub unsubscribe it, after channelLinger if that waiter was fair.
+// leave deregisters w; it never blocks on Redis. A wake-up w got as one of
+// many and has not taken goes to the next such waiter. The last waiter on
+// a channel has its hub unsubscribe it, after channelLinger if it lingers.
 func (w *waiter) leave() {
 	for _, o := range w.also {
 		o.leave()
@@ -160,11 +197,14 @@ func (w *waiter) leave() {
 		return
 	}
 	delete(cs.waiters, w)
+	if w.wokeBy != nil && len(w.wake) > 0 {
+		cs.deliverLocked(*w.wokeBy, true)
+	}
 	if len(cs.waiters) > 0 {
 		return
 	}
-	if (w.token != "" || (w.line != nil && w.home)) && cs.hub != nil && n.keep > 0 && !n.closed {
-		cs.idle = time.Now()
+	if w.h.lingers(w) && cs.hub != nil && n.keep > 0 && !n.closed {
+		cs.idle = n.clock.Now()
 		cs.hub.kickLocked() // to end it after channelLinger
 		return
 	}
@@ -176,12 +216,18 @@ func (w *waiter) leave() {
 	}
 }
 
-// wakesOnConfirmation reports whether w tries again when its subscription
-// is confirmed: a release before may have been missed. Not an Acquire in a
-// Redlock line with others ahead of it: a release before named one of
-// those.
-func (w *waiter) wakesOnConfirmation() bool {
-	return w.line == nil || !w.line.in.Load() || w.line.first.Load()
+// passOn gives a wake-up w got as one of many, and did not use (its try
+// neither took the lock nor found it taken), to the next such waiter.
+func (w *waiter) passOn() {
+	n := w.n
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if cs := n.channels[w.channel]; cs != nil && w.wokeBy != nil {
+		delete(cs.waiters, w)
+		cs.deliverLocked(*w.wokeBy, true)
+		cs.waiters[w] = struct{}{}
+	}
+	w.wokeBy = nil
 }
 
 func (w *waiter) signal() {
@@ -214,7 +260,7 @@ func (n *notifier) routeLocked(channel string, cs *chanState, moved string) {
 			if c, ok := n.client.(*redis.ClusterClient); ok {
 				c.ReloadState(ctx)
 			}
-			t := time.NewTimer(20 * time.Millisecond)
+			t := n.clock.NewTimer(20 * time.Millisecond)
 			select {
 			case <-ctx.Done():
 			case <-t.C:
@@ -293,22 +339,15 @@ func (n *notifier) rerouteLocked(channel, moved string) {
 	n.routeLocked(channel, cs, moved)
 }
 
-// wake signals the waiters on channel, or, when channel is "", those on
-// every channel of h. A grant ("granted <token> <fence>", from a release
-// that handed the lock to a fair waiter) goes to its waiter only: the lock
-// is held again, so the others have nothing to try. On a Redlock, an
-// Acquire in a node's line is woken by that node's "next <id>" naming it
-// and by its "released" (the line is empty), not by the other nodes'
-// releases nor by another's turn; waiters not in line wake on every one.
+// wake gives the message payload to the waiters on channel, or, when
+// channel is "", signals those on every channel of h.
 func (n *notifier) wake(h *hub, channel, payload string) {
 	m := parseMessage(payload)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if channel != "" {
 		if cs := n.channels[channel]; cs != nil {
-			for w := range cs.waiters {
-				w.hear(m)
-			}
+			cs.deliverLocked(m, false)
 		}
 		return
 	}
@@ -321,45 +360,26 @@ func (n *notifier) wake(h *hub, channel, payload string) {
 	}
 }
 
-// A message is what a release published on a lock's channel (release.lua,
-// redlock_release.lua), parsed once by the connection that read it; the
-// empty payload stands for a subscription's confirmation.
-type message struct {
-	payload string
-	grantee string // "granted <token> <fence>": the fair waiter handed the lock
-	fence   int64
-	named   string // "next <id>": the Acquire in a Redlock line whose turn it is
-}
-
-func parseMessage(payload string) message {
-	m := message{payload: payload}
-	if rest, ok := strings.CutPrefix(payload, "granted "); ok {
-		var fence string
-		m.grantee, fence, _ = strings.Cut(rest, " ")
-		m.fence, _ = strconv.ParseInt(fence, 10, 64)
-	} else if rest, ok := strings.CutPrefix(payload, "next "); ok {
-		m.named = rest
-	}
-	return m
-}
-
-// hear wakes w if m is for it: a grant only its grantee, which gets the
-// fence; a waiter in a Redlock line as its line decides (line.hears); any
-// other waiter on every message. Called with w.n.mu held.
-func (w *waiter) hear(m message) {
-	switch {
-	case m.grantee != "":
-		if w.token == m.grantee && m.fence > 0 {
-			select {
-			case w.granted <- m.fence:
-			default:
+// deliverLocked wakes the waiters m wakes, and the earliest of those it
+// wakes one of; with onlyOne, only that one (a wake-up passed on).
+func (cs *chanState) deliverLocked(m message, onlyOne bool) {
+	var one *waiter
+	for w := range cs.waiters {
+		switch w.h.hear(w, m) {
+		case wakeAll:
+			if !onlyOne {
+				w.signal()
+			}
+		case wakeOne:
+			if one == nil || w.seq < one.seq {
+				one = w
 			}
 		}
-		return
-	case w.line != nil && !w.line.hears(w, m):
-		return
 	}
-	w.signal()
+	if one != nil {
+		one.wokeBy = &m
+		one.signal()
+	}
 }
 
 // close shuts every hub down and waits for every goroutine of n, until by
@@ -384,7 +404,7 @@ func (n *notifier) close(by time.Time) {
 		n.wg.Wait()
 		close(done)
 	}()
-	waitUntil(done, by)
+	waitUntil(n.clock, done, by)
 }
 
 // subscriber opens subscription connections: a client for one node, or the
@@ -408,6 +428,18 @@ type hub struct {
 	want      map[string]struct{} // guarded by n.mu; channels with waiters routed here
 	confirmed map[string]struct{} // guarded by n.mu; subscribed, as the server confirmed
 	closed    bool                // guarded by n.mu; shut down: run exits
+	reached   time.Time           // only run touches it; the time the last of its timers was set for
+}
+
+// now is the hub's time: the clock's, or the time its last timer was set
+// for if that is later. The timer's firing says that time has come, so
+// each firing moves the hub on, whatever the clock's Now says (see Clock).
+func (h *hub) now() time.Time {
+	now := h.n.clock.Now()
+	if now.Before(h.reached) {
+		return h.reached
+	}
+	return now
 }
 
 func (h *hub) kickLocked() {
@@ -497,9 +529,7 @@ func (h *hub) run() {
 		reopen  = backoff{min: 10 * time.Millisecond, max: time.Second}
 		retryAt time.Time // no new connection before then
 		idle    time.Time // when the hub last had no channel; zero while it has some
-		timer   = time.NewTimer(time.Hour)
 	)
-	defer timer.Stop()
 	drop := func() {
 		if c == nil {
 			return
@@ -518,7 +548,7 @@ func (h *hub) run() {
 			n.mu.Unlock()
 			return
 		}
-		now := time.Now()
+		now := h.now()
 		lingerEnd := h.endLingersLocked(now)
 		want := make([]string, 0, len(h.want))
 		for ch := range h.want {
@@ -527,7 +557,7 @@ func (h *hub) run() {
 		classic := n.classic
 		n.mu.Unlock()
 
-		var wait time.Duration
+		var due time.Time // when to look again; zero: at a change or a message
 		switch {
 		case len(want) == 0 && (c == nil || len(c.sent) == 0):
 			if idle.IsZero() {
@@ -544,10 +574,10 @@ func (h *hub) run() {
 				n.mu.Unlock()
 				continue
 			}
-			wait = idle.Add(n.linger).Sub(now)
+			due = idle.Add(n.linger)
 		case c == nil && now.Before(retryAt):
 			idle = time.Time{}
-			wait = retryAt.Sub(now)
+			due = retryAt
 		default:
 			idle = time.Time{}
 			if c == nil {
@@ -557,15 +587,23 @@ func (h *hub) run() {
 				n.log.LogAttrs(h.ctx, slog.LevelDebug, "fencelock: wake-up subscription failed",
 					slog.String("node", h.key), slog.Any("error", err))
 				drop()
-				retryAt = time.Now().Add(reopen.next())
+				retryAt = h.now().Add(reopen.next())
 				continue
 			}
-			wait = h.checkPending(c)
+			due = h.checkPending(c)
 		}
-		if !lingerEnd.IsZero() {
-			wait = min(wait, lingerEnd.Sub(now))
+		if !lingerEnd.IsZero() && (due.IsZero() || lingerEnd.Before(due)) {
+			due = lingerEnd
 		}
-		timer.Reset(wait)
+		// A new timer from the clock each time, never a Reset (which
+		// would bypass a Clock that is not the system's), and none
+		// when nothing is due: no loop on a timer with nothing to do.
+		var timer *time.Timer
+		var fired <-chan time.Time
+		if !due.IsZero() {
+			timer = n.clock.NewTimer(due.Sub(now))
+			fired = timer.C
+		}
 
 		var msgs <-chan any
 		if c != nil && c.reading {
@@ -573,17 +611,20 @@ func (h *hub) run() {
 		}
 		select {
 		case <-h.kick:
-		case <-timer.C:
+		case <-fired:
+			h.reached = due
 		case m := <-msgs:
-			if h.handle(c, m) {
-				continue
+			if !h.handle(c, m) {
+				// The connection broke, or the server has no sharded
+				// pub/sub: messages may have been lost, so every waiter
+				// tries again; then open a new connection.
+				drop()
+				n.wake(h, "", "")
+				retryAt = h.now().Add(reopen.next())
 			}
-			// The connection broke, or the server has no sharded
-			// pub/sub: messages may have been lost, so every waiter
-			// tries again; then open a new connection.
-			drop()
-			n.wake(h, "", "")
-			retryAt = time.Now().Add(reopen.next())
+		}
+		if timer != nil {
+			timer.Stop()
 		}
 	}
 }
@@ -639,7 +680,7 @@ func (h *hub) sync(c *conn, want []string) error {
 		if err != nil {
 			return err
 		}
-		c.sent[ch] = time.Now()
+		c.sent[ch] = h.now()
 		if !c.reading {
 			c.reading = true
 			go c.read(h.n)
@@ -738,26 +779,27 @@ func (h *hub) handle(c *conn, m any) bool {
 
 // checkPending routes again the channels whose subscription has not been
 // confirmed for a while (refused, or its confirmation lost), and returns
-// when to check next.
-func (h *hub) checkPending(c *conn) time.Duration {
+// when to check next: zero if no channel waits for its confirmation.
+func (h *hub) checkPending(c *conn) (next time.Time) {
 	n := h.n
-	now := time.Now()
-	next := time.Hour
+	now := h.now()
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for ch, at := range c.sent {
 		if _, ok := h.confirmed[ch]; ok {
 			continue
 		}
-		if due := at.Add(n.reroute).Sub(now); due > 0 {
-			next = min(next, due)
+		if due := at.Add(n.reroute); due.After(now) {
+			if next.IsZero() || due.Before(next) {
+				next = due
+			}
 			continue
 		}
 		delete(c.sent, ch)
 		if n.nodes {
 			n.rerouteLocked(ch, "") // unsubscribed by the next sync if it moved
 		}
-		next = 0
+		next = now
 	}
 	return next
 }

@@ -2,6 +2,7 @@ package fencelock
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -341,7 +342,7 @@ func TestFairWaitSoonAfterAWaitStartsSubscribed(t *testing.T) {
 		// Release it, and wait until l has read the release's message on
 		// its lingering subscription: read later, it would wake the next
 		// round's waiter after its attempt.
-		seen := waitsOf(l).register(channel, nil, "observer", nil, false)
+		seen := waitsOf(l).register(channel, nil, &grantee{token: "observer", granted: make(chan int64, 1)})
 		require.NotNil(t, seen)
 		<-seen.wake // subscribed: signalled at once
 		require.NoError(t, lease.Release(ctx))
@@ -413,7 +414,7 @@ func TestChannelLingersThenEnds(t *testing.T) {
 func TestOwnUnsubscriptionAfterResubscribing(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never used: no hub runs
 	t.Cleanup(func() { _ = client.Close() })
-	n := newNotifier(client, slog.New(slog.DiscardHandler))
+	n := newNotifier(client, slog.New(slog.DiscardHandler), systemClock{})
 	t.Cleanup(func() { n.close(time.Now().Add(time.Minute)) })
 	h := &hub{n: n, kick: make(chan struct{}, 1), want: map[string]struct{}{}, confirmed: map[string]struct{}{}}
 	c := newConn(true)
@@ -436,4 +437,91 @@ func TestOwnUnsubscriptionAfterResubscribing(t *testing.T) {
 	require.True(t, h.handle(c, &redis.Subscription{Kind: "sunsubscribe", Channel: ch}))
 	assert.NotContains(t, c.sent, ch, "ended by the server")
 	assert.False(t, subscribed(n, ch))
+}
+
+// countAcquires counts the acquire scripts e's client sends from now on.
+func countAcquires(e *env) *atomic.Int64 {
+	var n atomic.Int64
+	e.hook.set(func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == "acquire" {
+			n.Add(1)
+		}
+		return nil
+	}, nil)
+	return &n
+}
+
+// A release wakes one of a Locker's plain waiters, not all: each hand-over
+// costs one attempt, where waking every waiter would cost one per waiter
+// still waiting (here 6+5+4+3+2+1 = 21 against 6).
+func TestReleaseWakesOneWaiter(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, slowPolling) // no attempt by backoff within the test
+	name := uniqueName(t)
+	held, err := l.Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+	attempts := countAcquires(e)
+	const waiters = 6
+	var wg sync.WaitGroup
+	for range waiters {
+		wg.Go(func() {
+			lease, err := l.Acquire(ctx, name, WithWait(time.Minute), WithTTL(time.Minute))
+			if assert.NoError(t, err) {
+				time.Sleep(2 * time.Millisecond)
+				assert.NoError(t, lease.Release(ctx))
+			}
+		})
+	}
+	// Each waiter tries once, finds the lock busy, subscribes, and tries
+	// again when its subscription is confirmed.
+	require.Eventually(t, func() bool { return attempts.Load() == 2*waiters }, 5*time.Second, time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
+	require.EqualValues(t, 2*waiters, attempts.Load())
+	attempts.Store(0)
+	require.NoError(t, held.Release(ctx))
+	wg.Wait()
+	assert.LessOrEqual(t, attempts.Load(), int64(waiters+1), "one attempt per hand-over")
+}
+
+// A woken waiter whose attempt neither takes the lock nor finds it held
+// passes the wake-up on: the next waiter tries at once, not after its
+// backoff (20s here).
+func TestWakeUpPassedOnAfterAFailedAttempt(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, slowPolling)
+	name := uniqueName(t)
+	held, err := l.Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+	attempts := countAcquires(e)
+	results := make(chan error, 2)
+	for i := range 2 {
+		go func() {
+			lease, err := l.Acquire(ctx, name, WithWait(time.Minute))
+			if err == nil {
+				err = lease.Release(ctx)
+			}
+			results <- err
+		}()
+		// The first registers first, and is the one a release wakes.
+		require.Eventually(t, func() bool { return attempts.Load() == int64(2*(i+1)) }, 5*time.Second, time.Millisecond)
+	}
+	var failed atomic.Bool
+	e.hook.set(func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == "acquire" && failed.CompareAndSwap(false, true) {
+			return errors.New("injected: the woken waiter's attempt fails")
+		}
+		return nil
+	}, nil)
+	start := time.Now()
+	require.NoError(t, held.Release(ctx))
+	for range 2 { // the second is woken when the first passes its wake-up on, the first by the second's release
+		select {
+		case err := <-results:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("the wake-up was not passed on: nobody took the free lock")
+		}
+	}
+	assert.True(t, failed.Load())
+	assert.Less(t, time.Since(start), 10*time.Second)
 }

@@ -408,7 +408,15 @@ func scaleLocks(n int) int {
 
 func TestScaleWaiters(t *testing.T) {
 	e := newEnv(t, nil)
-	checkScaleWaiters(t, e.client, e.hook, []*redistest.Server{e.srv}, scaleLocks(1000), 10, false)
+	checkScaleWaiters(t, e.client, e.hook, []*redistest.Server{e.srv}, scaleLocks(1000), 10, false, 1)
+}
+
+// Ten Lockers in one process sharing one go-redis client: the callers
+// spread over them, and the connections to Redis stay within the client's
+// pool plus one subscription connection a Locker.
+func TestScaleWaitersTenLockersOneClient(t *testing.T) {
+	e := newEnv(t, nil)
+	checkScaleWaiters(t, e.client, e.hook, []*redistest.Server{e.srv}, scaleLocks(1000), 10, false, 10)
 }
 
 // Fair waiters keep their queue entries alive every queueKeepAlive: 10 000
@@ -419,7 +427,7 @@ func TestScaleWaiters(t *testing.T) {
 // queueEntryTTL, or its waiter loses its place in line.
 func TestScaleFairWaiters(t *testing.T) {
 	e := newEnv(t, nil)
-	checkScaleWaiters(t, e.client, e.hook, []*redistest.Server{e.srv}, scaleLocks(1000), 10, true)
+	checkScaleWaiters(t, e.client, e.hook, []*redistest.Server{e.srv}, scaleLocks(1000), 10, true, 1)
 }
 
 func TestScaleClusterWaiters(t *testing.T) {
@@ -427,7 +435,7 @@ func TestScaleClusterWaiters(t *testing.T) {
 	client := c.Client(nil)
 	hook := &faultHook{}
 	client.AddHook(hook)
-	checkScaleWaiters(t, client, hook, c.Masters, scaleLocks(300), 10, false)
+	checkScaleWaiters(t, client, hook, c.Masters, scaleLocks(300), 10, false, 1)
 }
 
 // scaleOtherGoroutines bounds, while every caller waits, the goroutines
@@ -451,14 +459,20 @@ const scaleOtherGoroutines = 64
 // the commands in flight (none but fair waiters' keep-alives) and
 // scaleOtherGoroutines.
 func checkScaleWaiters(t *testing.T, client redis.UniversalClient, hook *faultHook, nodes []*redistest.Server,
-	names, perName int, fair bool) {
+	names, perName int, fair bool, nLockers int) {
 	t.Helper()
 	// Pauses of a minute: only wake-ups (and, fair, keep-alives) explain
 	// the hand-overs in time.
-	l, err := New(client, &Options{MinRetryBackoff: time.Minute, MaxRetryBackoff: time.Minute})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = l.Close() })
-	waitsOf(l).linger = 300 * time.Millisecond
+	lockers := make([]*Locker, nLockers)
+	for i := range lockers {
+		l, err := New(client, &Options{MinRetryBackoff: time.Minute, MaxRetryBackoff: time.Minute})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = l.Close() })
+		waitsOf(l).linger = 300 * time.Millisecond
+		lockers[i] = l
+	}
+	l := lockers[0]
+	var err error
 	callers := names * perName
 	opts := []Option{WithWait(time.Minute), WithTTL(time.Minute)}
 	if fair {
@@ -498,7 +512,7 @@ func checkScaleWaiters(t *testing.T, client redis.UniversalClient, hook *faultHo
 	for i := range callers {
 		wg.Go(func() {
 			tn := &turns[i%names]
-			lease, err := scaleCaller(wctx, l, held[i%names].Name(), opts)
+			lease, err := scaleCaller(wctx, lockers[i%nLockers], held[i%names].Name(), opts)
 			if err != nil {
 				errs[i] = err
 				return
@@ -523,8 +537,8 @@ func checkScaleWaiters(t *testing.T, client redis.UniversalClient, hook *faultHo
 	require.Eventually(t, func() bool { return answered.Load() >= int64(callers) && subscribed() == names },
 		60*time.Second, 10*time.Millisecond, "every caller waits: its attempt answered, its channel subscribed")
 	waiting := time.Since(start)
-	t.Logf("%d callers (fair %v) on %d locks over %d node(s): set-up %v, all waiting after %v",
-		callers, fair, names, len(nodes), start.Sub(setup).Round(time.Millisecond), waiting.Round(time.Millisecond))
+	t.Logf("%d callers (fair %v) in %d Locker(s) on %d locks over %d node(s): set-up %v, all waiting after %v",
+		callers, fair, nLockers, names, len(nodes), start.Sub(setup).Round(time.Millisecond), waiting.Round(time.Millisecond))
 
 	// The attempts that the subscriptions' confirmations started end (fair
 	// waiters' keep-alives go on); then a look at what every goroutine
@@ -559,7 +573,11 @@ func checkScaleWaiters(t *testing.T, client redis.UniversalClient, hook *faultHo
 		conns, clients, goroutines0, g.callers, g.commands, g.others,
 		float64(g.callers+g.commands+g.others-goroutines0)/float64(callers),
 		heap0>>10, heap1>>10, (float64(heap1)-float64(heap0))/float64(callers))
-	assert.LessOrEqual(t, conns, len(nodes), "one subscription connection per node, not per lock name")
+	assert.LessOrEqual(t, conns, nLockers*len(nodes), "one subscription connection per Locker per node, not per lock name")
+	if poolSize := clientPoolSize(client); poolSize > 0 {
+		assert.LessOrEqual(t, clients, poolSize*len(nodes)+nLockers*len(nodes)+len(nodes),
+			"connections: the client's pool, a subscription connection per Locker per node, and the test's own")
+	}
 	assert.Equal(t, callers, g.callers, "callers waiting")
 	assert.LessOrEqual(t, g.others-goroutines0, scaleOtherGoroutines,
 		"goroutines while the callers wait: besides theirs and their commands', at most %d", scaleOtherGoroutines)
@@ -616,8 +634,10 @@ func checkScaleWaiters(t *testing.T, client redis.UniversalClient, hook *faultHo
 		}
 	}
 
-	require.Eventually(t, func() bool { return openHubs(l) == 0 }, 5*time.Second, 10*time.Millisecond,
-		"the subscription connections close after the linger")
+	for _, l := range lockers {
+		require.Eventually(t, func() bool { return openHubs(l) == 0 }, 5*time.Second, 10*time.Millisecond,
+			"the subscription connections close after the linger")
+	}
 	peak := s.stop()
 	goroutines2, heap2 := runtime.NumGoroutine(), heapAlloc()
 	t.Logf("peaks: %d subscription connection(s); %d goroutines, %.2f a caller; %d KiB live heap, "+
@@ -625,9 +645,20 @@ func checkScaleWaiters(t *testing.T, client redis.UniversalClient, hook *faultHo
 		peak.conns, peak.goroutines, float64(peak.goroutines-goroutines0)/float64(callers), peak.heapLive>>10,
 		peak.stacks>>10, float64(peak.stacks)/1024/float64(callers), goroutines2, heap2>>10)
 	require.NoError(t, peak.err, "counting pub/sub connections")
-	assert.LessOrEqual(t, peak.conns, len(nodes), "subscription connections at any time: at most one per node")
+	assert.LessOrEqual(t, peak.conns, nLockers*len(nodes), "subscription connections at any time: at most one per Locker per node")
 	assert.LessOrEqual(t, peak.goroutines-goroutines0, 2*(callers+names)+scaleOtherGoroutines,
 		"goroutines at the peak: two a caller at most, and two a release of the held locks")
+}
+
+// clientPoolSize is client's go-redis pool size per node, or 0.
+func clientPoolSize(client redis.UniversalClient) int {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().PoolSize
+	case *redis.ClusterClient:
+		return c.Options().PoolSize
+	}
+	return 0
 }
 
 // scaleCaller is a caller of checkScaleWaiters: countScaleGoroutines finds

@@ -9,23 +9,20 @@ import (
 	"time"
 )
 
-// RunWithLock acquires the lock called name as Acquire does, runs work
-// while a watchdog renews the lease (see Lease.KeepAlive), then releases it
-// within Release's bounds, also when work panics (the panic then continues)
-// or calls runtime.Goexit. work's context, derived from ctx, is cancelled
-// with cause ErrLost as soon as the lease is no longer certainly held; pass
-// lease.Fence() to the resource the work writes.
+// RunWithLock acquires the lock called name as Acquire does, runs work under
+// the lease's watchdog (see Lease.KeepAlive: work's ctx is cancelled with
+// cause ErrLost when the lease is lost), and releases it as Release does, also
+// when work panics (the panic goes on) or calls runtime.Goexit. Pass
+// lease.Fence() to what work writes.
 //
-// It returns Acquire's error, work not having run, unless fail-open
-// (WithFailOpen, Options.FailOpen) ran it on a degraded lease after
-// ErrUnavailable (work's error is then returned); ErrInvalid for a nil
-// work; otherwise work's error, joined (on one line) with an error matching
-// ErrLost whenever the lease was lost while work ran or was found not held
-// when released (if work called lease.Release itself, only a loss before
-// that counts), even if work returned nil: mutual exclusion may have been
-// broken. A failed release is logged at Warn level, not returned, and the
-// lock expires after its TTL; a lost lease is released in the background at
-// once, so that RunWithLock returns when work does.
+// It returns Acquire's error without running work, unless it failed open
+// (Options.FailOpen: work's error is then returned); ErrInvalid for a nil
+// work; else work's error, joined on one line with an error matching ErrLost
+// if the lease was lost while work ran or found not held at release (before
+// work's own lease.Release, if any), even if work returned nil. A failed
+// release is logged at Warn level, not returned (the lock expires after its
+// TTL); a lost lease is released in the background, so RunWithLock returns
+// when work does.
 func (l *Locker) RunWithLock(ctx context.Context, name string,
 	work func(ctx context.Context, lease *Lease) error, opts ...Option) error {
 	if err := l.usable(); err != nil {
@@ -137,25 +134,19 @@ func joinErr(werr, lost error) error {
 	return &opError{msg: werr.Error() + "; " + lost.Error(), errs: []error{werr, lost}}
 }
 
-// KeepAlive starts the lease's watchdog, if it is not running yet, and returns
-// a context derived from ctx that is cancelled with cause ErrLost when the
-// lease is lost: a renewal, or an Extend of the caller's, found the lock
-// taken over or deleted, or the lease's Deadline passed before a renewal
-// succeeded. The watchdog renews the lock every Options.RenewInterval
-// (default TTL/3) and follows the caller's own Extend calls (GUARANTEES.md,
-// "Deadlines and the watchdog"). Options.MaxHold (default: no cap) bounds
-// how long it renews.
+// KeepAlive starts the lease's watchdog, if not running yet, and returns a
+// context derived from ctx, cancelled with cause ErrLost when the lease is
+// lost: a renewal, or the caller's Extend, found the lock taken over or
+// deleted, or Deadline passed before a renewal succeeded. The watchdog renews
+// every Options.RenewInterval (default TTL/3), follows the caller's Extend
+// calls, and stops renewing after Options.MaxHold ("Deadlines and the
+// watchdog").
 //
-// The watchdog runs until Release, which cancels the returned context (with
-// a cause matching ErrNotHeld), stops the watchdog and waits for it to exit,
-// or until ctx ends (with several KeepAlive calls, the ctx of every one):
-// then it stops, and the lease is released in the background, each try
-// bounded by Options.ReleaseTimeout, as a lost lease is by RunWithLock; a
-// later Release returns ErrNotHeld. Work that goes on after ctx ended no
-// longer holds the lock. Call Release when the work is done, also on error
-// paths (defer it). On a lease that is already lost, released or found not
-// held, and on a nil lease, KeepAlive returns a context that is already
-// cancelled with the cause.
+// It runs until Release (defer it), which cancels the context with a cause
+// matching ErrNotHeld, or until ctx ends (every one's, with several KeepAlive
+// calls): the lease is then released in the background, as a lost one is, and
+// a later Release returns ErrNotHeld. On a nil, lost or released lease, or
+// one found not held, the context is already cancelled with the cause.
 func (l *Lease) KeepAlive(ctx context.Context) context.Context {
 	return l.keepAlive(ctx, false)
 }

@@ -7,22 +7,21 @@
 // WithFailOpen(true)): one gets the lock, picks and packs the order and marks
 // it shipped; the other waits for the lock, then finds the order shipped and
 // acknowledges the duplicate.
-// The lock saves the second instance the work; the conditional update
+// The lock saves the second instance the work. What makes "ships once"
+// hold even if a holder lost its lock without knowing it is the shipping
+// transaction: the fence guard (package fencesql) refuses a holder older
+// than one that wrote the order, and the writes are conditional:
 //
-//	UPDATE orders SET status = 'shipped', fence_token = ?
-//	WHERE id = ? AND status = 'paid' AND fence_token < ?
-//
-// and the shipments table's primary key are what make "ships once" hold even
-// if a holder lost its lock without knowing it.
+//	guard.Advance(ctx, tx, "order:42", lease.Fence())
+//	UPDATE orders SET status = 'shipped' WHERE id = ? AND status = 'paid'
+//	INSERT INTO shipments ... ON CONFLICT (order_id) DO NOTHING
 //
 // Shipping is safe to run twice for that reason, so the instances fail open
 // (WithFailOpen(true)): when Redis is down they run the work anyway, on a
 // degraded lease with no lock and no fence, and let the database decide. A
-// degraded run's fence 0 would be refused by the fence check, so it writes
-// through the guards that hold without a lock:
-//
-//	UPDATE orders SET status = 'shipped' WHERE id = ? AND status = 'paid'
-//	INSERT INTO shipments ... ON CONFLICT (order_id) DO NOTHING
+// degraded run's fence 0 is not a fence (Advance returns ErrNoFence), so it
+// writes through the two conditional writes alone, which hold without a
+// lock.
 //
 // With REDIS_ADDR pointing at nothing, both instances retry Redis for their
 // 5s wait, then run degraded at the same time: one ships, the other's update
@@ -41,6 +40,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -55,6 +55,7 @@ import (
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/examples/internal/demo"
+	"github.com/fencelock/fencelock/fencesql"
 )
 
 func main() {
@@ -114,7 +115,7 @@ type Shipment struct {
 type Result struct {
 	OrderID   int64
 	Status    string // the order's status at the end
-	Fence     int64  // the order's fence_token at the end
+	Fence     int64  // the fence the guard recorded for the order at the end; 0 if none
 	Handlings []Handling
 	Shipments []Shipment
 	Tables    []string // the run's tables, dropped at the end of the run
@@ -155,17 +156,15 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 
 	runID := demo.RunID()
 	q := newQueries(db, runID)
-	res.OrderID, res.Tables = orderID, []string{q.orders, q.shipments}
-	for _, stmt := range q.create {
-		if _, err := db.ExecContext(ctx, stmt); err != nil {
-			return res, fmt.Errorf("create tables: %w", err)
-		}
-	}
+	res.OrderID, res.Tables = orderID, []string{q.orders, q.shipments, q.fences, q.fences + "_keys"}
 	defer func() {
 		if derr := db.DropTables(ctx, res.Tables...); derr != nil && err == nil {
 			err = derr
 		}
 	}()
+	if err := q.createTables(ctx, db); err != nil {
+		return res, err
+	}
 	prefix := "fencelock-example:" + runID + ":"
 	lockName := fmt.Sprintf("order:%d", orderID)
 	lockKey := prefix + "{" + lockName + "}" // Options.KeyPrefix documents the key format
@@ -185,7 +184,7 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 	}
 
 	tl.Printf("parent", "redis: %s", rds.Desc)
-	tl.Printf("parent", "database: %s, tables %s and %s", db.Desc, q.orders, q.shipments)
+	tl.Printf("parent", "database: %s, tables %s and %s, fence guard %s", db.Desc, q.orders, q.shipments, q.fences)
 	tl.Printf("parent", "order %d is paid; its \"payment completed\" notification arrives twice, at two instances at once",
 		orderID)
 
@@ -223,8 +222,11 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 			return res, fmt.Errorf("%s: %w", h.Instance, h.Err)
 		}
 	}
-	if err := db.QueryRowContext(ctx, q.selectOrder, orderID).Scan(&res.Status, &res.Fence); err != nil {
+	if err := db.QueryRowContext(ctx, q.selectStatus, orderID).Scan(&res.Status); err != nil {
 		return res, fmt.Errorf("read order: %w", err)
+	}
+	if err := db.QueryRowContext(ctx, q.selectFence, lockName).Scan(&res.Fence); err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return res, fmt.Errorf("read the order's fence: %w", err)
 	}
 	if res.Shipments, err = q.allShipments(ctx, db); err != nil {
 		return res, err
@@ -312,13 +314,12 @@ func (in *instance) handle(ctx context.Context, lockName string) Handling {
 		case <-ctx.Done(): // the lease was lost (or the run cancelled): stop here
 			return context.Cause(ctx)
 		}
+		shipped, err := ship(ctx, in.db, in.q, orderID, in.name, h.Fence)
+		if err != nil {
+			return err
+		}
+		h.Shipped = shipped
 		if h.Degraded {
-			// No fence to pass: the fence check would refuse fence 0.
-			shipped, err := shipDegraded(ctx, in.db, in.q, orderID, in.name)
-			if err != nil {
-				return err
-			}
-			h.Shipped = shipped
 			if shipped {
 				in.tl.Printf(in.name, "conditional update matched the paid order: shipped, shipment recorded without a fence")
 			} else {
@@ -329,17 +330,12 @@ func (in *instance) handle(ctx context.Context, lockName string) Handling {
 			}
 			return nil
 		}
-		shipped, err := ship(ctx, in.db, in.q, orderID, in.name, h.Fence)
-		if err != nil {
-			return err
-		}
-		h.Shipped = shipped
 		if shipped {
 			in.tl.Printf(in.name, "conditional update matched the paid order: shipped, shipment recorded with fence %d", h.Fence)
 		} else {
 			// Only possible if this instance lost its lock while packing and
 			// another one shipped the order meanwhile.
-			in.tl.Printf(in.name, "conditional update matched no row: shipped already, nothing written")
+			in.tl.Printf(in.name, "a newer holder wrote the order, or it shipped already: nothing written")
 		}
 		return nil
 	}, fencelock.WithWait(wait), fencelock.WithFailOpen(true))
@@ -354,24 +350,12 @@ func (in *instance) handle(ctx context.Context, lockName string) Handling {
 }
 
 // ship marks the order shipped and records its shipment, in one
-// transaction, if the order is still paid and no holder with a newer fence
-// has written it. It reports whether it did.
+// transaction, if the order is still paid, has no shipment, and no holder
+// with a newer fence has written it. It reports whether it did. Fence 0
+// (a degraded run: no lock, no fence) skips the fence guard: the order's
+// status and the shipments key decide, whoever else runs the same work
+// meanwhile.
 func ship(ctx context.Context, db *demo.DB, q queries, id int64, by string, fence int64) (shipped bool, err error) {
-	return shipTx(ctx, db, id, q.markShipped, []any{fence, id, fence}, q.insertShipment, []any{id, by, fence})
-}
-
-// shipDegraded is ship for a degraded run, which has no lock and no fence:
-// it marks the order shipped and records its shipment, in one transaction,
-// if the order is still paid and has no shipment, whoever else runs the same
-// work meanwhile. It reports whether it did.
-func shipDegraded(ctx context.Context, db *demo.DB, q queries, id int64, by string) (shipped bool, err error) {
-	return shipTx(ctx, db, id, q.markShippedDegraded, []any{id}, q.insertShipmentDegraded, []any{id, by})
-}
-
-// shipTx runs ship's or shipDegraded's update and insert in one
-// transaction, and commits only if each wrote a row.
-func shipTx(ctx context.Context, db *demo.DB, id int64, update string, updateArgs []any,
-	insert string, insertArgs []any) (shipped bool, err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return false, fmt.Errorf("ship order %d: %w", id, err)
@@ -381,7 +365,15 @@ func shipTx(ctx context.Context, db *demo.DB, id int64, update string, updateArg
 			_ = tx.Rollback()
 		}
 	}()
-	res, err := tx.ExecContext(ctx, update, updateArgs...)
+	err = q.guard.Advance(ctx, tx, fmt.Sprintf("order:%d", id), fence)
+	switch {
+	case errors.Is(err, fencesql.ErrNoFence): // degraded: the writes below decide
+	case errors.Is(err, fencesql.ErrStale): // this holder lost its lock to a newer one, which wrote
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("ship order %d: %w", id, err)
+	}
+	res, err := tx.ExecContext(ctx, q.markShipped, id)
 	if err != nil {
 		return false, fmt.Errorf("ship order %d: %w", id, err)
 	}
@@ -389,9 +381,9 @@ func shipTx(ctx context.Context, db *demo.DB, id int64, update string, updateArg
 		return false, err
 	}
 	// The shipment's primary key is the order: even a write that got past
-	// the update could not record a second shipment (the fenced insert
-	// fails, the degraded one inserts nothing and the update is rolled back).
-	if res, err = tx.ExecContext(ctx, insert, insertArgs...); err != nil {
+	// the update could not record a second shipment (the insert inserts
+	// nothing, and the update is rolled back).
+	if res, err = tx.ExecContext(ctx, q.insertShipment, id, by, fence); err != nil {
 		return false, fmt.Errorf("record shipment of order %d: %w", id, err)
 	}
 	if n, err := res.RowsAffected(); err != nil || n == 0 {
@@ -404,49 +396,52 @@ func shipTx(ctx context.Context, db *demo.DB, id int64, update string, updateArg
 }
 
 // queries are the story's statements, written with ? and rebound once for
-// the database's placeholder style.
+// the database's placeholder style, and its fence guard.
 type queries struct {
-	orders, shipments string // table names
-	create            []string
-	insertOrder, selectStatus, selectOrder,
-	markShipped, insertShipment,
-	markShippedDegraded, insertShipmentDegraded,
-	selectShipments string
+	orders, shipments, fences string // table names
+	create                    []string
+	guard                     *fencesql.Guard // set by createTables
+	insertOrder, selectStatus, selectFence,
+	markShipped, insertShipment, selectShipments string
 }
 
 func newQueries(db *demo.DB, runID string) queries {
-	orders, shipments := "orders_"+runID, "shipments_"+runID
+	orders, shipments, fences := "orders_"+runID, "shipments_"+runID, "fences_"+runID
 	return queries{
-		orders: orders, shipments: shipments,
+		orders: orders, shipments: shipments, fences: fences,
 		create: []string{
 			`CREATE TABLE ` + orders + ` (
 				id          BIGINT PRIMARY KEY,
-				status      TEXT NOT NULL,   -- 'paid', then 'shipped'
-				fence_token BIGINT NOT NULL) -- fence of the last accepted write`,
+				status      TEXT NOT NULL)   -- 'paid', then 'shipped'`,
 			`CREATE TABLE ` + shipments + ` (
 				order_id    BIGINT PRIMARY KEY, -- one shipment per order
 				shipped_by  TEXT NOT NULL,
-				fence_token BIGINT NOT NULL)`,
+				fence_token BIGINT NOT NULL)    -- the fence it shipped under, for the record; 0: degraded`,
 		},
-		insertOrder:  db.Rebind(`INSERT INTO ` + orders + ` (id, status, fence_token) VALUES (?, 'paid', 0)`),
+		insertOrder:  db.Rebind(`INSERT INTO ` + orders + ` (id, status) VALUES (?, 'paid')`),
 		selectStatus: db.Rebind(`SELECT status FROM ` + orders + ` WHERE id = ?`),
-		selectOrder:  db.Rebind(`SELECT status, fence_token FROM ` + orders + ` WHERE id = ?`),
-		// The idempotent, fenced write: it matches only a paid order that no
-		// newer holder has written.
-		markShipped: db.Rebind(`UPDATE ` + orders + ` SET status = 'shipped', fence_token = ?
-			WHERE id = ? AND status = 'paid' AND fence_token < ?`),
-		insertShipment: db.Rebind(`INSERT INTO ` + shipments + ` (order_id, shipped_by, fence_token) VALUES (?, ?, ?)`),
-		// The degraded writes: no fence to check (fence_token < 0 would
-		// match nothing) nor to record (the order keeps the last fenced
-		// writer's; the shipment says 0, none). The order's own status and
-		// the shipments key decide. SQLite (3.24 and later) and PostgreSQL
-		// both take this ON CONFLICT.
-		markShippedDegraded: db.Rebind(`UPDATE ` + orders + ` SET status = 'shipped'
-			WHERE id = ? AND status = 'paid'`),
-		insertShipmentDegraded: db.Rebind(`INSERT INTO ` + shipments + ` (order_id, shipped_by, fence_token) VALUES (?, ?, 0)
+		// The guard's table (see fencesql's package documentation).
+		selectFence: db.Rebind(`SELECT fence FROM ` + fences + ` WHERE resource = ?`),
+		// The conditional writes, after the guard's Advance: they match
+		// only a paid order without a shipment. SQLite (3.24 and later)
+		// and PostgreSQL both take this ON CONFLICT.
+		markShipped: db.Rebind(`UPDATE ` + orders + ` SET status = 'shipped' WHERE id = ? AND status = 'paid'`),
+		insertShipment: db.Rebind(`INSERT INTO ` + shipments + ` (order_id, shipped_by, fence_token) VALUES (?, ?, ?)
 			ON CONFLICT (order_id) DO NOTHING`),
 		selectShipments: `SELECT order_id, shipped_by, fence_token FROM ` + shipments + ` ORDER BY order_id`,
 	}
+}
+
+// createTables creates the story's tables and its fence guard's.
+func (q *queries) createTables(ctx context.Context, db *demo.DB) error {
+	for _, stmt := range q.create {
+		if _, err := db.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("create tables: %w", err)
+		}
+	}
+	var err error
+	q.guard, err = db.NewGuard(ctx, q.fences)
+	return err
 }
 
 // allShipments reads the shipments table.

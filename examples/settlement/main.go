@@ -14,7 +14,8 @@
 //     lock with a larger fencing token and writes the settlement.
 //  4. The frozen pod resumes (SIGCONT) and its write, already in flight,
 //     reaches the database. The database rejects it: its fencing token is
-//     older than the one on the row. RunWithLock reports ErrLost.
+//     older than the one the fence guard (package fencesql) recorded for
+//     the day, so its transaction rolls back. RunWithLock reports ErrLost.
 //  5. A pod whose scheduler fires late acquires the free lock, but the row
 //     says the day is done, so it does not settle it a second time.
 //
@@ -93,7 +94,8 @@ type Firing struct {
 	At      string  `json:"at"`    // when the scheduler fired, in the story's clock ("00:05")
 	Fence   int64   `json:"fence"` // the fencing token it held; 0 if it did not get the lock
 	Outcome Outcome `json:"outcome"`
-	Lost    bool    `json:"lost"` // RunWithLock's error matched fencelock.ErrLost
+	Lost    bool    `json:"lost"`  // RunWithLock's error matched fencelock.ErrLost
+	Stale   bool    `json:"stale"` // RunWithLock's error matched fencesql.ErrStale: its write was refused
 	Err     string  `json:"err,omitempty"`
 }
 
@@ -110,6 +112,7 @@ type Row struct {
 type Result struct {
 	Date    string
 	Table   string   // the run's table, dropped at the end of the run
+	Fences  string   // the run's fence guard table (and Fences+"_keys"), dropped at the end of the run
 	Keys    []string // the run's Redis keys, deleted at the end of the run
 	Paused  string   // the pod that was frozen while holding the lock
 	Firings []Firing // the three 00:05 firings in pod order, then the 00:06 and 00:07 ones
@@ -148,16 +151,19 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 
 	runID := demo.RunID()
 	table := "settlements_" + runID
-	res.Table = table
-	q := newQueries(db, table)
-	if _, err := db.ExecContext(ctx, q.create); err != nil {
-		return res, fmt.Errorf("create table %s: %w", table, err)
-	}
+	res.Table, res.Fences = table, "fences_"+runID
+	q := newQueries(db, table, res.Fences)
 	defer func() {
-		if derr := db.DropTables(ctx, table); derr != nil && err == nil {
+		if derr := db.DropTables(ctx, table, res.Fences, res.Fences+"_keys"); derr != nil && err == nil {
 			err = derr
 		}
 	}()
+	if _, err := db.ExecContext(ctx, q.create); err != nil {
+		return res, fmt.Errorf("create table %s: %w", table, err)
+	}
+	if _, err := db.NewGuard(ctx, res.Fences); err != nil {
+		return res, err
+	}
 
 	// The day before today is settled. Its lock is per day, and its key
 	// prefix is per run so runs sharing a Redis do not meet.
@@ -175,7 +181,7 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 	}()
 
 	tl.Printf("parent", "redis: %s", rds.Desc)
-	tl.Printf("parent", "database: %s, table %s", db.Desc, table)
+	tl.Printf("parent", "database: %s, table %s, fence guard %s", db.Desc, table, res.Fences)
 	tl.Printf("parent", "settling %s under lock %q, TTL %v (renewed every %v while held)",
 		res.Date, lockName, cfg.TTL, (cfg.TTL / 3).Round(time.Millisecond))
 
@@ -183,7 +189,7 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 		tl:     tl,
 		stderr: cfg.Stderr,
 		base: podConfig{
-			Redis: rds.Addr, Driver: db.Driver, DSN: db.DSN, Table: table,
+			Redis: rds.Addr, Driver: db.Driver, DSN: db.DSN, Table: table, Fences: res.Fences,
 			KeyPrefix: prefix, Date: res.Date, TTL: cfg.TTL,
 		},
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/fencelock/fencelock/examples/internal/demo"
 	"github.com/fencelock/fencelock/examples/internal/demotest"
+	"github.com/fencelock/fencelock/fencesql"
 )
 
 // commandEnv makes the test binary run as the settlement command itself, so
@@ -70,7 +71,9 @@ func TestStory(t *testing.T) {
 				checkKeysGone(t, cfg.RedisAddr, res.Keys)
 			}
 			if cfg.DatabaseURL != "" {
-				checkTableGone(t, cfg.DatabaseURL, res.Table)
+				for _, table := range []string{res.Table, res.Fences, res.Fences + "_keys"} {
+					checkTableGone(t, cfg.DatabaseURL, table)
+				}
 			}
 		})
 	}
@@ -100,6 +103,7 @@ func checkStory(t *testing.T, res Result) {
 	assert.Equal(t, Rejected, stale.Outcome, "the paused pod's write")
 	assert.Positive(t, stale.Fence)
 	assert.True(t, stale.Lost, "RunWithLock reported ErrLost to the paused pod: %s", stale.Err)
+	assert.True(t, stale.Stale, "RunWithLock's error matches fencesql.ErrStale: %s", stale.Err)
 
 	// 00:06: the catch-up run got a newer fence and settled the day.
 	catchUp := res.Firings[3]
@@ -108,6 +112,7 @@ func checkStory(t *testing.T, res Result) {
 	assert.Equal(t, Settled, catchUp.Outcome)
 	assert.Greater(t, catchUp.Fence, stale.Fence, "the catch-up run's fence is newer")
 	assert.False(t, catchUp.Lost, catchUp.Err)
+	assert.False(t, catchUp.Stale, catchUp.Err)
 
 	// 00:07: the late run got the free lock, found the day done and skipped.
 	late := res.Firings[4]
@@ -147,34 +152,40 @@ func checkTableGone(t *testing.T, url, table string) {
 	assert.False(t, found, "table %s left behind", table)
 }
 
-// TestFencedWrite checks the settlement's SQL on its own: a write lands only
-// with a fence newer than the row's, and the seed does not reset a row.
+// TestFencedWrite checks the settlement's write on its own: it lands only
+// with a fence at least the newest the guard recorded for the day (equal:
+// the same lease writing again), a refused one changes nothing, and the
+// seed does not reset a row.
 func TestFencedWrite(t *testing.T) {
 	ctx := t.Context()
 	db, err := demo.OpenDB(ctx, "")
 	require.NoError(t, err)
 	defer db.Close()
-	q := newQueries(db, "settlements")
+	q := newQueries(db, "settlements", "fences")
 	_, err = db.ExecContext(ctx, q.create)
+	require.NoError(t, err)
+	g, err := db.NewGuard(ctx, "fences")
 	require.NoError(t, err)
 
 	const day = "2026-11-29"
-	settle := func(fence int64, by string) int64 {
+	settle := func(fence int64, by string) error {
 		t.Helper()
 		_, err := db.ExecContext(ctx, q.seed, day)
 		require.NoError(t, err)
-		res, err := db.ExecContext(ctx, q.settle, 100*fence, fence, by, day, fence)
-		require.NoError(t, err)
-		n, err := res.RowsAffected()
-		require.NoError(t, err)
-		return n
+		return settleTx(ctx, db, g, q, day, by, fence, 100*fence)
 	}
-	assert.EqualValues(t, 1, settle(20, "new"), "first write")
-	assert.EqualValues(t, 0, settle(10, "stale"), "older fence")
-	assert.EqualValues(t, 0, settle(20, "same"), "same fence again")
-	assert.EqualValues(t, 1, settle(30, "newer"), "newer fence")
-
+	require.NoError(t, settle(20, "new"), "first write")
+	var stale *fencesql.StaleError
+	require.ErrorAs(t, settle(10, "stale"), &stale, "older fence")
+	assert.Equal(t, fencesql.StaleError{Resource: "settlement:" + day, Fence: 10, Recorded: 20}, *stale)
 	rows, err := q.rows(ctx, db)
+	require.NoError(t, err)
+	assert.Equal(t, []Row{{Date: day, Status: "done", TotalCents: 2000, Fence: 20, SettledBy: "new"}}, rows,
+		"the stale write changed nothing")
+	require.NoError(t, settle(20, "same"), "same fence again")
+	require.NoError(t, settle(30, "newer"), "newer fence")
+
+	rows, err = q.rows(ctx, db)
 	require.NoError(t, err)
 	assert.Equal(t, []Row{{Date: day, Status: "done", TotalCents: 3000, Fence: 30, SettledBy: "newer"}}, rows)
 }

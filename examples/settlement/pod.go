@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/examples/internal/demo"
+	"github.com/fencelock/fencelock/fencesql"
 )
 
 // podEnv is the environment variable that makes this program a pod: it holds
@@ -25,6 +27,7 @@ type podConfig struct {
 	Driver    string        `json:"driver"`     // database driver and DSN for demo.Connect
 	DSN       string        `json:"dsn"`        //
 	Table     string        `json:"table"`      // the settlements table of this run
+	Fences    string        `json:"fences"`     // the fence guard's table of this run
 	KeyPrefix string        `json:"key_prefix"` // fencelock.Options.KeyPrefix of this run
 	Date      string        `json:"date"`       // the day to settle
 	TTL       time.Duration `json:"ttl"`        // the lock's TTL
@@ -57,6 +60,7 @@ type pod struct {
 	locker *fencelock.Locker
 	db     *demo.DB
 	q      queries
+	guard  *fencesql.Guard
 	pause  selfPause
 	stdin  *bufio.Scanner // the parent's commands
 	out    *json.Encoder  // events to the parent
@@ -88,7 +92,10 @@ func (p *pod) run(ctx context.Context) error {
 		return err
 	}
 	defer p.db.Close()
-	p.q = newQueries(p.db, p.cfg.Table)
+	p.q = newQueries(p.db, p.cfg.Table, p.cfg.Fences)
+	if p.guard, err = fencesql.NewGuard(p.db.Dialect(), p.cfg.Fences); err != nil {
+		return err
+	}
 	p.locker, err = fencelock.New(rdb, &fencelock.Options{KeyPrefix: p.cfg.KeyPrefix, TTL: p.cfg.TTL,
 		Owner: fmt.Sprintf("%s (pid %d)", p.cfg.Pod, os.Getpid())})
 	if err != nil {
@@ -134,6 +141,7 @@ func (p *pod) fire(ctx context.Context) Firing {
 		// The lease was lost while the work ran: mutual exclusion may have
 		// been broken. Here it was, and the fence kept the data right.
 		f.Lost = true
+		f.Stale = errors.Is(err, fencesql.ErrStale)
 		f.Err = err.Error()
 		p.say("RunWithLock returned ErrLost: %v", err)
 	default:
@@ -190,22 +198,19 @@ func (p *pod) settle(ctx context.Context, lease *fencelock.Lease, f *Firing) err
 		// in flight when the pause hit (on the wire, in the driver's
 		// buffer): cancelling ctx cannot call it back. The demo models that
 		// by sending it on a context the watchdog cannot cancel. What
-		// keeps the data right is the fence in its WHERE clause.
+		// keeps the data right is the fence guard in its transaction.
 		writeCtx = context.WithoutCancel(ctx)
 	}
 
-	res, err := p.db.ExecContext(writeCtx, p.q.settle, total, fence, p.cfg.Pod, date, fence)
-	if err != nil {
-		return fmt.Errorf("settle %s: %w", date, err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return fmt.Errorf("settle %s: %w", date, err)
-	}
-	if n == 1 {
+	err = settleTx(writeCtx, p.db, p.guard, p.q, date, p.cfg.Pod, fence, total)
+	var stale *fencesql.StaleError
+	switch {
+	case err == nil:
 		f.Outcome = Settled
 		p.say("write ACCEPTED with fence %d: %s done, total %s", fence, date, dollars(total))
 		return nil
+	case !errors.As(err, &stale):
+		return err
 	}
 
 	f.Outcome = Rejected
@@ -214,8 +219,30 @@ func (p *pod) settle(ctx context.Context, lease *fencelock.Lease, f *Firing) err
 		return err
 	}
 	p.say("write REJECTED with fence %d: the row already has fence %d (status %s, by %s), so mine is stale",
-		fence, row.Fence, row.Status, row.SettledBy)
-	return fmt.Errorf("settlement write rejected: fence %d is older than the row's %d", fence, row.Fence)
+		fence, stale.Recorded, row.Status, row.SettledBy)
+	return fmt.Errorf("settlement write rejected: %w", stale)
+}
+
+// settleTx is the fenced write: in one transaction, the guard records
+// fence for the day unless a newer fence is recorded, and the day's row is
+// marked done. A stale holder gets a *fencesql.StaleError, and its
+// transaction rolls back whole.
+func settleTx(ctx context.Context, db *demo.DB, g *fencesql.Guard, q queries, date, by string, fence, total int64) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("settle %s: %w", date, err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if err := g.Advance(ctx, tx, "settlement:"+date, fence); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, q.settle, total, by, date); err != nil {
+		return fmt.Errorf("settle %s: %w", date, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("settle %s: %w", date, err)
+	}
+	return nil
 }
 
 // computeTotal stands in for the real work: adding up the day's payments.
@@ -257,40 +284,55 @@ func (p *pod) waitFor(want string) error {
 }
 
 // queries are the settlements table's statements, written with ? and
-// rebound once for the database's placeholder style.
+// rebound once for the database's placeholder style. The table has no
+// fence column: the fence guard, in the same transaction, keeps the fence.
 type queries struct {
-	create, seed, settle, selectRow, selectAll string
+	create, seed, settle, selectRow, selectAll, selectFence string
 }
 
-func newQueries(db *demo.DB, table string) queries {
+func newQueries(db *demo.DB, table, fences string) queries {
 	return queries{
 		create: `CREATE TABLE ` + table + ` (
 			settle_date DATE PRIMARY KEY,   -- one row per day: settle once
 			status      TEXT NOT NULL,      -- 'pending' or 'done'
 			total_cents BIGINT NOT NULL,
-			fence_token BIGINT NOT NULL,    -- fence of the last accepted write
 			settled_by  TEXT NOT NULL)`,
-		seed: db.Rebind(`INSERT INTO ` + table + ` (settle_date, status, total_cents, fence_token, settled_by)
-			VALUES (?, 'pending', 0, 0, '') ON CONFLICT (settle_date) DO NOTHING`),
-		// The fenced write: it lands only if no write with a newer fence
-		// landed first. RowsAffected tells which.
-		settle: db.Rebind(`UPDATE ` + table + ` SET status = 'done', total_cents = ?, fence_token = ?, settled_by = ?
-			WHERE settle_date = ? AND fence_token < ?`),
-		selectRow: db.Rebind(`SELECT CAST(settle_date AS TEXT), status, total_cents, fence_token, settled_by
+		seed: db.Rebind(`INSERT INTO ` + table + ` (settle_date, status, total_cents, settled_by)
+			VALUES (?, 'pending', 0, '') ON CONFLICT (settle_date) DO NOTHING`),
+		// The write of settleTx, after the guard's Advance.
+		settle: db.Rebind(`UPDATE ` + table + ` SET status = 'done', total_cents = ?, settled_by = ?
+			WHERE settle_date = ?`),
+		selectRow: db.Rebind(`SELECT CAST(settle_date AS TEXT), status, total_cents, settled_by
 			FROM ` + table + ` WHERE settle_date = ?`),
-		selectAll: `SELECT CAST(settle_date AS TEXT), status, total_cents, fence_token, settled_by
+		selectAll: `SELECT CAST(settle_date AS TEXT), status, total_cents, settled_by
 			FROM ` + table + ` ORDER BY settle_date`,
+		// The guard's table (see fencesql's package documentation), for
+		// the timeline: the fence of the last accepted write.
+		selectFence: db.Rebind(`SELECT fence FROM ` + fences + ` WHERE resource = ?`),
 	}
 }
 
-// row reads the day's row.
+// row reads the day's row, with the fence the guard recorded for the day.
 func (q queries) row(ctx context.Context, db *demo.DB, date string) (Row, error) {
 	var r Row
-	err := db.QueryRowContext(ctx, q.selectRow, date).Scan(&r.Date, &r.Status, &r.TotalCents, &r.Fence, &r.SettledBy)
+	err := db.QueryRowContext(ctx, q.selectRow, date).Scan(&r.Date, &r.Status, &r.TotalCents, &r.SettledBy)
 	if err != nil {
 		return Row{}, fmt.Errorf("read %s: %w", date, err)
 	}
+	if r.Fence, err = q.fence(ctx, db, r.Date); err != nil {
+		return Row{}, err
+	}
 	return r, nil
+}
+
+// fence reads the fence the guard recorded for the day, 0 if none.
+func (q queries) fence(ctx context.Context, db *demo.DB, date string) (int64, error) {
+	var f int64
+	err := db.QueryRowContext(ctx, q.selectFence, "settlement:"+date).Scan(&f)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return 0, fmt.Errorf("read the fence of %s: %w", date, err)
+	}
+	return f, nil
 }
 
 // rows reads the whole table.
@@ -303,10 +345,20 @@ func (q queries) rows(ctx context.Context, db *demo.DB) ([]Row, error) {
 	var all []Row
 	for rows.Next() {
 		var r Row
-		if err := rows.Scan(&r.Date, &r.Status, &r.TotalCents, &r.Fence, &r.SettledBy); err != nil {
+		if err := rows.Scan(&r.Date, &r.Status, &r.TotalCents, &r.SettledBy); err != nil {
 			return nil, fmt.Errorf("read settlements: %w", err)
 		}
 		all = append(all, r)
 	}
-	return all, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read settlements: %w", err)
+	}
+	_ = rows.Close()
+	for i := range all {
+		var err error
+		if all[i].Fence, err = q.fence(ctx, db, all[i].Date); err != nil {
+			return nil, err
+		}
+	}
+	return all, nil
 }

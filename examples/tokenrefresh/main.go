@@ -13,9 +13,10 @@
 // gets the lock, asks the API for a new token and stores it; the others
 // wait for the lock, find the new token in the store and reuse it. One token
 // is issued per expiry, and no call is refused. The store's write is fenced:
+// it runs in a transaction behind the fence guard (package fencesql),
 //
-//	UPDATE tokens SET access_token = ?, ..., fence_token = ?
-//	WHERE api = ? AND fence_token < ?
+//	guard.Advance(ctx, tx, "token:quotes", lease.Fence())
+//	UPDATE tokens SET access_token = ?, ... WHERE api = ?
 //
 // so that a refresher that lost its lock without knowing it (a long pause)
 // cannot overwrite a newer token with an older one.
@@ -54,6 +55,7 @@ import (
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/examples/internal/demo"
+	"github.com/fencelock/fencelock/fencesql"
 )
 
 func main() {
@@ -118,6 +120,7 @@ type RunResult struct {
 type Result struct {
 	Locked, Unlocked RunResult
 	Table            string   // the token store, dropped at the end of the run
+	Fences           string   // the fence guard's table (and Fences+"_keys"), dropped at the end of the run
 	Keys             []string // the run's Redis keys, deleted at the end of the run
 }
 
@@ -156,16 +159,16 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 	defer s.db.Close()
 
 	runID := demo.RunID()
-	s.q = newQueries(s.db, "tokens_"+runID)
-	res.Table = s.q.table
-	if _, err := s.db.ExecContext(ctx, s.q.create); err != nil {
-		return res, fmt.Errorf("create table %s: %w", s.q.table, err)
-	}
+	s.q = newQueries(s.db, "tokens_"+runID, "fences_"+runID)
+	res.Table, res.Fences = s.q.table, s.q.fences
 	defer func() {
-		if derr := s.db.DropTables(ctx, res.Table); derr != nil && err == nil {
+		if derr := s.db.DropTables(ctx, res.Table, res.Fences, res.Fences+"_keys"); derr != nil && err == nil {
 			err = derr
 		}
 	}()
+	if err := s.q.createTables(ctx, s.db); err != nil {
+		return res, err
+	}
 	if _, err := s.db.ExecContext(ctx, s.q.insert, apiName); err != nil {
 		return res, fmt.Errorf("create the token row: %w", err)
 	}
@@ -179,7 +182,7 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 	}()
 
 	s.tl.Printf("parent", "redis: %s", s.rds.Desc)
-	s.tl.Printf("parent", "token store: %s, table %s", s.db.Desc, s.q.table)
+	s.tl.Printf("parent", "token store: %s, table %s, fence guard %s", s.db.Desc, s.q.table, s.q.fences)
 	s.tl.Printf("parent", "%d instances call the %s API every %v; a token lives %v, and issuing one revokes the one before",
 		len(instanceNames), apiName, callEvery, cfg.Lifetime)
 	s.tl.Printf("parent", "an instance refreshes the token when less than %v of it is left", margin(cfg.Lifetime))
@@ -492,72 +495,77 @@ type stored struct {
 	Token   string
 	Expires time.Time
 	By      string
-	Fence   int64
 }
 
 // queries are the token store's statements, written with ? and rebound once
-// for the database's placeholder style.
+// for the database's placeholder style, and its fence guard.
 type queries struct {
-	table                                              string
-	create, insert, reset, selectRow, fenced, unfenced string
+	table, fences                            string          // table names
+	guard                                    *fencesql.Guard // set by createTables
+	create, insert, reset, selectRow, update string
 }
 
-func newQueries(db *demo.DB, table string) queries {
+func newQueries(db *demo.DB, table, fences string) queries {
 	return queries{
-		table: table,
+		table: table, fences: fences,
 		create: `CREATE TABLE ` + table + ` (
 			api          TEXT PRIMARY KEY,
 			access_token TEXT NOT NULL,
 			expires_at   BIGINT NOT NULL, -- Unix milliseconds
-			stored_by    TEXT NOT NULL,
-			fence_token  BIGINT NOT NULL) -- fence of the last accepted write; NOT NULL: fence_token < ? never matches a NULL`,
-		insert:    db.Rebind(`INSERT INTO ` + table + ` (api, access_token, expires_at, stored_by, fence_token) VALUES (?, '', 0, '', 0)`),
+			stored_by    TEXT NOT NULL)`,
+		insert:    db.Rebind(`INSERT INTO ` + table + ` (api, access_token, expires_at, stored_by) VALUES (?, '', 0, '')`),
 		reset:     db.Rebind(`UPDATE ` + table + ` SET access_token = '', expires_at = 0, stored_by = '' WHERE api = ?`),
-		selectRow: db.Rebind(`SELECT access_token, expires_at, stored_by, fence_token FROM ` + table + ` WHERE api = ?`),
-		// The fenced write: it matches only if no holder with a newer fence
-		// has written the row.
-		fenced: db.Rebind(`UPDATE ` + table + ` SET access_token = ?, expires_at = ?, stored_by = ?, fence_token = ?
-			WHERE api = ? AND fence_token < ?`),
-		// The write of the run without the lock, which has no fence: the
-		// last writer wins, whichever token it has.
-		unfenced: db.Rebind(`UPDATE ` + table + ` SET access_token = ?, expires_at = ?, stored_by = ? WHERE api = ?`),
+		selectRow: db.Rebind(`SELECT access_token, expires_at, stored_by FROM ` + table + ` WHERE api = ?`),
+		// The write, fenced by the guard's Advance in its transaction
+		// under the lock, and the last writer's without it.
+		update: db.Rebind(`UPDATE ` + table + ` SET access_token = ?, expires_at = ?, stored_by = ? WHERE api = ?`),
 	}
+}
+
+// createTables creates the token store and its fence guard's tables.
+func (q *queries) createTables(ctx context.Context, db *demo.DB) error {
+	if _, err := db.ExecContext(ctx, q.create); err != nil {
+		return fmt.Errorf("create table %s: %w", q.table, err)
+	}
+	var err error
+	q.guard, err = db.NewGuard(ctx, q.fences)
+	return err
 }
 
 func (q queries) read(ctx context.Context, db *demo.DB, api string) (stored, error) {
 	var s stored
 	var ms int64
-	if err := db.QueryRowContext(ctx, q.selectRow, api).Scan(&s.Token, &ms, &s.By, &s.Fence); err != nil {
+	if err := db.QueryRowContext(ctx, q.selectRow, api).Scan(&s.Token, &ms, &s.By); err != nil {
 		return s, fmt.Errorf("read the token store: %w", err)
 	}
 	s.Expires = time.UnixMilli(ms)
 	return s, nil
 }
 
-// errStaleFence is storeFenced's error when a holder with a newer fence has
-// written the row.
-var errStaleFence = errors.New("token not stored: a newer lock holder stored one first")
-
-// storeFenced stores tok if no writer with a fence of fence or newer has
-// stored one; otherwise it returns errStaleFence.
+// storeFenced stores tok, in one transaction with the guard's Advance for
+// the API's lock, unless a holder with a newer fence has stored one: then
+// it returns an error matching fencesql.ErrStale, and stores nothing.
 func (q queries) storeFenced(ctx context.Context, db *demo.DB, api, tok string, expires time.Time, by string, fence int64) error {
-	res, err := db.ExecContext(ctx, q.fenced, tok, expires.UnixMilli(), by, fence, api, fence)
+	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("store the token: %w", err)
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
+	defer func() { _ = tx.Rollback() }()
+	if err := q.guard.Advance(ctx, tx, "token:"+api, fence); err != nil {
+		return fmt.Errorf("token not stored: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, q.update, tok, expires.UnixMilli(), by, api); err != nil {
 		return fmt.Errorf("store the token: %w", err)
 	}
-	if n == 0 {
-		return fmt.Errorf("%w (fence %d)", errStaleFence, fence)
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store the token: %w", err)
 	}
 	return nil
 }
 
 // store stores tok unconditionally: the run without the lock.
 func (q queries) store(ctx context.Context, db *demo.DB, api, tok string, expires time.Time, by string) error {
-	if _, err := db.ExecContext(ctx, q.unfenced, tok, expires.UnixMilli(), by, api); err != nil {
+	if _, err := db.ExecContext(ctx, q.update, tok, expires.UnixMilli(), by, api); err != nil {
 		return fmt.Errorf("store the token: %w", err)
 	}
 	return nil

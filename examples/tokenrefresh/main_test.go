@@ -16,6 +16,7 @@ import (
 
 	"github.com/fencelock/fencelock/examples/internal/demo"
 	"github.com/fencelock/fencelock/examples/internal/demotest"
+	"github.com/fencelock/fencelock/fencesql"
 )
 
 // commandEnv makes the test binary run as the tokenrefresh command itself.
@@ -69,9 +70,11 @@ func TestStory(t *testing.T) {
 				db, err := demo.Connect(t.Context(), "pgx", cfg.DatabaseURL)
 				require.NoError(t, err)
 				defer db.Close()
-				var found bool
-				require.NoError(t, db.QueryRowContext(t.Context(), "SELECT to_regclass($1) IS NOT NULL", res.Table).Scan(&found))
-				assert.False(t, found, "table %s left behind", res.Table)
+				for _, table := range []string{res.Table, res.Fences, res.Fences + "_keys"} {
+					var found bool
+					require.NoError(t, db.QueryRowContext(t.Context(), "SELECT to_regclass($1) IS NOT NULL", table).Scan(&found))
+					assert.False(t, found, "table %s left behind", table)
+				}
 			}
 		})
 	}
@@ -123,15 +126,15 @@ func checkUnlocked(t *testing.T, r, locked RunResult) {
 }
 
 // TestStoreIsFenced checks the fenced write on its own: it stores a token
-// only with a fence newer than the row's.
+// only with a fence at least the newest the guard recorded for the API
+// (equal: the same lease storing again).
 func TestStoreIsFenced(t *testing.T) {
 	ctx := t.Context()
 	db, err := demo.OpenDB(ctx, "")
 	require.NoError(t, err)
 	defer db.Close()
-	q := newQueries(db, "tokens_test")
-	_, err = db.ExecContext(ctx, q.create)
-	require.NoError(t, err)
+	q := newQueries(db, "tokens_test", "fences_test")
+	require.NoError(t, q.createTables(ctx, db))
 	_, err = db.ExecContext(ctx, q.insert, "api")
 	require.NoError(t, err)
 
@@ -142,9 +145,10 @@ func TestStoreIsFenced(t *testing.T) {
 		want  error
 	}{
 		{token: "tok-1", fence: 10},
-		{token: "tok-2", fence: 5, want: errStaleFence}, // older than the row's 10
-		{token: "tok-3", fence: 10, want: errStaleFence},
+		{token: "tok-2", fence: 5, want: fencesql.ErrStale}, // older than the guard's 10
+		{token: "tok-3", fence: 10},                         // the same lease again
 		{token: "tok-4", fence: 20},
+		{token: "tok-5", fence: 19, want: fencesql.ErrStale},
 	}
 	for _, tt := range tests {
 		err := q.storeFenced(ctx, db, "api", tt.token, expires, "test", tt.fence)
@@ -156,7 +160,7 @@ func TestStoreIsFenced(t *testing.T) {
 	}
 	got, err := q.read(ctx, db, "api")
 	require.NoError(t, err)
-	assert.Equal(t, stored{Token: "tok-4", Expires: expires, By: "test", Fence: 20}, got)
+	assert.Equal(t, stored{Token: "tok-4", Expires: expires, By: "test"}, got)
 }
 
 // TestCommand runs the command as `go run ./examples/tokenrefresh` does.

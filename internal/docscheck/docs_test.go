@@ -33,6 +33,7 @@ const preamble = `import (
 	"fmt"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/fencesql"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -42,6 +43,7 @@ var (
 	_ = errors.Is
 	_ = fmt.Errorf
 	_ = fencelock.New
+	_ = fencesql.NewGuard
 	_ redis.UniversalClient
 )
 
@@ -52,7 +54,7 @@ func computeSettlement(ctx context.Context, day string) (int64, error) { return 
 // variables the fragments use as parameters. The fragment runs in a block of
 // its own, so that it may declare locker and err with := or assign err.
 const statements = `
-func fragment(ctx context.Context, redisClient redis.UniversalClient, locker *fencelock.Locker, db *sql.DB, day, id string) error {
+func fragment(ctx context.Context, redisClient redis.UniversalClient, locker *fencelock.Locker, db *sql.DB, guard *fencesql.Guard, day, id string) error {
 	var err error
 	{
 %s

@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 	_ "modernc.org/sqlite"             // registers the "sqlite" driver (pure Go, no cgo)
+
+	"github.com/fencelock/fencelock/fencesql"
 )
 
 // DB is the SQL database an example keeps its tables in: an embedded SQLite
@@ -106,6 +108,27 @@ func (db *DB) Close() error {
 		}
 	}
 	return err
+}
+
+// Dialect returns the fencesql dialect of the database: Postgres or SQLite.
+func (db *DB) Dialect() fencesql.Dialect {
+	if db.Driver == "pgx" {
+		return fencesql.Postgres
+	}
+	return fencesql.SQLite
+}
+
+// NewGuard returns a fencesql Guard in the run's table (with its keys
+// table, table+"_keys"), created. Drop both at the end with DropTables.
+func (db *DB) NewGuard(ctx context.Context, table string) (*fencesql.Guard, error) {
+	g, err := fencesql.NewGuard(db.Dialect(), table)
+	if err != nil {
+		return nil, err
+	}
+	if err := g.CreateTable(ctx, db); err != nil {
+		return nil, err
+	}
+	return g, nil
 }
 
 // Rebind rewrites the ? placeholders of query into the $1, $2, ... that
