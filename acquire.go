@@ -70,15 +70,18 @@ func (a *acquisition) failed(at attempt) (refused bool) {
 
 // busy records at, an answer to the attempt sent at sent, as the verdict.
 func (a *acquisition) busy(at attempt, sent time.Time) {
-	a.verdict = a.seen.see(&BusyError{Name: a.lease.name, Owner: at.owner, TTL: at.pttl, Holders: at.holders}, sent)
+	name := a.lease.name
+	if at.name != "" {
+		name = at.name
+	}
+	a.verdict = a.seen.see(&BusyError{Name: name, Owner: at.owner, TTL: at.pttl, Holders: at.holders}, sent)
 }
 
 // rotate gives the call a new token, which a clean-up of the old one, or a
 // late copy of one of its attempts, cannot touch.
 func (a *acquisition) rotate() {
 	old := a.lease
-	a.lease = a.l.newLease(old.name, old.ttl)
-	a.lease.setKind(old.kind)
+	a.lease = a.l.leaseOf(old.kind, old.name, old.ttl)
 	a.lease.owner, a.lease.ownerArg, a.lease.line, a.lease.fair = old.owner, old.ownerArg, old.line, old.fair
 	a.unsure = false
 }

@@ -25,20 +25,34 @@ type kind interface {
 	release(ctx context.Context, lease *Lease, mode string) (code int64, perr, err error)
 }
 
-// ownKeys is a kind whose leases have keys of their own, not those of the
-// lock of their name: Lease.setKind gives a lease its keys, a fair waiter
-// waits in its own line (Locker.queue), and Lease.TTL reads it.
-type ownKeys interface {
+// A keyed kind keeps its leases at keys of its own (a semaphore's permits,
+// a read-write lock's shares), sharing the name's hash tag: Lease.setKind
+// sets them on each lease of the kind.
+type keyed interface {
 	kind
 	setKeys(lease *Lease)
+}
+
+// ownKeys is a keyed kind whose lease key is no string (a semaphore's
+// sorted set): a fair waiter waits in its own line (Locker.queue), and
+// Lease.TTL asks it.
+type ownKeys interface {
+	keyed
 	queue(ctx context.Context, lease *Lease, ttl time.Duration, mode string) (queueReply, error)
 	holding(ctx context.Context, lease *Lease) (holding, error)
+}
+
+// A waking kind brings the wake-ups of its waiting Acquire calls, as its
+// releases publish them on a channel of its own (see wakeup).
+type waking interface {
+	kind
+	wakeup(lease *Lease) wakeup
 }
 
 // setKind makes l a lease of k, with k's own keys if it has them.
 func (l *Lease) setKind(k kind) {
 	l.kind = k
-	if o, ok := k.(ownKeys); ok {
+	if o, ok := k.(keyed); ok {
 		o.setKeys(l)
 	}
 }
@@ -79,6 +93,7 @@ type attempt struct {
 	fence int64
 	pttl  time.Duration // the holder's, when busy; -1: no expiry
 	owner string        // the holder's, when busy
+	name  string        // the name found busy, when a lease stands for several (AcquireAll); "": its own
 	err   error
 	// retire: the try may have taken the lock somewhere without getting
 	// it (a quorum not reached, too few replicas); the backend is giving

@@ -45,6 +45,13 @@
 // RunWithLock with a lock's options and errors; its fences increase across
 // all its permits. It needs one deployment, not NewRedlock ("Semaphores").
 //
+// # Read-write locks and several names
+//
+// Locker.RWLock returns a read-write lock: shared leases or one exclusive
+// lease, never both, a waiting writer stopping new readers ("Read-write
+// locks"). Locker.AcquireAll takes several names all or none, so that
+// overlapping calls never deadlock ("Several names at once").
+//
 // # Degraded runs
 //
 // Options.FailOpen, or WithFailOpen per call, runs the work on a degraded
@@ -74,6 +81,8 @@ package fencelock
 //	API        lock.go (Locker, New, Close, Acquire; the background work it owns),
 //	           lease.go (Lease), watchdog.go (RunWithLock, KeepAlive), inspect.go,
 //	           check.go, options.go, observer.go
+//	kinds      rwlock.go (RWLock: a kind with rwlock_*.lua), multi.go (AcquireAll,
+//	           RunWithLocks: a set kind with multi_acquire.lua, or sorted Acquires)
 //	waiting    acquire.go (one acquisition: try, rotate, complete, give up; plain
 //	           waiting), fair.go (fair line), redlock_line.go (Redlock line),
 //	           wait.go (pub/sub: one hub goroutine per node, messages to hearers)

@@ -22,6 +22,9 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(semChildEnv); spec != "" {
 		os.Exit(semChild(spec))
 	}
+	if spec := os.Getenv(rwChildEnv); spec != "" {
+		os.Exit(rwChild(spec))
+	}
 	goleak.VerifyTestMain(m)
 }
 

@@ -308,17 +308,17 @@ func (l *Locker) acquireObserved(ctx context.Context, name string, co callOption
 func (l *Locker) acquireWith(ctx context.Context, name string, co callOptions, open bool, st *acquireStats) (*Lease, error) {
 	l.bg.add() // Close waits for the call, and for the clean-ups it starts when Close ends it
 	defer l.bg.finish()
-	lease := l.newLease(name, co.ttl)
-	if co.kind != nil {
-		lease.setKind(co.kind)
-	}
+	lease := l.leaseOf(co.kind, name, co.ttl)
 	if co.owner != "" {
 		lease.owner, lease.ownerArg = co.owner, co.owner
 	}
 	a := l.newAcquisition(ctx, lease, co.wait, open, st)
+	own, woken := lease.kind.(waking)
 	switch {
 	case co.fair && co.wait > 0:
 		return a.fair()
+	case woken:
+		return a.plain(own.wakeup(lease))
 	case co.wait > 0 && l.rl != nil:
 		return a.plain(l.rl.wakeup(lease))
 	}
@@ -385,6 +385,16 @@ func (l *Locker) newLease(name string, ttl time.Duration) *Lease {
 	lease.tokenArg = lease.token
 	for i, k := range lease.keys {
 		lease.keyArgs[i] = k
+	}
+	return lease
+}
+
+// leaseOf returns a new lease of kind k (nil: the lock of the name) for
+// name, at the keys of its kind.
+func (l *Locker) leaseOf(k kind, name string, ttl time.Duration) *Lease {
+	lease := l.newLease(name, ttl)
+	if k != nil {
+		lease.setKind(k)
 	}
 	return lease
 }

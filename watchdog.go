@@ -78,6 +78,18 @@ func (l *Locker) run(ctx context.Context, name string,
 	}()
 	werr := work(workCtx, lease)
 	returned = true
+	if lost := l.settle(ctx, lease); lost != nil {
+		return joinErr(werr, lost)
+	}
+	return werr
+}
+
+// settle ends the hold of a lease whose work has returned: it releases the
+// lease, or, when it was lost, gives it back in the background, and returns
+// the loss (matching ErrLost: while the work ran, or found by the release),
+// or nil. If the work released the lease itself, only a loss before that
+// counts.
+func (l *Locker) settle(ctx context.Context, lease *Lease) error {
 	lease.mu.Lock()
 	releasedByWork := lease.releasing
 	lease.mu.Unlock()
@@ -95,23 +107,23 @@ func (l *Locker) run(ctx context.Context, name string,
 			lease.endWork()
 			l.releaseInBackground(lease)
 		}
-		return joinErr(werr, lost)
+		return lost
 	}
 	rerr := lease.Release(ctx)
 	switch {
 	case releasedByWork:
-		return werr
+		return nil
 	case errors.Is(rerr, ErrNotHeld):
 		// Lost while the work ran, between two renewals.
 		lost := &opError{msg: ErrLost.Error() + ": not held when released after the work: " + rerr.Error(),
 			errs: []error{ErrLost, rerr}}
 		lease.reportLost(lost, lease.Deadline())
-		return joinErr(werr, lost)
+		return lost
 	case rerr != nil:
 		l.opts.Logger.LogAttrs(ctx, slog.LevelWarn, "fencelock: release failed, the lock expires after its TTL",
-			slog.String("lock", name), slog.Int64("fence", lease.fence), slog.Any("error", rerr))
+			slog.String("lock", lease.name), slog.Int64("fence", lease.fence), slog.Any("error", rerr))
 	}
-	return werr
+	return nil
 }
 
 // joinErr joins the work's error and a loss on one line; both match.

@@ -77,7 +77,9 @@
 // lock is then read with Locker.Inspect. The semaphores
 // (fencelock.Semaphore) of matching names that have holders follow, found
 // by their holders' keys (<prefix>{<name>}:sem) and read with
-// Semaphore.Inspect.
+// Semaphore.Inspect. Read-write locks (RWLock) are found by their writer
+// key (<prefix>{<name>}:rw:w) or readers' index (:rw:r), and read with
+// RWLock.Inspect.
 //
 // On a terminal (stdout is a character device) it prints a table:
 //
@@ -90,8 +92,10 @@
 // and "semaphore <held>/<permits>". Waiters are counted as
 // fencelock.LockInfo's: Lockers subscribed to the lock's releases, a
 // Locker whose fair wait ended less than a second ago and a running watch
-// included. When no lock matches, it says
-// so on stderr. With --json, one document (see JSON). It exits 0 when no
+// included. When no lock matches, it says so on stderr. Read-write locks
+// in use follow, one holder a line: the same five fields, the writers
+// waiting in place of waiters, and a sixth, shared or exclusive. With
+// --json, one document (see JSON). It exits 0 when no
 // lock is held too, and 1 when a lock could not be read (after printing
 // the others).
 //
@@ -105,7 +109,9 @@
 // its last acquisition; and how many Lockers wait for it (subscribers of
 // its wake-up channel; a running watch counts as one). When the semaphore
 // of the name has holders, it shows each one's owner, fence, TTL left and
-// token. It exits 1 when neither the lock nor a permit of the semaphore is
+// token; when the read-write lock of the name is in use, its writer,
+// readers (owner, TTL, fence) and waiting writers follow. It exits 1 when
+// neither the lock, a permit of the semaphore, nor the read-write lock is
 // held, after printing what it found.
 //
 // # watch
@@ -207,11 +213,14 @@
 //	 "fence": 1764525481123456, "last_fence": 1764525481123456, "waiters": 1}
 //
 // A lock not held has "held": false, "owner": "", "ttl_ms": 0, "fence": 0.
-// ls prints {"prefix": "lock:", "pattern": "*", "locks": [lock, ...],
-// "semaphores": [semaphore, ...]}, a semaphore being {"name", "key",
-// "permits", "holders": [{"token", "owner", "ttl_ms", "fence"}, ...],
-// "last_fence", "waiters"}; inspect adds "semaphore": semaphore to the
-// lock when the semaphore of its name has holders.
+// A semaphore: {"name", "key", "permits", "holders": [{"token", "owner",
+// "ttl_ms", "fence"}, ...], "last_fence", "waiters"}. A read-write lock:
+// {"name", "key" (the prefix of its keys, "lock:{catalogue}:rw"), "writer"
+// (null, or {"owner", "ttl_ms", "fence"}), "readers" (a list of those),
+// "writers_waiting", "last_fence"}. ls prints {"prefix": "lock:",
+// "pattern": "*", "locks": [lock, ...], "semaphores": [semaphore, ...],
+// "rwlocks": [rwlock, ...]}; inspect adds "semaphore" and "rwlock" to the
+// lock when the semaphore or the read-write lock of its name is in use.
 // doctor prints {"critical": n, "warning": n, "info": n, "findings":
 // [{"severity", "check", "node", "seen", "means", "fix"}, ...]} (see
 // fencelock.Finding). watch prints, per event, {"time" (RFC 3339, with
@@ -222,7 +231,8 @@
 // # Exit status
 //
 //	0  done
-//	1  not found or refused: a lock that is not held (inspect, release),
+//	1  not found or refused: a lock that is not held (inspect: neither it
+//	   nor the read-write lock of the name; release),
 //	   release without --yes, a critical doctor finding, Redis unreachable
 //	   or refusing (a password, an ACL), --timeout passed
 //	2  usage: an unknown command or flag, a missing or extra argument, a

@@ -19,8 +19,11 @@ fencelock watch counts as one waiter. When the semaphore NAME
 (fencelock.Semaphore) has holders, it shows them too: each one's owner,
 fence, TTL left and token (for release --force --permit).
 
-It exits 1 when neither the lock nor a permit of the semaphore is held,
-after printing what it found.
+When the read-write lock (RWLock) of the name is in use, its writer,
+readers and waiting writers follow.
+
+It exits 1 when neither the lock, a permit of the semaphore, nor the
+read-write lock is held, after printing what it found.
 
 Flags:
 
@@ -28,7 +31,9 @@ Flags:
 	                   "ttl_ms", "fence", "last_fence", "waiters"}, and
 	                   "semaphore": {"name", "key", "permits", "holders":
 	                   [{"token", "owner", "ttl_ms", "fence"}, ...],
-	                   "last_fence", "waiters"} when it has holders.
+	                   "last_fence", "waiters"} when it has holders;
+	                   "rwlock": {"name", "key", "writer", "readers",
+	                   "writers_waiting", "last_fence"} when it is in use.
 `,
 }
 
@@ -62,14 +67,19 @@ func runInspect(ctx context.Context, e *env, args []string) error {
 		return redisError("inspect", &cf, err)
 	}
 	semHeld := len(sem.Holders) > 0
+	rw, err := s.locker.RWLock(name).Inspect(ctx)
+	if err != nil {
+		return redisError("inspect", &cf, err)
+	}
 	if *asJSON {
-		out := struct {
-			lockJSON
-			Semaphore *semJSON `json:"semaphore,omitempty"`
-		}{lockJSON: toJSON(s.key(name), info)}
+		out := inspectJSON{lockJSON: toJSON(s.key(name), info)}
 		if semHeld {
 			j := semToJSON(s.key(name)+semSuffix, sem)
 			out.Semaphore = &j
+		}
+		if rwInUse(rw) {
+			j := rwToJSON(s.rwKey(name), rw)
+			out.RWLock = &j
 		}
 		if err := writeJSON(e.stdout, out); err != nil {
 			return err
@@ -102,8 +112,11 @@ func runInspect(ctx context.Context, e *env, args []string) error {
 			fmt.Fprintln(e.stdout)
 			printSemaphore(e.stdout, s.key(name)+semSuffix, sem)
 		}
+		if rwInUse(rw) {
+			printRWInspect(e.stdout, s.rwKey(name), rw)
+		}
 	}
-	if !info.Held && !semHeld {
+	if !info.Held && !semHeld && !rwInUse(rw) {
 		return &cmdError{code: exitFailed}
 	}
 	return nil

@@ -33,10 +33,14 @@ waiters; then one line per semaphore holder, the same five fields and
 "semaphore <held>/<permits>". When no lock and no semaphore is held, it
 says so on stderr. It exits 0 when no lock is held, too.
 
+Read-write locks (RWLock) in use follow, one holder a line: the same five
+fields (waiters: the writers waiting), and a sixth, shared or exclusive.
+
 Flags:
 
 	--json             one JSON document: {"prefix", "pattern", "locks": [...],
-	                   "semaphores": [...]}, each as in inspect --json.
+	                   "semaphores": [...], "rwlocks": [...]}, each as in
+	                   inspect --json.
 `,
 }
 
@@ -69,11 +73,13 @@ func runLs(ctx context.Context, e *env, args []string) error {
 	ctx, cancel := cf.withTimeout(ctx)
 	defer cancel()
 
-	names, err := s.scan(ctx, pattern, "")
+	names, err := s.scan(ctx, pattern)
 	if err != nil {
 		return redisError("ls", &cf, err)
 	}
 	infos, errs := inspectAll(ctx, s.locker, names)
+	rwlocks, rwErrs := lsRWLocks(ctx, s, pattern)
+	errs = append(errs, rwErrs...)
 	if ctx.Err() != nil {
 		return redisError("ls", &cf, ctx.Err())
 	}
@@ -91,16 +97,21 @@ func runLs(ctx context.Context, e *env, args []string) error {
 	switch {
 	case *asJSON:
 		out := struct {
-			Prefix     string     `json:"prefix"`
-			Pattern    string     `json:"pattern"`
-			Locks      []lockJSON `json:"locks"`
-			Semaphores []semJSON  `json:"semaphores"`
-		}{Prefix: s.prefix, Pattern: pattern, Locks: make([]lockJSON, 0, len(held)), Semaphores: make([]semJSON, 0, len(sems))}
+			Prefix     string       `json:"prefix"`
+			Pattern    string       `json:"pattern"`
+			Locks      []lockJSON   `json:"locks"`
+			Semaphores []semJSON    `json:"semaphores"`
+			RWLocks    []rwlockJSON `json:"rwlocks"`
+		}{Prefix: s.prefix, Pattern: pattern, Locks: make([]lockJSON, 0, len(held)),
+			Semaphores: make([]semJSON, 0, len(sems)), RWLocks: []rwlockJSON{}}
 		for _, info := range held {
 			out.Locks = append(out.Locks, toJSON(s.key(info.Name), info))
 		}
 		for _, info := range sems {
 			out.Semaphores = append(out.Semaphores, semToJSON(s.key(info.Name)+semSuffix, info))
+		}
+		for _, info := range rwlocks {
+			out.RWLocks = append(out.RWLocks, rwToJSON(s.rwKey(info.Name), info))
 		}
 		if err := writeJSON(e.stdout, out); err != nil {
 			return err
@@ -115,12 +126,14 @@ func runLs(ctx context.Context, e *env, args []string) error {
 			}
 			printSemaphoreTable(e.stdout, sems)
 		}
+		printRWTable(e.stdout, rwlocks)
 	default:
 		for _, info := range held {
 			fmt.Fprintf(e.stdout, "%s\t%s\t%d\t%d\t%d\n", info.Name, info.Owner, ttlMillis(info.TTL), info.Fence, info.Waiters)
 		}
 		printSemaphoreLines(e.stdout, sems)
-		if len(held) == 0 && len(sems) == 0 && len(errs) == 0 {
+		printRWLines(e.stdout, rwlocks)
+		if len(held) == 0 && len(sems) == 0 && len(rwlocks) == 0 && len(errs) == 0 {
 			// On stderr: stdout, which scripts read, stays empty.
 			e.warn("ls: no lock held matching %s", s.key(pattern))
 		}
@@ -149,10 +162,14 @@ func printTable(w io.Writer, locks []fencelock.LockInfo, match string) {
 }
 
 // scan returns the names of the lock keys that match pattern, sorted, from
-// SCAN on every master; with suffix, of the keys that are a lock key plus
-// suffix (":sem", a semaphore's holders).
-func (s *session) scan(ctx context.Context, pattern, suffix string) ([]string, error) {
-	match := globEscape(s.prefix) + "{" + pattern + "}" + globEscape(suffix)
+// SCAN on every master.
+func (s *session) scan(ctx context.Context, pattern string) ([]string, error) {
+	return s.scanMatching(ctx, globEscape(s.prefix)+"{"+pattern+"}", s.nameOf)
+}
+
+// scanMatching returns the names that nameOf finds in the keys matching
+// match, sorted, from SCAN on every master.
+func (s *session) scanMatching(ctx context.Context, match string, nameOf func(key string) (string, bool)) ([]string, error) {
 	var (
 		mu    sync.Mutex // ForEachMaster calls concurrently
 		names = map[string]struct{}{}
@@ -166,8 +183,7 @@ func (s *session) scan(ctx context.Context, pattern, suffix string) ([]string, e
 			}
 			mu.Lock()
 			for _, k := range keys {
-				lockKey, ok := strings.CutSuffix(k, suffix)
-				if name, isLock := s.nameOf(lockKey); ok && isLock {
+				if name, ok := nameOf(k); ok {
 					names[name] = struct{}{} // SCAN may return a key twice
 				}
 			}
@@ -231,8 +247,14 @@ func globEscape(s string) string {
 // inspectAll inspects the named locks, a few at a time, and returns their
 // infos in order (a zero one where it failed) and the errors.
 func inspectAll(ctx context.Context, l *fencelock.Locker, names []string) ([]fencelock.LockInfo, []error) {
+	return inspectEach(names, func(name string) (fencelock.LockInfo, error) { return l.Inspect(ctx, name) })
+}
+
+// inspectEach calls inspect for each name, a few at a time, and returns
+// the results in order (a zero one where it failed) and the errors.
+func inspectEach[T any](names []string, inspect func(name string) (T, error)) ([]T, []error) {
 	const parallel = 8
-	infos := make([]fencelock.LockInfo, len(names))
+	infos := make([]T, len(names))
 	errs := make([]error, len(names))
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, parallel)
@@ -240,7 +262,7 @@ func inspectAll(ctx context.Context, l *fencelock.Locker, names []string) ([]fen
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			infos[i], errs[i] = l.Inspect(ctx, name)
+			infos[i], errs[i] = inspect(name)
 		})
 	}
 	wg.Wait()

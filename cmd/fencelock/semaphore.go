@@ -34,8 +34,10 @@ type semJSON struct {
 	Waiters   int          `json:"waiters"`
 }
 
+// holderJSON is one holder of a semaphore's permit (with its token) or of
+// a read-write lock (without).
 type holderJSON struct {
-	Token     string `json:"token"`
+	Token     string `json:"token,omitempty"`
 	Owner     string `json:"owner"`
 	TTLMillis int64  `json:"ttl_ms"`
 	Fence     int64  `json:"fence"`
@@ -60,7 +62,13 @@ func (s *session) inspectSemaphore(ctx context.Context, name string) (fencelock.
 // have holders, sorted by name, and the errors of those that could not be
 // read.
 func (s *session) semaphores(ctx context.Context, pattern string) ([]fencelock.SemaphoreInfo, []error, error) {
-	names, err := s.scan(ctx, pattern, semSuffix)
+	names, err := s.scanMatching(ctx, globEscape(s.prefix)+"{"+pattern+"}"+globEscape(semSuffix), func(k string) (string, bool) {
+		lockKey, ok := strings.CutSuffix(k, semSuffix)
+		if !ok {
+			return "", false
+		}
+		return s.nameOf(lockKey)
+	})
 	if err != nil {
 		return nil, nil, err
 	}

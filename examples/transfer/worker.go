@@ -1,0 +1,179 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/examples/internal/demo"
+)
+
+// workerEnv is the environment variable that makes this program a worker:
+// it holds the worker's workerConfig as JSON. The parent sets it when it
+// re-executes itself.
+const workerEnv = "FENCELOCK_TRANSFER_WORKER"
+
+// workerConfig is what the parent tells a worker.
+type workerConfig struct {
+	Worker    string        `json:"worker"`
+	Transfers []Transfer    `json:"transfers"`  // run at once, each on a goroutine of its own
+	Redis     string        `json:"redis"`      // address for demo.NewRedisClient
+	Driver    string        `json:"driver"`     // database driver and DSN for demo.Connect
+	DSN       string        `json:"dsn"`        //
+	Accounts  string        `json:"accounts"`   // the run's tables
+	Ledger    string        `json:"ledger"`     //
+	KeyPrefix string        `json:"key_prefix"` // fencelock.Options.KeyPrefix of this run
+	TTL       time.Duration `json:"ttl"`        // the locks' TTL
+}
+
+// workerMain runs this process as a worker when workerEnv is set, and
+// returns the exit code and true; otherwise it returns false at once.
+func workerMain() (code int, isWorker bool) {
+	v, ok := os.LookupEnv(workerEnv)
+	if !ok {
+		return 0, false
+	}
+	var cfg workerConfig
+	if err := json.Unmarshal([]byte(v), &cfg); err != nil {
+		fmt.Fprintf(os.Stderr, "transfer worker: %s: %v\n", workerEnv, err)
+		return 1, true
+	}
+	w := &worker{cfg: cfg, out: json.NewEncoder(os.Stdout)}
+	if err := w.run(context.Background()); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", cfg.Worker, err)
+		return 1, true
+	}
+	return 0, true
+}
+
+// worker is one process of the payments service.
+type worker struct {
+	cfg    workerConfig
+	locker *fencelock.Locker
+	db     *demo.DB
+	q      queries
+
+	mu  sync.Mutex    // the transfers' goroutines share out
+	out *json.Encoder // guarded by mu; events to the parent
+}
+
+func (w *worker) run(ctx context.Context) error {
+	rdb, err := demo.NewRedisClient(ctx, w.cfg.Redis)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	if w.db, err = demo.Connect(ctx, w.cfg.Driver, w.cfg.DSN); err != nil {
+		return err
+	}
+	defer w.db.Close()
+	w.q = newQueries(w.db, w.cfg.Accounts, w.cfg.Ledger)
+	w.locker, err = fencelock.New(rdb, &fencelock.Options{KeyPrefix: w.cfg.KeyPrefix, TTL: w.cfg.TTL,
+		Owner: fmt.Sprintf("%s (pid %d)", w.cfg.Worker, os.Getpid())})
+	if err != nil {
+		return err
+	}
+	defer w.locker.Close()
+
+	w.emit(event{Kind: "ready"})
+	sc := bufio.NewScanner(os.Stdin)
+	if !sc.Scan() || sc.Text() != "go" {
+		return errors.New("no go-ahead from the parent")
+	}
+	var wg sync.WaitGroup
+	for _, t := range w.cfg.Transfers {
+		wg.Go(func() {
+			o := w.transfer(ctx, t)
+			w.emit(event{Kind: "result", Outcome: &o})
+		})
+	}
+	wg.Wait()
+	w.emit(event{Kind: "done"})
+	return nil
+}
+
+// transfer moves t's amount under the locks of both accounts, with fenced
+// writes.
+func (w *worker) transfer(ctx context.Context, t Transfer) Outcome {
+	o := Outcome{Transfer: t, Worker: w.cfg.Worker}
+	start := time.Now()
+	names := []string{"account:" + t.From, "account:" + t.To}
+	err := w.locker.RunWithLocks(ctx, names, func(ctx context.Context, leases []*fencelock.Lease) error {
+		from, to := leases[0], leases[1]
+		o.FromFence, o.ToFence = from.Fence(), to.Fence()
+		w.say("%s: locked %s (fence %d) and %s (fence %d) after %v", t.ID, t.From, from.Fence(), t.To, to.Fence(),
+			time.Since(start).Round(time.Millisecond))
+		fromBalance, err := w.q.balance(ctx, w.db, t.From)
+		if err != nil {
+			return err
+		}
+		toBalance, err := w.q.balance(ctx, w.db, t.To)
+		if err != nil {
+			return err
+		}
+		// What a real transfer checks here (limits, fraud rules) takes a
+		// while: the window in which, without the locks, another transfer
+		// would read the same balances and one of the two writes be lost.
+		time.Sleep(20 * time.Millisecond)
+		if fromBalance < t.Amount {
+			o.Outcome = Insufficient
+			w.say("%s: %s has %s, not %s: nothing moved", t.ID, t.From, dollars(fromBalance), dollars(t.Amount))
+			return nil
+		}
+
+		tx, err := w.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback() }() // after Commit, a no-op
+		for _, u := range []struct {
+			id      string
+			balance int64
+			lease   *fencelock.Lease
+		}{{t.From, fromBalance - t.Amount, from}, {t.To, toBalance + t.Amount, to}} {
+			r, err := tx.ExecContext(ctx, w.q.write, u.balance, u.lease.Fence(), u.id, u.lease.Fence())
+			if err != nil {
+				return err
+			}
+			if n, err := r.RowsAffected(); err != nil || n != 1 {
+				// A newer holder of the account's lock wrote it: this
+				// lease is stale, and the whole transfer rolls back.
+				o.Outcome = Rejected
+				w.say("%s: the write of %s was refused, its fence %d is stale: rolled back", t.ID, u.id, u.lease.Fence())
+				return err
+			}
+		}
+		if _, err := tx.ExecContext(ctx, w.q.record, t.ID, w.cfg.Worker, t.From, t.To, t.Amount, from.Fence(), to.Fence()); err != nil {
+			return err
+		}
+		if err := tx.Commit(); err != nil {
+			return err
+		}
+		o.Outcome = Moved
+		w.say("%s: moved %s from %s (now %s) to %s (now %s)", t.ID, dollars(t.Amount),
+			t.From, dollars(fromBalance-t.Amount), t.To, dollars(toBalance+t.Amount))
+		return nil
+	}, fencelock.WithWait(20*time.Second))
+	if err != nil {
+		o.Outcome, o.Err = Failed, err.Error()
+		w.say("%s: failed: %v", t.ID, err)
+	}
+	return o
+}
+
+// say sends a line for the parent's timeline.
+func (w *worker) say(format string, args ...any) {
+	w.emit(event{Kind: "say", Msg: fmt.Sprintf(format, args...)})
+}
+
+func (w *worker) emit(ev event) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	_ = w.out.Encode(ev) // a parent that has gone away ends the worker at its next read
+}
