@@ -13,8 +13,10 @@ type aclRule struct {
 	sev   Severity // of Check's finding without it
 	// try is the command with which Check tries the rule, {key} and
 	// {channel} standing for a test lock's; "" when Check's test lock,
-	// subscription or server checks try it.
-	try string
+	// subscription or server checks try it. creates: try makes its key if
+	// there is none.
+	try     string
+	creates bool
 	// redis6 is what Redis 6, without sharded pub/sub, needs instead, and
 	// try6 how Check tries it there; "" when the same.
 	redis6, try6 string
@@ -38,15 +40,15 @@ var aclRules = []aclRule{
 	{rule: "+get", sev: SeverityCritical, needs: "the scripts", try: "GET {key}"},
 	{rule: "+pexpire", sev: SeverityCritical, needs: "the scripts", try: "PEXPIRE {key} 1000"},
 	{rule: "+pttl", sev: SeverityCritical, needs: "the scripts", try: "PTTL {key}"},
-	{rule: "+incr", sev: SeverityCritical, needs: "the scripts (fences)", try: "INCR {key}"},
+	{rule: "+incr", sev: SeverityCritical, needs: "the scripts (fences)", try: "INCR {key}", creates: true},
 	{rule: "+exists", sev: SeverityCritical, needs: "the scripts", try: "EXISTS {key}"},
 	{rule: "+time", sev: SeverityCritical, needs: "the scripts (fences, lines)", try: "TIME"},
-	{rule: "+zadd", sev: SeverityCritical, needs: "fair and Redlock lines", try: "ZADD {key} 1 m"},
+	{rule: "+zadd", sev: SeverityCritical, needs: "fair and Redlock lines", try: "ZADD {key} 1 m", creates: true},
 	{rule: "+zrange", sev: SeverityCritical, needs: "fair and Redlock lines", try: "ZRANGE {key} 0 0"},
 	{rule: "+zrank", sev: SeverityCritical, needs: "Redlock lines", try: "ZRANK {key} m"},
 	{rule: "+zrem", sev: SeverityCritical, needs: "fair and Redlock lines", try: "ZREM {key} m"},
 	{rule: "+zscore", sev: SeverityCritical, needs: "fair and Redlock lines", try: "ZSCORE {key} m"},
-	{rule: "+hset", sev: SeverityCritical, needs: "fair and Redlock lines", try: "HSET {key} f v"},
+	{rule: "+hset", sev: SeverityCritical, needs: "fair and Redlock lines", try: "HSET {key} f v", creates: true},
 	{rule: "+hget", sev: SeverityCritical, needs: "fair and Redlock lines", try: "HGET {key} f"},
 	{rule: "+hdel", sev: SeverityCritical, needs: "fair and Redlock lines", try: "HDEL {key} f"},
 	{rule: "+spublish", sev: SeverityWarning, needs: "releases waking waiters", redis6: "+publish"},
