@@ -13,8 +13,10 @@ type aclRule struct {
 	sev   Severity // of Check's finding without it
 	// try is the command with which Check tries the rule, {key} and
 	// {channel} standing for a test lock's; "" when Check's test lock,
-	// subscription or server checks try it.
-	try string
+	// subscription or server checks try it. creates: try makes its key if
+	// there is none.
+	try     string
+	creates bool
 	// redis6 is what Redis 6, without sharded pub/sub, needs instead, and
 	// try6 how Check tries it there; "" when the same.
 	redis6, try6 string
@@ -38,10 +40,10 @@ var aclRules = []aclRule{
 	{rule: "+get", sev: SeverityCritical, needs: "the scripts", try: "GET {key}"},
 	{rule: "+pexpire", sev: SeverityCritical, needs: "the scripts", try: "PEXPIRE {key} 1000"},
 	{rule: "+pttl", sev: SeverityCritical, needs: "the scripts", try: "PTTL {key}"},
-	{rule: "+incr", sev: SeverityCritical, needs: "the scripts (fences)", try: "INCR {key}"},
+	{rule: "+incr", sev: SeverityCritical, needs: "the scripts (fences)", try: "INCR {key}", creates: true},
 	{rule: "+exists", sev: SeverityCritical, needs: "the scripts", try: "EXISTS {key}"},
 	{rule: "+time", sev: SeverityCritical, needs: "the scripts (fences, lines)", try: "TIME"},
-	{rule: "+zadd", sev: SeverityCritical, needs: "fair and Redlock lines", try: "ZADD {key} 1 m"},
+	{rule: "+zadd", sev: SeverityCritical, needs: "fair and Redlock lines", try: "ZADD {key} 1 m", creates: true},
 	{rule: "+zrange", sev: SeverityCritical, needs: "fair and Redlock lines", try: "ZRANGE {key} 0 0"},
 	{rule: "+zrank", sev: SeverityCritical, needs: "Redlock lines", try: "ZRANK {key} m"},
 	{rule: "+zrem", sev: SeverityCritical, needs: "fair and Redlock lines", try: "ZREM {key} m"},
@@ -50,7 +52,7 @@ var aclRules = []aclRule{
 	{rule: "+zcount", sev: SeverityCritical, needs: "RWLock.Inspect", try: "ZCOUNT {key} 0 0"},
 	{rule: "+zrangebyscore", sev: SeverityCritical, needs: "RWLock.Inspect", try: "ZRANGEBYSCORE {key} 0 0"},
 	{rule: "+zremrangebyscore", sev: SeverityCritical, needs: "read-write locks", try: "ZREMRANGEBYSCORE {key} 0 0"},
-	{rule: "+hset", sev: SeverityCritical, needs: "fair and Redlock lines", try: "HSET {key} f v"},
+	{rule: "+hset", sev: SeverityCritical, needs: "fair and Redlock lines", try: "HSET {key} f v", creates: true},
 	{rule: "+hget", sev: SeverityCritical, needs: "fair and Redlock lines", try: "HGET {key} f"},
 	{rule: "+hdel", sev: SeverityCritical, needs: "fair and Redlock lines", try: "HDEL {key} f"},
 	{rule: "+zcard", sev: SeverityCritical, needs: "semaphores", try: "ZCARD {key}"},

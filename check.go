@@ -23,13 +23,8 @@ const (
 )
 
 func (s Severity) String() string {
-	switch s {
-	case SeverityInfo:
-		return "info"
-	case SeverityWarning:
-		return "warning"
-	case SeverityCritical:
-		return "critical"
+	if names := [...]string{"info", "warning", "critical"}; s >= 0 && int(s) < len(names) {
+		return names[s]
 	}
 	return "severity(" + strconv.Itoa(int(s)) + ")"
 }
@@ -90,10 +85,7 @@ func (l *Locker) Check(ctx context.Context) ([]Finding, error) {
 		c.independence(b)
 	}
 	sort.SliceStable(c.findings, func(i, j int) bool { return c.findings[i].Severity > c.findings[j].Severity })
-	if err := ctx.Err(); err != nil {
-		return c.findings, err
-	}
-	return c.findings, nil
+	return c.findings, ctx.Err()
 }
 
 // checker gathers the findings of one Check.
@@ -172,13 +164,7 @@ func (c *checker) info(ctx context.Context, s *redis.Client, node, section strin
 		c.notPermitted(node, "INFO "+section, err)
 		return nil
 	}
-	m := make(map[string]string)
-	for _, line := range strings.Split(text, "\n") {
-		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
-			m[k] = v
-		}
-	}
-	return m
+	return pairs(text, "\n", ":")
 }
 
 // notPermitted records a command Check could not run.
@@ -213,10 +199,14 @@ func (c *checker) server(ctx context.Context, d *deployment, s *redis.Client, no
 			Means: "it refuses writes (READONLY): every acquisition fails",
 			Fix:   "point the client at the master, or use Sentinel or Cluster clients"})
 	}
+	online := 0 // replicas
 	for k, v := range repl {
 		if strings.HasPrefix(k, "slave") && strings.Contains(v, "ip=") {
-			f := fields(v)
+			f := pairs(v, ",", "=")
 			info.replicaAddr = append(info.replicaAddr, hostPort(f["ip"], f["port"]))
+			if f["state"] == "online" {
+				online++
+			}
 		}
 	}
 	c.servers = append(c.servers, info)
@@ -230,18 +220,15 @@ func (c *checker) server(ctx context.Context, d *deployment, s *redis.Client, no
 		}
 	}
 
-	if mem != nil {
-		policy, maxmemory := mem["maxmemory_policy"], mem["maxmemory"]
+	if policy, maxmemory := mem["maxmemory_policy"], mem["maxmemory"]; maxmemory != "0" && maxmemory != "" {
+		seen := fmt.Sprintf("maxmemory-policy %s with maxmemory %s", policy, maxmemory)
 		switch {
-		case maxmemory == "0" || maxmemory == "":
 		case strings.HasPrefix(policy, "volatile-"):
-			c.add(Finding{Severity: SeverityCritical, Check: "maxmemory-policy", Node: node,
-				Seen:  fmt.Sprintf("maxmemory-policy %s with maxmemory %s", policy, maxmemory),
+			c.add(Finding{Severity: SeverityCritical, Check: "maxmemory-policy", Node: node, Seen: seen,
 				Means: "when memory runs out, keys with a TTL are evicted first, and every lock key has one: held locks are granted again",
 				Fix:   "maxmemory-policy noeviction (a full Redis then refuses new locks with OOM, an outage, instead of double grants)"})
 		case strings.HasPrefix(policy, "allkeys-"):
-			c.add(Finding{Severity: SeverityWarning, Check: "maxmemory-policy", Node: node,
-				Seen:  fmt.Sprintf("maxmemory-policy %s with maxmemory %s", policy, maxmemory),
+			c.add(Finding{Severity: SeverityWarning, Check: "maxmemory-policy", Node: node, Seen: seen,
 				Means: "when memory runs out, lock keys may be evicted: held locks are granted again",
 				Fix:   "maxmemory-policy noeviction, or a Redis of its own for the locks"})
 		}
@@ -269,19 +256,11 @@ func (c *checker) server(ctx context.Context, d *deployment, s *redis.Client, no
 		}
 	}
 
-	if want := c.l.opts.Replicas; want > 0 && repl != nil && repl["role"] == "master" {
-		online := 0
-		for k, v := range repl {
-			if strings.HasPrefix(k, "slave") && strings.Contains(v, "state=online") {
-				online++
-			}
-		}
-		if online < want {
-			c.add(Finding{Severity: SeverityCritical, Check: "replicas", Node: node,
-				Seen:  fmt.Sprintf("%d replicas online, Options.Replicas is %d", online, want),
-				Means: "no acquisition can be acknowledged by enough replicas: every one fails",
-				Fix:   "add replicas, or lower Options.Replicas"})
-		}
+	if want := c.l.opts.Replicas; want > 0 && repl["role"] == "master" && online < want {
+		c.add(Finding{Severity: SeverityCritical, Check: "replicas", Node: node,
+			Seen:  fmt.Sprintf("%d replicas online, Options.Replicas is %d", online, want),
+			Means: "no acquisition can be acknowledged by enough replicas: every one fails",
+			Fix:   "add replicas, or lower Options.Replicas"})
 	}
 }
 
@@ -292,11 +271,12 @@ func hostPort(host, port string) string {
 	return host + ":" + port
 }
 
-// fields parses "a=1,b=2".
-func fields(s string) map[string]string {
+// pairs parses the key-value pairs of INFO: "k1:v1\r\nk2:v2" with sep "\n"
+// and eq ":", a replica's "ip=...,port=..." with sep "," and eq "=".
+func pairs(s, sep, eq string) map[string]string {
 	m := make(map[string]string)
-	for _, f := range strings.Split(s, ",") {
-		if k, v, ok := strings.Cut(f, "="); ok {
+	for _, f := range strings.Split(s, sep) {
+		if k, v, ok := strings.Cut(strings.TrimSpace(f), eq); ok {
 			m[k] = v
 		}
 	}
@@ -336,7 +316,8 @@ func (c *checker) permissions(ctx context.Context, d *deployment, node string) {
 	name := "fencelock-check:" + c.l.newLease("x", time.Second).token
 	lease := c.l.newLease(name, time.Second)
 	defer c.cleanUp(ctx, d, lease)
-	c.tryRules(ctx, d, node, lease.keys[keyLock]+":acl", d.channel(lease.keys[keyLock]))
+	channel := d.channel(lease.keys[keyLock])
+	c.tryRules(ctx, d, node, lease.keys[keyLock]+":acl", channel)
 	a := d.acquire(ctx, lease)
 	var replicas *replicaError
 	switch {
@@ -366,7 +347,6 @@ func (c *checker) permissions(ctx context.Context, d *deployment, node string) {
 		}
 	}
 	// Subscribing, as waiters do.
-	channel := d.channel(lease.keys[keyLock])
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	ps := d.client.SSubscribe(sctx, channel)
@@ -416,31 +396,14 @@ func (c *checker) cleanUp(ctx context.Context, d *deployment, lease *Lease) {
 // tryRules sends the command of each of aclRules that has one, on key
 // and channel, and reports those the ACL refuses (NOPERM): other errors
 // (a key of another type, say) come after the ACL's verdict.
-// creates reports whether the command of a rule's try would create its key
-// if it did not exist.
-func creates(try string) bool {
-	cmd, _, _ := strings.Cut(try, " ")
-	switch cmd {
-	case "ZADD", "HSET", "INCR":
-		return true
-	}
-	return false
-}
-
 func (c *checker) tryRules(ctx context.Context, d *deployment, node, key, channel string) {
 	o := &c.l.opts
 	keySet := false // SET made the test key, with a TTL: the writes after it fail on its type
 	for _, r := range aclRules {
-		switch r.only {
-		case onlyReplicas:
-			if o.Replicas == 0 {
-				continue
-			}
-		case onlyFsync:
-			if !o.ReplicaFsync {
-				continue
-			}
-		case onlyCluster:
+		if r.only == onlyReplicas && o.Replicas == 0 || r.only == onlyFsync && !o.ReplicaFsync {
+			continue
+		}
+		if r.only == onlyCluster {
 			if cl, ok := d.client.(*redis.ClusterClient); ok {
 				// go-redis finds the slots with CLUSTER SLOTS (its
 				// ClusterSlots method is deprecated for our use: try the
@@ -450,11 +413,8 @@ func (c *checker) tryRules(ctx context.Context, d *deployment, node, key, channe
 			continue
 		}
 		try := r.try
-		if try == "" {
+		if try == "" || r.creates && !keySet { // without the key, try would make one with no TTL
 			continue
-		}
-		if !keySet && r.rule != "+set" && creates(try) {
-			continue // without the key, it would make one with no TTL
 		}
 		err := d.client.Do(ctx, tryArgs(try, key, channel)...).Err()
 		if r.rule == "+set" {

@@ -37,17 +37,12 @@ func (l *Locker) Inspect(ctx context.Context, name string) (LockInfo, error) {
 		return LockInfo{}, err
 	}
 	key, fenceKey := l.keys(name)
-	res, done := call(l, ctx.Done(), nil, func() holdingResult {
-		h, err := l.b.inspect(ctx, key, fenceKey, true)
-		return holdingResult{h, err}
-	}, nil)
-	switch {
-	case !done || (res.err != nil && (classify(res.err) == classNoVerdict || ctxErr(ctx) != nil)):
-		return LockInfo{}, ctxEnded(ctx, fmt.Sprintf("inspect %q", name))
-	case res.err != nil:
-		return LockInfo{}, callError(name, res.err)
+	h, err := l.read(ctx, name, fmt.Sprintf("inspect %q", name), func(ctx context.Context) (holding, error) {
+		return l.b.inspect(ctx, key, fenceKey, true)
+	})
+	if err != nil {
+		return LockInfo{}, err
 	}
-	h := res.h
 	info := LockInfo{Name: name, LastFence: h.counter, Waiters: h.waiters}
 	if h.value != "" {
 		_, info.Fence, info.Owner = parseValue(h.value)
@@ -65,28 +60,44 @@ func (l *Lease) TTL(ctx context.Context) (time.Duration, error) {
 	if l == nil || l.locker == nil || l.degraded {
 		return 0, ErrNotHeld
 	}
-	res, done := call(l.locker, ctx.Done(), nil, func() holdingResult {
+	h, err := l.locker.read(ctx, l.name, "ttl", func(ctx context.Context) (holding, error) {
 		if o, ok := l.kind.(ownKeys); ok { // a semaphore's permit, ...
-			h, err := o.holding(ctx, l)
-			return holdingResult{h, err}
+			return o.holding(ctx, l)
 		}
-		h, err := l.locker.b.inspect(ctx, l.keys[keyLock], l.keys[keyCounter], false)
-		return holdingResult{h, err}
-	}, nil)
-	switch {
-	case !done || (res.err != nil && (classify(res.err) == classNoVerdict || ctxErr(ctx) != nil)):
-		return 0, ctxEnded(ctx, "ttl")
-	case res.err != nil:
-		return 0, callError(l.name, res.err)
+		return l.locker.b.inspect(ctx, l.keys[keyLock], l.keys[keyCounter], false)
+	})
+	if err != nil {
+		return 0, err
 	}
-	token, _, _ := parseValue(res.h.value)
+	token, _, _ := parseValue(h.value)
 	switch {
-	case res.h.value == "":
+	case h.value == "":
 		return 0, errGone
 	case token != l.token:
 		return 0, errTakenBy
 	}
-	return res.h.pttl, nil
+	return h.pttl, nil
+}
+
+// read runs f, a read of the lock called name (see backend.inspect),
+// returning when ctx ends whatever the client's options; what names the
+// call in the error then.
+func (l *Locker) read(ctx context.Context, name, what string, f func(ctx context.Context) (holding, error)) (holding, error) {
+	type result struct {
+		h   holding
+		err error
+	}
+	res, done := call(l, ctx.Done(), nil, func() result {
+		h, err := f(ctx)
+		return result{h, err}
+	}, nil)
+	switch {
+	case !done || (res.err != nil && (classify(res.err) == classNoVerdict || ctxErr(ctx) != nil)):
+		return holding{}, ctxEnded(ctx, what)
+	case res.err != nil:
+		return holding{}, callError(name, res.err)
+	}
+	return res.h, nil
 }
 
 // holding is what one read of a lock found.
@@ -97,11 +108,6 @@ type holding struct {
 	waiters int
 }
 
-type holdingResult struct {
-	h   holding
-	err error
-}
-
 // inspect reads the lock at key and its fence counter in one step, then,
 // with waiters, counts the subscribers of its channel.
 func (d *deployment) inspect(ctx context.Context, key, fenceKey string, waiters bool) (holding, error) {
@@ -109,14 +115,13 @@ func (d *deployment) inspect(ctx context.Context, key, fenceKey string, waiters 
 	if err != nil {
 		return holding{}, err
 	}
-	var h holding
 	value, ok1 := reply[0].(string)
 	pttl, ok2 := reply[1].(int64)
 	counter, ok3 := reply[2].(string)
 	if len(reply) != 3 || !ok1 || !ok2 || !ok3 {
 		return holding{}, fmt.Errorf("%w from the inspect script: %v", errReply, reply)
 	}
-	h.value, h.pttl = value, time.Duration(pttl)*time.Millisecond
+	h := holding{value: value, pttl: time.Duration(pttl) * time.Millisecond}
 	if pttl < 0 {
 		h.pttl = -1
 	}
@@ -206,23 +211,14 @@ func (q *quorum) inspect(ctx context.Context, key, fenceKey string, waiters bool
 		var best holding
 		var bestFence int64
 		for _, h := range hs {
-			p := h.pttl
-			if p < 0 {
-				p = time.Duration(1<<63 - 1)
-			}
-			pttls = append(pttls, p)
+			pttls = append(pttls, h.pttl)
 			_, f, _ := parseValue(h.value)
 			fences[f]++
 			if n, bn := fences[f], fences[bestFence]; best.value == "" || n > bn || (n == bn && f > bestFence) {
 				best, bestFence = h, f
 			}
 		}
-		slices.Sort(pttls)
-		out.value = best.value
-		out.pttl = pttls[len(pttls)-q.n]
-		if out.pttl == time.Duration(1<<63-1) {
-			out.pttl = -1
-		}
+		out.value, out.pttl = best.value, kthShortest(pttls, len(pttls)-q.n+1)
 	}
 	return out, nil
 }

@@ -32,18 +32,11 @@ const (
 	OpLost                  // a lease lost while its watchdog ran
 )
 
+var opNames = [...]string{OpAcquire: "acquire", OpRelease: "release", OpRun: "run", OpRenew: "renew", OpLost: "lost"}
+
 func (o Op) String() string {
-	switch o {
-	case OpAcquire:
-		return "acquire"
-	case OpRelease:
-		return "release"
-	case OpRun:
-		return "run"
-	case OpRenew:
-		return "renew"
-	case OpLost:
-		return "lost"
+	if o > 0 && int(o) < len(opNames) {
+		return opNames[o]
 	}
 	return "op"
 }

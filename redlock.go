@@ -104,7 +104,7 @@ func (e *quorumError) Unwrap() []error { return e.errs }
 // ctx either.
 func each[T any](ctx context.Context, q *quorum, timeout time.Duration, detach bool, f func(ctx context.Context, i int, d *deployment) T) *results[T] {
 	base := ctx
-	if detach { // the calls go on when ctx ends; the reader stops
+	if detach {
 		base = context.WithoutCancel(ctx)
 	}
 	nctx, cancel := context.WithTimeout(base, timeout)
@@ -278,42 +278,26 @@ func decodeGrant(reply any) nodeGrant {
 	return nodeGrant{err: fmt.Errorf("%w from the grant script: %v", errReply, reply)}
 }
 
-// acquire takes the lock on a quorum and issues its fence:
-//
-//  1. every node grants the lock (SET NX) and counts its fence counter on
-//     (one more than it was, or the node's TIME where it has none), storing
-//     the new value with the lock; the fence is the largest value of the
-//     granting nodes;
-//  2. where fewer than a quorum of them counted to the fence (their counters
-//     had drifted apart: a node restarted empty, an attempt that got only
-//     some nodes), it is written to the counters that are behind
-//     (max(counter, fence)) and to the lock's value, on each node only while
-//     the lock is still this token's there, until a quorum has it.
-//
-// Either way a quorum's counters are at least the fence when the lease is
-// returned. Any two quorums share a node, so an acquisition that begins
-// after this one has returned counts on from at least this fence there,
-// and gets a greater one (see the package documentation for what this
-// rests on). The lease exists when a quorum has the fence within the
-// validity.
+// acquire takes the lock on a quorum and issues its fence: phase 1 grants
+// the lock on every node, each counting its fence counter on; the fence is
+// the largest value the granting nodes counted to, and phase 2 writes it to
+// those that counted to less, until a quorum has it (why this orders fences
+// without trusting clocks: GUARANTEES.md, "How Redlock works"). The lease
+// exists when a quorum has the fence within the validity.
 func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
-	validity := lease.ttl - drift(lease.ttl)
+	ttl := lease.ttl // read here: the node calls may outlive the attempt, and a renewal sets it
+	validity := ttl - drift(ttl)
 	start := q.l.clock.Now()
 	// A grant after the validity is of no use. The node calls are
 	// detached from ctx, which ends with the attempt (AttemptTimeout):
 	// the grants that come after it returns are read by settle, or given
 	// back by the clean-up of an Acquire that gives up.
-	grants := each(ctx, q, validity, true, func(ctx context.Context, i int, d *deployment) nodeGrant {
+	grants := each(ctx, q, validity, true, func(ctx context.Context, i int, _ *deployment) nodeGrant {
 		lineID := ""
 		if i == 0 {
 			lineID = lease.line // the line is kept on the first node
 		}
-		g := d.grant(ctx, lease, lease.ttl, 0, lineID, q.entryTTL)
-		g.node = i
-		if g.ok {
-			lease.held.Or(1 << i)
-		}
-		return g
+		return q.grantNode(ctx, lease, ttl, i, lineID)
 	})
 	grants.closed = q.l.closed
 	defer grants.stop()
@@ -375,9 +359,8 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 		}
 	}
 
-	// The fence: the largest the granting nodes counted to. Phase 2 writes
-	// it where a node counted to less, and is waited for only until a
-	// quorum has it; nodes that counted in step (the usual case) need none.
+	// Phase 2 is waited for only until a quorum has the fence; nodes that
+	// counted in step (the usual case) need none.
 	var fence int64
 	for _, g := range ok {
 		fence = max(fence, g.fence)
@@ -393,73 +376,65 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 			lagging++
 		}
 	}
-	if lagging == 0 {
-		if !q.l.clock.Now().Before(start.Add(validity)) {
-			q.retire(lease, nil)
-			return attempt{retire: true, err: &quorumError{class: classUnavailable,
-				msg: fmt.Sprintf("a quorum granted the lock after its validity %v", validity)}}
-		}
-		q.settle(lease, grants, len(q.nodes)-len(ok)-len(busy)-len(failed), fence, start.Add(validity))
-		return attempt{ok: true, fence: fence}
-	}
-	type set struct {
-		node int
-		ok   bool
-		err  error
-	}
-	// Detached: a caller that gives up must not leave a node behind.
-	sets := each(ctx, q, start.Add(validity).Sub(q.l.clock.Now()), true, func(ctx context.Context, i int, d *deployment) set {
-		if !behind[i] {
-			return set{node: i}
-		}
-		reply, err := d.run(ctx, setFenceScript, false, []any{lease.keyArgs[keyLock], lease.keyArgs[keyCounter]}, lease.tokenArg,
-			fenceArg, q.l.retentionMillis)
-		return set{node: i, ok: err == nil && reply == int64(1), err: err}
-	})
-	defer sets.stop()
 	var errs []error
-	for range q.nodes {
-		if recorded >= q.n {
-			break
+	if lagging > 0 {
+		type set struct {
+			node int
+			ok   bool
+			err  error
 		}
-		s, more := sets.next()
-		if !more {
-			break
+		// Detached: a caller that gives up must not leave a node behind.
+		sets := each(ctx, q, start.Add(validity).Sub(q.l.clock.Now()), true, func(ctx context.Context, i int, d *deployment) set {
+			if !behind[i] {
+				return set{node: i}
+			}
+			reply, err := d.run(ctx, setFenceScript, false, []any{lease.keyArgs[keyLock], lease.keyArgs[keyCounter]}, lease.tokenArg,
+				fenceArg, q.l.retentionMillis)
+			return set{node: i, ok: err == nil && reply == int64(1), err: err}
+		})
+		defer sets.stop()
+		for range q.nodes {
+			if recorded >= q.n {
+				break
+			}
+			s, more := sets.next()
+			if !more {
+				break
+			}
+			if s.ok {
+				recorded++
+			} else if s.err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", q.nodes[s.node].name, s.err))
+			}
 		}
-		if s.ok {
-			recorded++
-		} else if s.err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", q.nodes[s.node].name, s.err))
+		if err := ctx.Err(); err != nil {
+			return attempt{err: err}
 		}
-	}
-	if err := ctx.Err(); err != nil {
-		return attempt{err: err}
 	}
 	if recorded < q.n || !q.l.clock.Now().Before(start.Add(validity)) {
+		msg := fmt.Sprintf("the fence reached %d of %d nodes within the lock's validity %v", recorded, len(q.nodes), validity)
+		if lagging == 0 {
+			msg = fmt.Sprintf("a quorum granted the lock after its validity %v", validity)
+		}
 		q.retire(lease, nil)
-		return attempt{retire: true, err: &quorumError{class: classUnavailable,
-			msg:  fmt.Sprintf("the fence reached %d of %d nodes within the lock's validity %v", recorded, len(q.nodes), validity),
-			errs: errs}}
+		return attempt{retire: true, err: &quorumError{class: classUnavailable, msg: msg, errs: errs}}
 	}
 	q.settle(lease, grants, len(q.nodes)-len(ok)-len(busy)-len(failed), fence, start.Add(validity))
 	return attempt{ok: true, fence: fence}
 }
 
-// decideSplit asks the nodes that found the lock held again, a few times
-// shortly after, when the attempt got the first node but too few others
-// and could still get a quorum: the first node decides a split. Another
-// attempt that holds the others without the first node gets no quorum
-// either and gives them back, and a release on its way frees them; the
-// attempt that has the first node takes them then. Attempts without the
-// first node do not ask again, so at most one attempt does. Every answer
-// comes within half the validity. A node that does not answer in time
-// counts as busy still (its last answer), and as not answered, so that a
-// failed attempt gives it back (it may have granted the lock meanwhile).
+// decideSplit asks the nodes that found the lock held again, up to three
+// times within half the validity, when the attempt got the first node but
+// too few others and could still get a quorum: the first node decides a
+// split (GUARANTEES.md, "How Redlock works"). A node that does not answer
+// in time counts as busy still (its last answer), and as not answered, so
+// that a failed attempt gives it back (it may have granted the lock
+// meanwhile).
 func (q *quorum) decideSplit(ctx context.Context, lease *Lease, start time.Time, validity time.Duration, ok, busy, failed []nodeGrant, answered []bool) ([]nodeGrant, []nodeGrant, []nodeGrant) {
 	if !slices.ContainsFunc(ok, func(g nodeGrant) bool { return g.node == 0 }) {
 		return ok, busy, failed
 	}
-	end := start.Add(validity / 2)
+	end, ttl := start.Add(validity/2), lease.ttl
 	for round := 0; round < 3 && len(ok) < q.n && len(ok)+len(busy) >= q.n; round++ {
 		answerTime := time.Duration(q.answerTime.Load())
 		pause := max(200*time.Microsecond, answerTime)
@@ -480,16 +455,11 @@ func (q *quorum) decideSplit(ctx context.Context, lease *Lease, start time.Time,
 			ask[g.node] = true
 		}
 		busy = nil
-		again := each(ctx, q, timeout, false, func(ctx context.Context, i int, d *deployment) nodeGrant {
+		again := each(ctx, q, timeout, false, func(ctx context.Context, i int, _ *deployment) nodeGrant {
 			if !ask[i] {
 				return nodeGrant{node: -1}
 			}
-			g := d.grant(ctx, lease, lease.ttl, 0, "", q.entryTTL)
-			g.node = i
-			if g.ok {
-				lease.held.Or(1 << i)
-			}
-			return g
+			return q.grantNode(ctx, lease, ttl, i, "")
 		})
 		for got := 0; got < len(asked); {
 			g, more := again.next()
@@ -513,6 +483,17 @@ func (q *quorum) decideSplit(ctx context.Context, lease *Lease, start time.Time,
 		}
 	}
 	return ok, busy, failed
+}
+
+// grantNode is an attempt's grant (phase 1) on node i, which the lease then
+// holds there if it granted it.
+func (q *quorum) grantNode(ctx context.Context, lease *Lease, ttl time.Duration, i int, lineID string) nodeGrant {
+	g := q.nodes[i].grant(ctx, lease, ttl, 0, lineID, q.entryTTL)
+	g.node = i
+	if g.ok {
+		lease.held.Or(1 << i)
+	}
+	return g
 }
 
 // sortGrant adds a node's answer to a grant to those that granted it,
@@ -628,18 +609,25 @@ func (q *quorum) busyVerdict(busy []nodeGrant, retire, inLine bool) attempt {
 		if g.node == 0 && inLine && g.ahead >= 0 {
 			lined, ahead = true, g.ahead
 		}
-		if g.pttl < 0 {
-			g.pttl = math.MaxInt64 // no expiry
-		}
 		pttls = append(pttls, g.pttl)
 	}
-	slices.Sort(pttls)
 	k := q.n - (len(q.nodes) - len(busy))
-	pttl := pttls[min(max(k, 1), len(pttls))-1]
-	if pttl == math.MaxInt64 {
-		pttl = -1
+	return attempt{pttl: kthShortest(pttls, min(max(k, 1), len(pttls))), owner: busy[0].owner, retire: retire, lined: lined, ahead: ahead}
+}
+
+// kthShortest returns the k-th shortest of pttls, from 1, a negative one (no
+// expiry) counting as the longest and returned as -1. It sorts pttls.
+func kthShortest(pttls []time.Duration, k int) time.Duration {
+	for i, p := range pttls {
+		if p < 0 {
+			pttls[i] = math.MaxInt64
+		}
 	}
-	return attempt{pttl: pttl, owner: busy[0].owner, retire: retire, lined: lined, ahead: ahead}
+	slices.Sort(pttls)
+	if p := pttls[k-1]; p != math.MaxInt64 {
+		return p
+	}
+	return -1
 }
 
 // retire gives back, in the background, what an attempt without a quorum

@@ -592,9 +592,7 @@ func (h *hub) run() {
 			}
 			due = h.checkPending(c)
 		}
-		if !lingerEnd.IsZero() && (due.IsZero() || lingerEnd.Before(due)) {
-			due = lingerEnd
-		}
+		due = earliest(due, lingerEnd)
 		// A new timer from the clock each time, never a Reset (which
 		// would bypass a Clock that is not the system's), and none
 		// when nothing is due: no loop on a timer with nothing to do.
@@ -641,9 +639,7 @@ func (h *hub) endLingersLocked(now time.Time) (next time.Time) {
 		}
 		end := cs.idle.Add(n.keep)
 		if now.Before(end) {
-			if next.IsZero() || end.Before(next) {
-				next = end
-			}
+			next = earliest(next, end)
 			continue
 		}
 		delete(h.want, ch)
@@ -668,10 +664,10 @@ func (h *hub) sync(c *conn, want []string) error {
 		switch {
 		case c.ps == nil && c.sharded:
 			c.ps = h.client.SSubscribe(h.ctx, ch)
-			err = ping(h.ctx, c.ps)
+			err = c.ps.Ping(h.ctx) // go-redis swallows the error of the connection's dial: PING finds it
 		case c.ps == nil:
 			c.ps = h.client.Subscribe(h.ctx, ch)
-			err = ping(h.ctx, c.ps)
+			err = c.ps.Ping(h.ctx)
 		case c.sharded:
 			err = c.ps.SSubscribe(h.ctx, ch)
 		default:
@@ -708,12 +704,6 @@ func (h *hub) sync(c *conn, want []string) error {
 	return nil
 }
 
-// ping checks that a new subscription connection could be made: go-redis
-// creating one with SSubscribe or Subscribe swallows the dial's error.
-func ping(ctx context.Context, ps *redis.PubSub) error {
-	return ps.Ping(ctx)
-}
-
 // handle acts on a message from c's reader. It returns false when the
 // connection must be replaced.
 func (h *hub) handle(c *conn, m any) bool {
@@ -731,13 +721,11 @@ func (h *hub) handle(c *conn, m any) bool {
 			// the waiters try now.
 			n.wake(nil, m.Channel, "")
 		case "unsubscribe", "sunsubscribe":
-			if k := c.unsent[m.Channel]; k > 0 {
+			if c.unsent[m.Channel] > 0 {
 				// The confirmation of our own unsubscription, even if
 				// the channel was subscribed again since.
-				if k == 1 {
+				if c.unsent[m.Channel]--; c.unsent[m.Channel] == 0 {
 					delete(c.unsent, m.Channel)
-				} else {
-					c.unsent[m.Channel] = k - 1
 				}
 				return true
 			}
@@ -790,9 +778,7 @@ func (h *hub) checkPending(c *conn) (next time.Time) {
 			continue
 		}
 		if due := at.Add(n.reroute); due.After(now) {
-			if next.IsZero() || due.Before(next) {
-				next = due
-			}
+			next = earliest(next, due)
 			continue
 		}
 		delete(c.sent, ch)
@@ -802,6 +788,14 @@ func (h *hub) checkPending(c *conn) (next time.Time) {
 		next = now
 	}
 	return next
+}
+
+// earliest returns the earlier of a and b, the zero time meaning none.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || !b.IsZero() && b.Before(a) {
+		return b
+	}
+	return a
 }
 
 func isUnknownCommand(err error) bool {

@@ -1,6 +1,7 @@
 package fencelock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -90,9 +91,7 @@ func (l *Locker) run(ctx context.Context, name string,
 // or nil. If the work released the lease itself, only a loss before that
 // counts.
 func (l *Locker) settle(ctx context.Context, lease *Lease) error {
-	lease.mu.Lock()
-	releasedByWork := lease.releasing
-	lease.mu.Unlock()
+	releasedByWork := lease.isReleasing()
 	lost := lease.lostCause()
 	if lost == nil && !releasedByWork && !l.clock.Now().Before(lease.Deadline()) {
 		// The deadline passed as work returned, before the watchdog's
@@ -161,15 +160,8 @@ func (l *Lease) keepAlive(ctx context.Context, pinned bool) context.Context {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	switch {
-	case l.lost != nil:
-		cancel(l.lost)
-		return workCtx
-	case l.done != nil:
-		cancel(l.done)
-		return workCtx
-	case l.releasing:
-		cancel(errReleased)
+	if l.lost != nil || l.done != nil || l.releasing {
+		cancel(cmp.Or(l.lost, l.done, errReleased))
 		return workCtx
 	}
 	l.cancels = append(l.cancels, cancel)
