@@ -81,13 +81,15 @@ package fencelock
 //	API        lock.go (Locker, New, Close, Acquire; the background work it owns),
 //	           lease.go (Lease), watchdog.go (RunWithLock, KeepAlive), inspect.go,
 //	           check.go, options.go, observer.go
-//	kinds      rwlock.go (RWLock: a kind with rwlock_*.lua), multi.go (AcquireAll,
+//	kinds      semaphore.go (Semaphore: a kind with semaphore_*.lua), rwlock.go
+//	           (RWLock: a kind with rwlock_*.lua), multi.go (AcquireAll,
 //	           RunWithLocks: a set kind with multi_acquire.lua, or sorted Acquires)
 //	waiting    acquire.go (one acquisition: try, rotate, complete, give up; plain
 //	           waiting), fair.go (fair line), redlock_line.go (Redlock line),
 //	           wait.go (pub/sub: one hub goroutine per node, messages to hearers)
-//	seam       backend.go: kind (acquire, extend, release), backend (a kind, and
-//	           inspect, register, close), traits
+//	seam       backend.go: kind (acquire, extend, release; keyed, ownKeys and
+//	           waking when its leases have keys or wake-ups of their own),
+//	           backend (a lock's kind, and inspect, register, close), traits
 //	stores     deployment.go (one Redis: its script calls, Cluster routing, WAIT
 //	           for Replicas); redlock.go (quorum: fan-out, fence phases, splits)
 //	scripts    scripts.go (one script type), prelude.lua + one .lua per script
