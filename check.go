@@ -364,7 +364,7 @@ func (c *checker) permissions(ctx context.Context, d *deployment, node string) {
 			Means: "locks cannot be taken", Fix: "see the error"})
 		return
 	case a.ok:
-		code, perr, err := d.release(ctx, lease, modeRelease)
+		code, perr, err := d.runRelease(ctx, lease, modeRelease, true) // publishing, with or without subscribers
 		switch {
 		case err != nil:
 			c.add(Finding{Severity: SeverityCritical, Check: "permissions", Node: node,

@@ -22,6 +22,10 @@ type deployment struct {
 	name   string // in errors, for a node of a quorum
 
 	deadlines bool // the client honours context deadlines (see traits)
+	// published: a release published its wake-up, or tried: until then,
+	// releases publish with or without subscribers, so that a missing
+	// permission is logged at the first (see warnPublish).
+	published atomic.Bool
 }
 
 var _ backend = (*deployment)(nil)
@@ -72,12 +76,15 @@ func (d *deployment) channel(key string) string {
 }
 
 func (d *deployment) acquire(ctx context.Context, lease *Lease) attempt {
-	fair := "0"
+	var reply any
+	var err error
 	if lease.fair {
-		fair = "1"
+		reply, err = d.run(ctx, acquireScript, false, lease.keyArgs[:], lease.tokenArg,
+			d.l.ttlArg(lease.ttl), d.l.retentionMillis, lease.ownerArg, "1", queueEntryMillis)
+	} else { // two arguments fewer: each costs the server about a third of a GET
+		reply, err = d.run(ctx, acquireScript, false, lease.keyArgs[:], lease.tokenArg,
+			d.l.ttlArg(lease.ttl), d.l.retentionMillis, lease.ownerArg)
 	}
-	reply, err := d.run(ctx, acquireScript, false, lease.keyArgs[:], lease.tokenArg,
-		d.l.ttlArg(lease.ttl), d.l.retentionMillis, lease.ownerArg, fair, queueEntryMillis)
 	if err != nil && reply == nil { // the script did not run, or its reply was lost
 		return attempt{err: err}
 	}
@@ -306,17 +313,32 @@ func isReplicaShort(err error) bool {
 }
 
 func (d *deployment) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
+	return d.runRelease(ctx, lease, mode, false)
+}
+
+// runRelease runs release.lua; loud: it publishes even where nobody
+// subscribes (Check tries the permission), as the first release of a
+// deployment does.
+func (d *deployment) runRelease(ctx context.Context, lease *Lease, mode string, loud bool) (int64, error, error) {
+	loud = loud || (mode == modeRelease && !d.published.Load())
 	markerTTL := d.l.releaseTimeoutMillis
 	if mode != modeRelease {
 		// A late attempt is refused for as long as its lock would live.
 		markerTTL = d.abandonMarkerMillis(lease)
 	}
-	reply, err := evalScript(ctx, d.client, releaseScript, false, lease.keyArgs[:],
-		[]any{lease.tokenArg, d.channelArg(lease), mode, markerTTL, d.l.retentionMillis}).Result()
+	argv := []any{lease.tokenArg, d.channelArg(lease), mode, markerTTL, d.l.retentionMillis}
+	if loud {
+		argv = append(argv, "1")
+	}
+	reply, err := evalScript(ctx, d.client, releaseScript, false, lease.keyArgs[:], argv).Result()
 	if err != nil {
 		return 0, nil, err
 	}
-	return decodeRelease(reply)
+	code, perr, err := decodeRelease(reply)
+	if loud && code == 1 && err == nil {
+		d.published.Store(true)
+	}
+	return code, perr, err
 }
 
 // decodeRelease decodes the reply of release.lua and redlock_release.lua: 1,
