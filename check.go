@@ -130,7 +130,7 @@ func (c *checker) add(f Finding) { c.findings = append(c.findings, f) }
 
 // deployment checks each server of d; node names a Redlock node.
 func (c *checker) deployment(ctx context.Context, d *deployment, node string) {
-	servers, err := serversOf(ctx, d.client)
+	servers, err := serversOf(ctx, d.base)
 	if err != nil {
 		c.add(Finding{Severity: SeverityCritical, Check: "reachable", Node: node,
 			Seen:  "could not list the servers: " + oneLine(err.Error()),
@@ -453,7 +453,7 @@ func (c *checker) tryRules(ctx context.Context, d *deployment, node, key, channe
 				continue
 			}
 		case onlyCluster:
-			if cl, ok := d.client.(*redis.ClusterClient); ok {
+			if cl, ok := d.base.(*redis.ClusterClient); ok {
 				// go-redis finds the slots with CLUSTER SLOTS (its
 				// ClusterSlots method is deprecated for our use: try the
 				// command go-redis sends).

@@ -56,6 +56,9 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 	if isNil(client) {
 		return nil, invalidf("nil redis client")
 	}
+	if err := checkClient(client); err != nil {
+		return nil, err
+	}
 	o, err := opts.withDefaults()
 	if err != nil {
 		return nil, err

@@ -123,11 +123,15 @@ func scriptArgs(s *script, eval bool, keys, argv []any) []any {
 }
 
 // evalScript runs s on c: EVALSHA, then EVAL when the server does not have
-// it cached (NOSCRIPT), or EVAL alone when eval is set.
+// it cached (NOSCRIPT), or EVAL alone when eval is set. It sends them with
+// Process, which an AutoPipeliner batches (its Do runs each command on a
+// connection of its own); on a client, Do is the same.
 func evalScript(ctx context.Context, c redis.UniversalClient, s *script, eval bool, keys, argv []any) *redis.Cmd {
-	cmd := c.Do(ctx, scriptArgs(s, eval, keys, argv)...)
+	cmd := redis.NewCmd(ctx, scriptArgs(s, eval, keys, argv)...)
+	_ = c.Process(ctx, cmd)
 	if err := cmd.Err(); !eval && err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") { // no allocation on success
-		cmd = c.Do(ctx, scriptArgs(s, true, keys, argv)...)
+		cmd = redis.NewCmd(ctx, scriptArgs(s, true, keys, argv)...)
+		_ = c.Process(ctx, cmd)
 	}
 	return cmd
 }
