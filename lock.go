@@ -78,6 +78,7 @@ func newLocker(o Options) *Locker {
 		ownerArg:             o.Owner,
 		defaultTTLArg:        ttlMillis(o.TTL),
 		closed:               make(chan struct{}),
+		bg:                   tasks{jobs: make(chan func())},
 	}
 }
 
@@ -842,15 +843,13 @@ func call[T any](l *Locker, stop1, stop2 <-chan struct{}, f func() T, late func(
 		return f(), true
 	}
 	c := &pending[T]{done: make(chan struct{})}
-	l.bg.add()
-	go func() {
-		defer l.bg.finish()
+	l.bg.run(func() {
 		c.res = f()
 		close(c.done)
 		if !c.state.CompareAndSwap(0, 1) && late != nil {
 			late(c.res) // the caller has returned
 		}
-	}()
+	})
 	select {
 	case <-c.done:
 		return c.res, true
@@ -889,8 +888,76 @@ type tasks struct {
 	mu     sync.Mutex
 	n      int           // guarded by mu; goroutines running
 	idle   chan struct{} // guarded by mu; closed when n drops to 0 while close waits
-	stop   chan struct{} // guarded by mu; closed by close: clean-ups stop retrying
+	stop   chan struct{} // guarded by mu; closed by close: clean-ups stop retrying, workers exit
 	closed bool          // guarded by mu
+	// jobs is made with the Locker, and never changes: the workers that
+	// wait for work receive on it (see run).
+	jobs   chan func()
+	idlers atomic.Int32 // workers waiting for work
+}
+
+// run runs f on a tracked goroutine: a worker that waits for work, or a
+// new one. A worker waits workerIdle for more after each f, unless
+// maxIdlers already do, and exits then or at close. A goroutine made for
+// each call would grow its stack anew in go-redis's calls, every time:
+// runtime.copystack took 14% of the CPU of a loop of acquire+release on
+// go-redis's default options, where each of them needs one (see call).
+func (t *tasks) run(f func()) {
+	select {
+	case t.jobs <- f: // a worker was waiting
+		return
+	default:
+	}
+	t.mu.Lock()
+	t.n++
+	stop := t.stopLocked()
+	t.mu.Unlock()
+	go t.work(f, stop)
+}
+
+// work runs f, then the work it receives on jobs, until it waits workerIdle
+// for none or stop is closed.
+func (t *tasks) work(f func(), stop <-chan struct{}) {
+	defer t.finish()
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		f()
+		if t.idlers.Add(1) > maxIdlers {
+			t.idlers.Add(-1)
+			return
+		}
+		idle.Reset(workerIdle)
+		var more bool
+		select {
+		case f = <-t.jobs:
+			more = true
+		case <-idle.C:
+		case <-stop:
+		}
+		t.idlers.Add(-1)
+		if !more {
+			return
+		}
+	}
+}
+
+// How long a worker of tasks.run waits for more work, and how many wait
+// at most: a burst of calls leaves no more goroutines behind.
+const (
+	workerIdle = 250 * time.Millisecond
+	maxIdlers  = 16
+)
+
+// stopLocked returns the channel that close closes, making it if needed.
+func (t *tasks) stopLocked() chan struct{} {
+	if t.stop == nil {
+		t.stop = make(chan struct{})
+		if t.closed {
+			close(t.stop)
+		}
+	}
+	return t.stop
 }
 
 func (t *tasks) add() {
@@ -913,13 +980,7 @@ func (t *tasks) finish() {
 func (t *tasks) goBackground(f func(stop <-chan struct{})) {
 	t.mu.Lock()
 	t.n++
-	if t.stop == nil {
-		t.stop = make(chan struct{})
-		if t.closed {
-			close(t.stop)
-		}
-	}
-	stop := t.stop
+	stop := t.stopLocked()
 	t.mu.Unlock()
 	go func() {
 		defer t.finish()
