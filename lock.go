@@ -26,6 +26,9 @@ type Locker struct {
 	opts  Options
 	clock Clock
 	bg    tasks
+	// deadlines ends the contexts of the calls that run on their
+	// caller's goroutine (see withTimeout).
+	deadlines deadlines
 
 	releaseTimeoutMillis any // opts.ReleaseTimeout in ms, boxed once for the scripts' ARGV
 	retentionMillis      any // opts.FenceRetention in ms, boxed once
@@ -663,7 +666,7 @@ func (l *Locker) try(ctx context.Context, lease *Lease, open bool) (a attempt, d
 			timeout, half = max(left, time.Millisecond), true
 		}
 	}
-	actx, cancel := context.WithTimeout(ctx, timeout)
+	actx, cancel := l.withTimeout(ctx, timeout)
 	defer cancel()
 	dials, failures := l.dials.Load(), l.dialFailures.Load()
 	done = true
@@ -813,7 +816,7 @@ func (l *Locker) detached(ctx context.Context) (context.Context, context.CancelF
 	if ctx.Done() != nil {
 		ctx = context.WithoutCancel(ctx)
 	}
-	return context.WithTimeout(ctx, l.opts.ReleaseTimeout)
+	return l.withTimeout(ctx, l.opts.ReleaseTimeout)
 }
 
 // ctxErr is ctx.Err(), or context.DeadlineExceeded once ctx's deadline has
