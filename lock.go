@@ -81,7 +81,7 @@ func newLocker(o Options) *Locker {
 		ownerArg:             o.Owner,
 		defaultTTLArg:        ttlMillis(o.TTL),
 		closed:               make(chan struct{}),
-		bg:                   tasks{jobs: make(chan func())},
+		bg:                   tasks{jobs: make(chan job)},
 	}
 }
 
@@ -845,14 +845,8 @@ func call[T any](l *Locker, stop1, stop2 <-chan struct{}, f func() T, late func(
 	if stop1 == nil && stop2 == nil {
 		return f(), true
 	}
-	c := &pending[T]{done: make(chan struct{})}
-	l.bg.run(func() {
-		c.res = f()
-		close(c.done)
-		if !c.state.CompareAndSwap(0, 1) && late != nil {
-			late(c.res) // the caller has returned
-		}
-	})
+	c := &pending[T]{done: make(chan struct{}), f: f, late: late}
+	l.bg.run(c)
 	select {
 	case <-c.done:
 		return c.res, true
@@ -881,10 +875,23 @@ const callGrace = 5 * time.Millisecond
 
 // pending is a call's result in transit.
 type pending[T any] struct {
+	f     func() T
+	late  func(T)       // nil, or what gets the result once the caller has gone
 	res   T             // written before done is closed
 	done  chan struct{} // closed when f has returned
 	state atomic.Int32  // 0 running, 1 result taken by the caller, 2 caller gone
 }
+
+func (c *pending[T]) run() {
+	c.res = c.f()
+	close(c.done)
+	if !c.state.CompareAndSwap(0, 1) && c.late != nil {
+		c.late(c.res) // the caller has returned
+	}
+}
+
+// A job is what a worker of tasks.run runs.
+type job interface{ run() }
 
 // tasks tracks the goroutines that outlive the call that started them.
 type tasks struct {
@@ -895,19 +902,19 @@ type tasks struct {
 	closed bool          // guarded by mu
 	// jobs is made with the Locker, and never changes: the workers that
 	// wait for work receive on it (see run).
-	jobs   chan func()
+	jobs   chan job
 	idlers atomic.Int32 // workers waiting for work
 }
 
-// run runs f on a tracked goroutine: a worker that waits for work, or a
-// new one. A worker waits workerIdle for more after each f, unless
+// run runs j on a tracked goroutine: a worker that waits for work, or a
+// new one. A worker waits workerIdle for more after each job, unless
 // maxIdlers already do, and exits then or at close. A goroutine made for
 // each call would grow its stack anew in go-redis's calls, every time:
 // runtime.copystack took 14% of the CPU of a loop of acquire+release on
 // go-redis's default options, where each of them needs one (see call).
-func (t *tasks) run(f func()) {
+func (t *tasks) run(j job) {
 	select {
-	case t.jobs <- f: // a worker was waiting
+	case t.jobs <- j: // a worker was waiting
 		return
 	default:
 	}
@@ -915,17 +922,17 @@ func (t *tasks) run(f func()) {
 	t.n++
 	stop := t.stopLocked()
 	t.mu.Unlock()
-	go t.work(f, stop)
+	go t.work(j, stop)
 }
 
-// work runs f, then the work it receives on jobs, until it waits workerIdle
-// for none or stop is closed.
-func (t *tasks) work(f func(), stop <-chan struct{}) {
+// work runs j, then the jobs it receives, until it waits workerIdle for
+// none or stop is closed.
+func (t *tasks) work(j job, stop <-chan struct{}) {
 	defer t.finish()
 	idle := time.NewTimer(workerIdle)
 	defer idle.Stop()
 	for {
-		f()
+		j.run()
 		if t.idlers.Add(1) > maxIdlers {
 			t.idlers.Add(-1)
 			return
@@ -933,7 +940,7 @@ func (t *tasks) work(f func(), stop <-chan struct{}) {
 		idle.Reset(workerIdle)
 		var more bool
 		select {
-		case f = <-t.jobs:
+		case j = <-t.jobs:
 			more = true
 		case <-idle.C:
 		case <-stop:
