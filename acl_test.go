@@ -223,6 +223,8 @@ func TestACLRulesCoverTheScripts(t *testing.T) {
 	granted := map[string]bool{}
 	for _, r := range aclRules {
 		granted[r.rule], granted[r.redis6] = true, true
+		cmd, _, _ := strings.Cut(r.rule, "|") // a subcommand's rule names its command
+		granted[cmd] = true
 	}
 	call := regexp.MustCompile(`redis\.p?call\s*[(,]\s*['"]([A-Za-z]+)['"]`)
 	for _, f := range files {

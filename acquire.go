@@ -303,7 +303,7 @@ func (l *Locker) try(ctx context.Context, lease *Lease, open bool) (a attempt, d
 			timeout, half = max(left, time.Millisecond), true
 		}
 	}
-	actx, cancel := context.WithTimeout(ctx, timeout)
+	actx, cancel := l.withTimeout(ctx, timeout)
 	defer cancel()
 	dials, failures := l.dials.Load(), l.dialFailures.Load()
 	done = true

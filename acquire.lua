@@ -16,9 +16,9 @@
 -- ARGV[2]  ttl              milliseconds
 -- ARGV[3]  fence retention  milliseconds the counter is kept
 -- ARGV[4]  owner            who takes the lock, stored with it
--- ARGV[5]  fair             '1': wait in the queue; '0': not
+-- ARGV[5]  fair             '1': wait in the queue; '0' or absent: not
 -- ARGV[6]  entry ttl        milliseconds a queue entry is kept without a
---                           keep-alive
+--                           keep-alive; only a fair caller passes it
 --
 -- Returns
 --   {1, fence}        the lock is ours: newly taken, or already held with
@@ -36,47 +36,61 @@
 --
 -- The fence is issued by issueFence (prelude.lua), as release.lua issues it
 -- when it hands the lock to a waiter.
+--
+-- The common case, a free lock with no queue and a token not retired,
+-- costs five calls: one EXISTS for both the marker and the queue, the GET,
+-- the fence's TIME and SET, and the lock's SET; a busy answer to a caller
+-- that does not queue costs EXISTS, GET and PTTL.
 
-if redis.call('EXISTS', KEYS[2]) == 1 then
-	return {2}
-end
 local token = ARGV[1]
+local queued = false
+local seen = redis.call('EXISTS', KEYS[2], KEYS[4])
+if seen > 0 then
+	if seen == 2 or redis.call('EXISTS', KEYS[2]) == 1 then
+		return {2}
+	end
+	queued = true
+end
 local held = redis.call('GET', KEYS[1])
 if holds(held, token) then
 	redis.call('PEXPIRE', KEYS[1], ARGV[2])
-	drop(KEYS[4], KEYS[5], token)
+	if queued then
+		drop(KEYS[4], KEYS[5], token)
+	end
 	return {1, string.match(held, '^(%d+)', #token + 2)}
 end
-
-local now, nowMs = clock()
-
--- join the queue, or refresh this waiter's entry
-local function join()
-	if not redis.call('ZSCORE', KEYS[4], token) then
-		redis.call('ZADD', KEYS[4], now, token)
-	end
-	redis.call('HSET', KEYS[5], token, (nowMs + tonumber(ARGV[6])) .. ' ' .. ARGV[2] .. ' ' .. ARGV[4])
-	redis.call('PEXPIRE', KEYS[4], ARGV[6])
-	redis.call('PEXPIRE', KEYS[5], ARGV[6])
-end
-
-if held then
-	if ARGV[5] == '1' then
-		join()
-	end
+local fair = ARGV[5] == '1'
+if held and not fair then
 	return {0, redis.call('PTTL', KEYS[1]), ownerOf(held)}
 end
 
--- Free: the first live waiter in the queue goes first.
-local first = firstLive(KEYS[4], KEYS[5], nowMs)
-if first and first ~= token then
-	if ARGV[5] == '1' then
-		join()
+local now = clock()
+if queued or held then
+	local nowMs = millis(now)
+	-- join the queue, or refresh this waiter's entry
+	local function join()
+		if not redis.call('ZSCORE', KEYS[4], token) then
+			redis.call('ZADD', KEYS[4], now, token)
+		end
+		redis.call('HSET', KEYS[5], token, (nowMs + tonumber(ARGV[6])) .. ' ' .. ARGV[2] .. ' ' .. ARGV[4])
+		redis.call('PEXPIRE', KEYS[4], ARGV[6])
+		redis.call('PEXPIRE', KEYS[5], ARGV[6])
 	end
-	return {0, -3, 'the fair queue'}
-end
-if first then
-	drop(KEYS[4], KEYS[5], token)
+	if held then -- and fair
+		join()
+		return {0, redis.call('PTTL', KEYS[1]), ownerOf(held)}
+	end
+	-- Free: the first live waiter in the queue goes first.
+	local first = firstLive(KEYS[4], KEYS[5], nowMs)
+	if first and first ~= token then
+		if fair then
+			join()
+		end
+		return {0, -3, 'the fair queue'}
+	end
+	if first then
+		drop(KEYS[4], KEYS[5], token)
+	end
 end
 
 local fence = issueFence(KEYS[3], now, ARGV[3])

@@ -110,7 +110,7 @@ func (c *checker) add(f Finding) { c.findings = append(c.findings, f) }
 
 // deployment checks each server of d; node names a Redlock node.
 func (c *checker) deployment(ctx context.Context, d *deployment, node string) {
-	servers, err := serversOf(ctx, d.client)
+	servers, err := serversOf(ctx, d.base)
 	if err != nil {
 		c.add(Finding{Severity: SeverityCritical, Check: "reachable", Node: node,
 			Seen:  "could not list the servers: " + oneLine(err.Error()),
@@ -333,7 +333,7 @@ func (c *checker) permissions(ctx context.Context, d *deployment, node string) {
 			Means: "locks cannot be taken", Fix: "see the error"})
 		return
 	case a.ok:
-		code, perr, err := d.release(ctx, lease, modeRelease)
+		code, perr, err := d.runRelease(ctx, lease, modeRelease, true) // publishing, with or without subscribers
 		switch {
 		case err != nil:
 			c.add(Finding{Severity: SeverityCritical, Check: "permissions", Node: node,
@@ -404,7 +404,7 @@ func (c *checker) tryRules(ctx context.Context, d *deployment, node, key, channe
 			continue
 		}
 		if r.only == onlyCluster {
-			if cl, ok := d.client.(*redis.ClusterClient); ok {
+			if cl, ok := d.base.(*redis.ClusterClient); ok {
 				// go-redis finds the slots with CLUSTER SLOTS (its
 				// ClusterSlots method is deprecated for our use: try the
 				// command go-redis sends).

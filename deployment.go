@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -15,26 +17,69 @@ import (
 // master, a Cluster or a Ring, through one go-redis client. It is the
 // backend of New, and one of the nodes of NewRedlock.
 type deployment struct {
-	l      *Locker
+	l *Locker
+	// client runs the scripts: the client New was given, which may be an
+	// AutoPipeliner (they are sent with Process, which it batches).
 	client redis.UniversalClient
-	waits  *notifier
-	dbTag  string // appended to wake-up channels: "" on database 0, "@<db>" on others
-	name   string // in errors, for a node of a quorum
+	// base is the client New was given, or the one behind its
+	// AutoPipeliner: subscriptions, WAIT and what asks for a kind of
+	// client (a Cluster's nodes) go through it.
+	base  redis.UniversalClient
+	waits *notifier
+	dbTag string // appended to wake-up channels: "" on database 0, "@<db>" on others
+	name  string // in errors, for a node of a quorum
 
 	deadlines bool // the client honours context deadlines (see traits)
+	// published: a release published its wake-up, or tried: until then,
+	// releases publish with or without subscribers, so that a missing
+	// permission is logged at the first (see warnPublish).
+	published atomic.Bool
 }
 
 var _ backend = (*deployment)(nil)
 
 func newDeployment(l *Locker, client redis.UniversalClient) *deployment {
-	client.AddHook(dialWatch{l})
-	return &deployment{l: l, client: client, waits: newNotifier(client, l.opts.Logger, l.clock), dbTag: dbTag(client),
+	base := client
+	if ap, ok := client.(*redis.AutoPipeliner); ok {
+		base = behind(ap) // not nil: checkClient
+	}
+	base.AddHook(dialWatch{l})
+	return &deployment{l: l, client: client, base: base, waits: newNotifier(base, l.opts.Logger, l.clock), dbTag: dbTag(client),
 		deadlines: honoursDeadlines(client)}
+}
+
+// checkClient returns an ErrInvalid error for a client New cannot use: an
+// AutoPipeliner whose own client it cannot find.
+func checkClient(c redis.UniversalClient) error {
+	if ap, ok := c.(*redis.AutoPipeliner); ok && behind(ap) == nil {
+		return invalidf("an AutoPipeliner of a go-redis version whose client fencelock cannot find")
+	}
+	return nil
+}
+
+// behind returns the client an AutoPipeliner batches for, or nil. go-redis
+// keeps it in an unexported field (v9.23: pipeliner), and fencelock needs
+// it for what an AutoPipeliner does not batch or does not tell: its
+// database, subscriptions, WAIT, a Cluster's nodes.
+// TestAutoPipelinerClientFound fails when go-redis renames the field.
+func behind(ap *redis.AutoPipeliner) redis.UniversalClient {
+	f := reflect.ValueOf(ap).Elem().FieldByName("pipeliner")
+	if !f.IsValid() || f.Kind() != reflect.Interface || f.IsNil() {
+		return nil
+	}
+	f = reflect.NewAt(f.Type(), unsafe.Pointer(f.UnsafeAddr())).Elem() // readable, as unexported fields are not
+	c, _ := f.Interface().(redis.UniversalClient)
+	if isNil(c) {
+		return nil
+	}
+	return c
 }
 
 // honoursDeadlines reports whether go-redis stops a call of client at its
 // context's deadline (ContextTimeoutEnabled): a call bounded by a deadline
-// alone can then run on its caller's goroutine.
+// alone can then run on its caller's goroutine. An AutoPipeliner runs its
+// batches on a context of its own, whatever its client's options: a call
+// it has queued honours no deadline.
 func honoursDeadlines(c redis.UniversalClient) bool {
 	switch c := c.(type) {
 	case *redis.Client:
@@ -43,6 +88,8 @@ func honoursDeadlines(c redis.UniversalClient) bool {
 		return c.Options().ContextTimeoutEnabled
 	case *redis.Ring:
 		return c.Options().ContextTimeoutEnabled
+	case *redis.AutoPipeliner:
+		return false
 	}
 	return false
 }
@@ -50,6 +97,9 @@ func honoursDeadlines(c redis.UniversalClient) bool {
 // dbTag tells wake-up channels of different databases apart: pub/sub
 // channels are shared by all databases of a server.
 func dbTag(c redis.UniversalClient) string {
+	if ap, ok := c.(*redis.AutoPipeliner); ok {
+		c = behind(ap) // the database of its client's connections
+	}
 	var db int
 	switch c := c.(type) {
 	case *redis.Client:
@@ -72,12 +122,15 @@ func (d *deployment) channel(key string) string {
 }
 
 func (d *deployment) acquire(ctx context.Context, lease *Lease) attempt {
-	fair := "0"
+	var reply any
+	var err error
 	if lease.fair {
-		fair = "1"
+		reply, err = d.run(ctx, acquireScript, false, lease.keyArgs[:], lease.tokenArg,
+			d.l.ttlArg(lease.ttl), d.l.retentionMillis, lease.ownerArg, "1", queueEntryMillis)
+	} else { // two arguments fewer: each costs the server about a third of a GET
+		reply, err = d.run(ctx, acquireScript, false, lease.keyArgs[:], lease.tokenArg,
+			d.l.ttlArg(lease.ttl), d.l.retentionMillis, lease.ownerArg)
 	}
-	reply, err := d.run(ctx, acquireScript, false, lease.keyArgs[:], lease.tokenArg,
-		d.l.ttlArg(lease.ttl), d.l.retentionMillis, lease.ownerArg, fair, queueEntryMillis)
 	if err != nil && reply == nil { // the script did not run, or its reply was lost
 		return attempt{err: err}
 	}
@@ -204,7 +257,7 @@ func (d *deployment) run(ctx context.Context, s *script, eval bool, keys []any, 
 		} else if !moved {
 			break
 		}
-		cluster, isCluster := d.client.(*redis.ClusterClient)
+		cluster, isCluster := d.base.(*redis.ClusterClient)
 		if !isCluster {
 			break // not a Cluster's client: a refusal, as without Replicas
 		}
@@ -240,11 +293,14 @@ func (d *deployment) run(ctx context.Context, s *script, eval bool, keys []any, 
 // date), its shard on a Ring, the deployment's client otherwise (a single
 // server, or Sentinel's current master).
 func (d *deployment) node(ctx context.Context, key string) (redis.Cmdable, error) {
-	switch c := d.client.(type) {
+	switch c := d.base.(type) {
 	case *redis.ClusterClient:
 		return c.MasterForKey(ctx, key)
 	case *redis.Ring:
 		return c.GetShardClientForKey(key)
+	}
+	if _, ok := d.client.(*redis.AutoPipeliner); ok {
+		return d.base, nil // WAIT counts the writes of its own connection: a plain one
 	}
 	return d.client, nil
 }
@@ -306,17 +362,32 @@ func isReplicaShort(err error) bool {
 }
 
 func (d *deployment) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
+	return d.runRelease(ctx, lease, mode, false)
+}
+
+// runRelease runs release.lua; loud: it publishes even where nobody
+// subscribes (Check tries the permission), as the first release of a
+// deployment does.
+func (d *deployment) runRelease(ctx context.Context, lease *Lease, mode string, loud bool) (int64, error, error) {
+	loud = loud || (mode == modeRelease && !d.published.Load())
 	markerTTL := d.l.releaseTimeoutMillis
 	if mode != modeRelease {
 		// A late attempt is refused for as long as its lock would live.
 		markerTTL = d.abandonMarkerMillis(lease)
 	}
-	reply, err := evalScript(ctx, d.client, releaseScript, false, lease.keyArgs[:],
-		[]any{lease.tokenArg, d.channelArg(lease), mode, markerTTL, d.l.retentionMillis}).Result()
+	argv := []any{lease.tokenArg, d.channelArg(lease), mode, markerTTL, d.l.retentionMillis}
+	if loud {
+		argv = append(argv, "1")
+	}
+	reply, err := evalScript(ctx, d.client, releaseScript, false, lease.keyArgs[:], argv).Result()
 	if err != nil {
 		return 0, nil, err
 	}
-	return decodeRelease(reply)
+	code, perr, err := decodeRelease(reply)
+	if loud && code == 1 && err == nil {
+		d.published.Store(true)
+	}
+	return code, perr, err
 }
 
 // decodeRelease decodes the reply of release.lua and redlock_release.lua: 1,

@@ -27,6 +27,9 @@ type Locker struct {
 	opts  Options
 	clock Clock
 	bg    tasks
+	// deadlines ends the contexts of the calls that run on their
+	// caller's goroutine (see withTimeout).
+	deadlines deadlines
 
 	releaseTimeoutMillis any // opts.ReleaseTimeout in ms, boxed once for the scripts' ARGV
 	retentionMillis      any // opts.FenceRetention in ms, boxed once
@@ -56,6 +59,9 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 	if isNil(client) {
 		return nil, invalidf("nil redis client")
 	}
+	if err := checkClient(client); err != nil {
+		return nil, err
+	}
 	o, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
@@ -75,6 +81,7 @@ func newLocker(o Options) *Locker {
 		ownerArg:             o.Owner,
 		defaultTTLArg:        ttlMillis(o.TTL),
 		closed:               make(chan struct{}),
+		bg:                   tasks{jobs: make(chan job)},
 	}
 }
 
@@ -511,7 +518,7 @@ func (l *Locker) detached(ctx context.Context) (context.Context, context.CancelF
 	if ctx.Done() != nil {
 		ctx = context.WithoutCancel(ctx)
 	}
-	return context.WithTimeout(ctx, l.opts.ReleaseTimeout)
+	return l.withTimeout(ctx, l.opts.ReleaseTimeout)
 }
 
 // ctxErr is ctx.Err(), or context.DeadlineExceeded once ctx's deadline has
@@ -540,16 +547,8 @@ func call[T any](l *Locker, stop1, stop2 <-chan struct{}, f func() T, late func(
 	if stop1 == nil && stop2 == nil {
 		return f(), true
 	}
-	c := &pending[T]{done: make(chan struct{})}
-	l.bg.add()
-	go func() {
-		defer l.bg.finish()
-		c.res = f()
-		close(c.done)
-		if !c.state.CompareAndSwap(0, 1) && late != nil {
-			late(c.res) // the caller has returned
-		}
-	}()
+	c := &pending[T]{done: make(chan struct{}), f: f, late: late}
+	l.bg.run(c)
 	select {
 	case <-c.done:
 		return c.res, true
@@ -578,18 +577,99 @@ const callGrace = 5 * time.Millisecond
 
 // pending is a call's result in transit.
 type pending[T any] struct {
+	f     func() T
+	late  func(T)       // nil, or what gets the result once the caller has gone
 	res   T             // written before done is closed
 	done  chan struct{} // closed when f has returned
 	state atomic.Int32  // 0 running, 1 result taken by the caller, 2 caller gone
 }
+
+func (c *pending[T]) run() {
+	c.res = c.f()
+	close(c.done)
+	if !c.state.CompareAndSwap(0, 1) && c.late != nil {
+		c.late(c.res) // the caller has returned
+	}
+}
+
+// A job is what a worker of tasks.run runs.
+type job interface{ run() }
 
 // tasks tracks the goroutines that outlive the call that started them.
 type tasks struct {
 	mu     sync.Mutex
 	n      int           // guarded by mu; goroutines running
 	idle   chan struct{} // guarded by mu; closed when n drops to 0 while close waits
-	stop   chan struct{} // guarded by mu; closed by close: clean-ups stop retrying
+	stop   chan struct{} // guarded by mu; closed by close: clean-ups stop retrying, workers exit
 	closed bool          // guarded by mu
+	// jobs is made with the Locker, and never changes: the workers that
+	// wait for work receive on it (see run).
+	jobs   chan job
+	idlers atomic.Int32 // workers waiting for work
+}
+
+// run runs j on a tracked goroutine: a worker that waits for work, or a
+// new one. A worker waits workerIdle for more after each job, unless
+// maxIdlers already do, and exits then or at close. A goroutine made for
+// each call would grow its stack anew in go-redis's calls, every time:
+// runtime.copystack took 14% of the CPU of a loop of acquire+release on
+// go-redis's default options, where each of them needs one (see call).
+func (t *tasks) run(j job) {
+	select {
+	case t.jobs <- j: // a worker was waiting
+		return
+	default:
+	}
+	t.mu.Lock()
+	t.n++
+	stop := t.stopLocked()
+	t.mu.Unlock()
+	go t.work(j, stop)
+}
+
+// work runs j, then the jobs it receives, until it waits workerIdle for
+// none or stop is closed.
+func (t *tasks) work(j job, stop <-chan struct{}) {
+	defer t.finish()
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		j.run()
+		if t.idlers.Add(1) > maxIdlers {
+			t.idlers.Add(-1)
+			return
+		}
+		idle.Reset(workerIdle)
+		var more bool
+		select {
+		case j = <-t.jobs:
+			more = true
+		case <-idle.C:
+		case <-stop:
+		}
+		t.idlers.Add(-1)
+		if !more {
+			return
+		}
+	}
+}
+
+// How long a worker of tasks.run waits for more work, and how many wait
+// at most: a burst of calls leaves no more goroutines behind.
+const (
+	workerIdle = 250 * time.Millisecond
+	maxIdlers  = 16
+)
+
+// stopLocked returns the channel that close closes, making it if needed.
+func (t *tasks) stopLocked() chan struct{} {
+	if t.stop == nil {
+		t.stop = make(chan struct{})
+		if t.closed {
+			close(t.stop)
+		}
+	}
+	return t.stop
 }
 
 func (t *tasks) add() {
@@ -612,13 +692,7 @@ func (t *tasks) finish() {
 func (t *tasks) goBackground(f func(stop <-chan struct{})) {
 	t.mu.Lock()
 	t.n++
-	if t.stop == nil {
-		t.stop = make(chan struct{})
-		if t.closed {
-			close(t.stop)
-		}
-	}
-	stop := t.stop
+	stop := t.stopLocked()
 	t.mu.Unlock()
 	go func() {
 		defer t.finish()

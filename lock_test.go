@@ -299,10 +299,9 @@ func TestRetryAfterLostReplyIsIdempotent(t *testing.T) {
 
 // Issue 13: an acquire that go-redis's auto-pipeliner sent in a batch whose
 // reply was lost after the server applied it is resent, and is still
-// idempotent. The library does not auto-pipeline: it accepts any
-// UniversalClient, which an *AutoPipeliner is not, and an AutoPipeliner
-// sends Do, which the scripts go through, outside its batches. A caller
-// running the acquire script through one is in this case: the pipeliner
+// idempotent. The script is run here directly; a Locker made with
+// New(client.AutoPipeline()) is in the same case (issue 29, see
+// autopipeline_test.go): the pipeliner
 // dispatches a batch as a pipeline (a lone command as a pipeline of one, on
 // its own goroutine), and go-redis retries a pipeline whose connection
 // broke (io.EOF) on a new connection, up to MaxRetries, by itself: the

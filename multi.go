@@ -173,7 +173,7 @@ func (l *Locker) acquireAllObserved(ctx context.Context, names []string, co call
 }
 
 func (l *Locker) acquireAll(ctx context.Context, names []string, co callOptions, open bool, st *acquireStats) ([]*Lease, error) {
-	if d := l.fair; d != nil && together(d.client, names) {
+	if d := l.fair; d != nil && together(d.base, names) {
 		return l.acquireTogether(ctx, d, names, co, open, st)
 	}
 	return l.acquireInOrder(ctx, names, co, open, st)

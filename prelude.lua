@@ -1,6 +1,6 @@
--- prelude: the functions the scripts share, put before the source of each
--- script that uses them (see newScript in scripts.go). It calls Redis only
--- when a script calls one of them.
+-- prelude: the functions the scripts share; each script gets those it
+-- calls, put before its source (see newScript in scripts.go). It calls
+-- Redis only when a script calls one of them.
 
 -- holds reports whether the lock's value held ("<token> <fence> <owner>",
 -- false when the lock is free) is token's.
@@ -20,11 +20,16 @@ local function below(a, b)
 	return #a < #b or (#a == #b and a < b)
 end
 
--- clock returns this node's TIME in microseconds, as a decimal string, and
--- in milliseconds.
+-- clock returns this node's TIME in microseconds, as a decimal string.
 local function clock()
 	local t = redis.call('TIME')
-	return t[1] .. string.rep('0', 6 - #t[2]) .. t[2], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+	return t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+end
+
+-- millis returns a time in microseconds (a decimal string, as clock's) in
+-- milliseconds, as a number: exact, as such times are below 2^53.
+local function millis(micros)
+	return math.floor(tonumber(micros) / 1000)
 end
 
 -- issueFence issues a fence from the counter key: the previous fence plus

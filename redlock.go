@@ -39,6 +39,9 @@ func NewRedlock(clients []redis.UniversalClient, opts *Options) (*Locker, error)
 		if isNil(c) {
 			return nil, invalidf("redis client %d is nil", i)
 		}
+		if err := checkClient(c); err != nil {
+			return nil, fmt.Errorf("redis client %d: %w", i, err)
+		}
 		for j := range i {
 			if clients[j] == c {
 				return nil, invalidf("redis clients %d and %d are the same client", j, i)

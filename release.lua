@@ -13,6 +13,8 @@
 -- ARGV[3]  'r' to release a lease, 'a' to abandon an Acquire that gave up
 -- ARGV[4]  how long the marker is kept, milliseconds
 -- ARGV[5]  fence retention, milliseconds
+-- ARGV[6]  optional: '1' to publish "released" even when no connection
+--          subscribes to the channel (to try the permission)
 --
 -- The marker retires the token. Written as 'r' whenever the lock is
 -- deleted, it makes a release resent after a lost reply report what the
@@ -26,6 +28,12 @@
 -- issues them, and "granted <token> <fence>" is published; the waiter holds
 -- the lock when the message arrives. Otherwise "released" is published
 -- (except for 'a': an abandoned attempt's lock wakes nobody).
+--
+-- "released" is published only when someone may be waiting: not when no
+-- connection subscribes to the channel on this node (PUBSUB SHARDNUMSUB,
+-- where waiters subscribe); a waiter that has not subscribed yet tries
+-- again when its subscription is confirmed. On a server without sharded
+-- pub/sub, or where the count is refused, it is published.
 --
 -- Returns 1 when the lock was ours and is now deleted (by this call or, per
 -- the marker, an earlier one), 0 when it does not exist (expired or
@@ -50,7 +58,8 @@ end
 
 local message = 'released'
 if redis.call('EXISTS', KEYS[4]) == 1 then
-	local now, nowMs = clock()
+	local now = clock()
+	local nowMs = millis(now)
 	while true do
 		-- The first live waiter leaves the queue and gets the lock, with
 		-- its TTL and owner (an entry in another shape is dropped).
@@ -68,7 +77,15 @@ if redis.call('EXISTS', KEYS[4]) == 1 then
 		end
 	end
 end
-if message == 'released' and ARGV[3] == 'a' then
-	return code
+if message == 'released' then
+	if ARGV[3] == 'a' then
+		return code
+	end
+	if ARGV[6] ~= '1' then
+		local ok, subscribed = pcall(redis.call, 'PUBSUB', 'SHARDNUMSUB', ARGV[2])
+		if ok and subscribed[2] == 0 then
+			return code -- nobody listens here
+		end
+	end
 end
 return publish(ARGV[2], message)

@@ -5,6 +5,8 @@ import (
 	"crypto/sha1"
 	"embed"
 	"encoding/hex"
+	"regexp"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -21,15 +23,70 @@ type script struct {
 //go:embed *.lua
 var luaFiles embed.FS
 
-// newScript reads the script name.lua, after the functions the scripts
-// share (prelude.lua, local to each script) when prelude is set.
+// newScript reads the script name.lua, after those of the functions the
+// scripts share (prelude.lua, local to each script) that it calls, when
+// prelude is set: a function the script defines costs the server a closure
+// at every run, called or not.
 func newScript(name string, prelude bool) *script {
 	src := readLua(name)
 	if prelude {
-		src = readLua("prelude") + "\n" + src
+		src = preludeFor(src) + "\n" + src
 	}
 	sum := sha1.Sum([]byte(src))
 	return &script{name: name, src: src, hash: hex.EncodeToString(sum[:])}
+}
+
+// preludeFunc finds the name of a function of prelude.lua.
+var preludeFunc = regexp.MustCompile(`(?m)^local function (\w+)\(`)
+
+// preludeFor returns prelude.lua's opening comment and those of its
+// functions that src calls, directly or through one another, in their
+// order. A function is its "local function" line, the comment lines right
+// above it and the lines below it up to the next function's comment.
+func preludeFor(src string) string {
+	lines := strings.SplitAfter(readLua("prelude"), "\n")
+	type fn struct {
+		name  string
+		start int // its first comment line
+	}
+	var fns []fn
+	for i, line := range lines {
+		if m := preludeFunc.FindStringSubmatch(line); m != nil {
+			start := i
+			for start > 0 && strings.HasPrefix(lines[start-1], "--") {
+				start--
+			}
+			fns = append(fns, fn{m[1], start})
+		}
+	}
+	if len(fns) == 0 {
+		panic("fencelock: no function in prelude.lua")
+	}
+	body := func(i int) string {
+		end := len(lines)
+		if i+1 < len(fns) {
+			end = fns[i+1].start
+		}
+		return strings.Join(lines[fns[i].start:end], "")
+	}
+	need := make([]bool, len(fns))
+	calls := src
+	for changed := true; changed; {
+		changed = false
+		for i, f := range fns {
+			if !need[i] && regexp.MustCompile(`\b`+f.name+`\(`).MatchString(calls) {
+				need[i], changed = true, true
+				calls += body(i)
+			}
+		}
+	}
+	out := strings.Join(lines[:fns[0].start], "")
+	for i := range fns {
+		if need[i] {
+			out += body(i)
+		}
+	}
+	return out
 }
 
 func readLua(name string) string {
@@ -66,11 +123,15 @@ func scriptArgs(s *script, eval bool, keys, argv []any) []any {
 }
 
 // evalScript runs s on c: EVALSHA, then EVAL when the server does not have
-// it cached (NOSCRIPT), or EVAL alone when eval is set.
+// it cached (NOSCRIPT), or EVAL alone when eval is set. It sends them with
+// Process, which an AutoPipeliner batches (its Do runs each command on a
+// connection of its own); on a client, Do is the same.
 func evalScript(ctx context.Context, c redis.UniversalClient, s *script, eval bool, keys, argv []any) *redis.Cmd {
-	cmd := c.Do(ctx, scriptArgs(s, eval, keys, argv)...)
+	cmd := redis.NewCmd(ctx, scriptArgs(s, eval, keys, argv)...)
+	_ = c.Process(ctx, cmd)
 	if err := cmd.Err(); !eval && err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") { // no allocation on success
-		cmd = c.Do(ctx, scriptArgs(s, true, keys, argv)...)
+		cmd = redis.NewCmd(ctx, scriptArgs(s, true, keys, argv)...)
+		_ = c.Process(ctx, cmd)
 	}
 	return cmd
 }

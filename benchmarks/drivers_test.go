@@ -67,6 +67,7 @@ type driver struct {
 var drivers = []driver{
 	{"fencelock", openFencelock},
 	{"fencelock-cte", openFencelockCTE},
+	{"fencelock-ap", openFencelockAP},
 	{"redislock", openRedislock},
 	{"redsync", openRedsync},
 	{"rueidislock", openRueidislock},
@@ -162,6 +163,17 @@ func openFencelockCTE(b testing.TB, addr string) func() session {
 	return openFencelockOn(b, newGoRedisWith(b, &redis.Options{Addr: addr, ContextTimeoutEnabled: true}))
 }
 
+// openFencelockAP is fencelock over the AutoPipeliner of a go-redis client
+// with default options (client.AutoPipeline(), EXPERIMENTAL in go-redis):
+// the scripts of concurrent calls share pipelines.
+func openFencelockAP(b testing.TB, addr string) func() session {
+	ap, err := newGoRedis(b, addr).AutoPipeline() // closed with its client
+	if err != nil {
+		b.Fatal(err)
+	}
+	return openFencelockOn(b, ap)
+}
+
 // openFencelockFair is fencelock with go-redis's default options whose
 // waiting Acquire waits in line (WithWait and WithFair): a release hands the
 // lock to the first waiter, whose Acquire returns when the grant's message
@@ -176,7 +188,7 @@ func openFencelockFair(b testing.TB, addr string) func() session {
 	}
 }
 
-func openFencelockOn(b testing.TB, client *redis.Client) func() session {
+func openFencelockOn(b testing.TB, client redis.UniversalClient) func() session {
 	locker, err := fencelock.New(client, &fencelock.Options{TTL: ttl})
 	if err != nil {
 		b.Fatal(err)

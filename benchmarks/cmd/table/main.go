@@ -42,6 +42,10 @@ const (
 	// ContextTimeoutEnabled, the one client option its documentation
 	// recommends; subject has go-redis's default options.
 	subjectCTE = "fencelock-cte"
+	// subjectAP is fencelock over the AutoPipeliner of a client with
+	// default options (client.AutoPipeline()), in the uncontended
+	// benchmarks only.
+	subjectAP = "fencelock-ap"
 	// subjectFair is fencelock (default options) waiting in line
 	// (WithWait and WithFair), in the contended benchmarks only.
 	subjectFair = "fencelock-fair"
@@ -51,14 +55,14 @@ const (
 )
 
 // impls is the order of the rows; implementations not listed follow.
-var impls = []string{subject, subjectFair, subjectCTE, "redislock", "redsync", "rueidislock", baseline, baseline1ms}
+var impls = []string{subject, subjectFair, subjectCTE, subjectAP, "redislock", "redsync", "rueidislock", baseline, baseline1ms}
 
 // subjects are the implementations compared with each other one (each in
 // the groups that have it); issue13Subjects are those issue 13's targets
 // are checked for; peers are the other locks (neither a subject nor a
 // baseline).
 var (
-	subjects        = []string{subject, subjectFair, subjectCTE}
+	subjects        = []string{subject, subjectFair, subjectCTE, subjectAP}
 	issue13Subjects = []string{subject, subjectCTE}
 	peers           = []string{"redislock", "redsync", "rueidislock"}
 )
@@ -515,6 +519,7 @@ func (r *results) singleTargets(row targetRow) {
 			ru >= 1.25*f, known(f, ru))
 	}
 
+	r.issue29Targets(row)
 	r.fairTargets(row)
 
 	f, rl := v("Uncontended", subject, "allocs/op"), v("Uncontended", "redislock", "allocs/op")
@@ -546,6 +551,36 @@ func (r *results) singleTargets(row targetRow) {
 
 	f, lowest := r.fairness("Contended", subject)
 	row("Contended fairness ≥ 0.98", fmt.Sprintf("%s (lowest run %s)", num(f), num(lowest)), f >= 0.98, known(f))
+}
+
+// issue29Targets are issue 29's uncontended and parallel targets: the
+// Interleaved p50 of fencelock (default options) at most 1.5 × raw's and
+// 1.05 × rueidislock's, at most 32 allocations an acquire+release, and
+// Parallel throughput (the reciprocal of ns/op) over the AutoPipeliner
+// at least 0.75 × rueidislock's and redislock's, and at least 0.6 ×
+// rueidislock's on a plain client.
+func (r *results) issue29Targets(row targetRow) {
+	v := r.value
+	for _, c := range []struct {
+		other string
+		max   float64
+	}{{baseline, 1.5}, {"rueidislock", 1.05}} {
+		f, o := v("Interleaved", subject, "p50-ns/op"), v("Interleaved", c.other, "p50-ns/op")
+		row(fmt.Sprintf("29: Interleaved p50 ≤ %.2f × %s (%s)", c.max, c.other, subject),
+			fmt.Sprintf("%s vs %s: %.2f×%s", num(f), num(o), f/o, r.paired("Interleaved", "p50-ns/op", subject, c.other)),
+			f <= c.max*o, known(f, o))
+	}
+	f := v("Uncontended", subject, "allocs/op")
+	row(fmt.Sprintf("29: Uncontended allocs/op ≤ 32 (%s)", subject), num(f), f <= 32, known(f))
+	for _, c := range []struct {
+		subj, other string
+		min         float64
+	}{{subjectAP, "rueidislock", 0.75}, {subjectAP, "redislock", 1}, {subject, "rueidislock", 0.6}} {
+		f, o := v("Parallel", c.subj, "ns/op"), v("Parallel", c.other, "ns/op")
+		row(fmt.Sprintf("29: Parallel throughput ≥ %.2f × %s's (%s)", c.min, c.other, c.subj),
+			fmt.Sprintf("%s vs %s ns/op: %.2f×%s", num(f), num(o), o/f, r.paired("Parallel", "ns/op", c.other, c.subj)),
+			o >= c.min*f, known(f, o))
+	}
 }
 
 // fairTargets are issue 16's targets for fair waiting in Contended (8
