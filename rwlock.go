@@ -2,8 +2,6 @@ package fencelock
 
 import (
 	"context"
-	"crypto/sha1"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -158,11 +156,7 @@ var (
 
 // newRWScript reads the script name.lua, after prelude.lua and
 // rwlock_prelude.lua, as newScript does with prelude.lua alone.
-func newRWScript(name string) *script {
-	src := readLua("prelude") + "\n" + readLua("rwlock_prelude") + "\n" + readLua(name)
-	sum := sha1.Sum([]byte(src))
-	return &script{name: name, src: src, hash: hex.EncodeToString(sum[:])}
-}
+func newRWScript(name string) *script { return newScript(name, true, "rwlock_prelude") }
 
 // setKeys puts the lease at the RWLock's keys: the writer's, or a reader's
 // own; the others are the RWLock's (see rwlock_prelude.lua).

@@ -25,7 +25,8 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
 	return {2}
 end
 local token = ARGV[1]
-local now, nowMs = clock()
+local now = clock()
+local nowMs = millis(now)
 local held = redis.call('GET', KEYS[1])
 if holds(held, token) then
 	redis.call('PEXPIRE', KEYS[1], ARGV[2])

@@ -23,12 +23,15 @@ type script struct {
 //go:embed *.lua
 var luaFiles embed.FS
 
-// newScript reads the script name.lua, after those of the functions the
-// scripts share (prelude.lua, local to each script) that it calls, when
-// prelude is set: a function the script defines costs the server a closure
+// newScript reads the script name.lua, after the files own (a kind's own
+// functions), and after those of the functions the scripts share
+// (prelude.lua, local to each script) that they call, when prelude is set: a function the script defines costs the server a closure
 // at every run, called or not.
-func newScript(name string, prelude bool) *script {
+func newScript(name string, prelude bool, own ...string) *script {
 	src := readLua(name)
+	for i := len(own) - 1; i >= 0; i-- { // a kind's own functions (semaphore_prelude.lua, ...)
+		src = readLua(own[i]) + "\n" + src
+	}
 	if prelude {
 		src = preludeFor(src) + "\n" + src
 	}

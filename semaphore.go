@@ -3,8 +3,6 @@ package fencelock
 import (
 	"cmp"
 	"context"
-	"crypto/sha1"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -48,11 +46,7 @@ var (
 
 // newSemaphoreScript is newScript with the functions of a semaphore's
 // scripts between the prelude and the script.
-func newSemaphoreScript(name string) *script {
-	src := readLua("prelude") + "\n" + readLua("semaphore_prelude") + "\n" + readLua(name)
-	sum := sha1.Sum([]byte(src))
-	return &script{name: name, src: src, hash: hex.EncodeToString(sum[:])}
-}
+func newSemaphoreScript(name string) *script { return newScript(name, true, "semaphore_prelude") }
 
 // Semaphore returns the semaphore called name with permits permits, making
 // no Redis call. Its calls fail with ErrInvalid, with no Redis call, for an
