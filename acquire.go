@@ -141,7 +141,9 @@ type wakeup interface {
 	woken() time.Duration
 	// leave stops the wake-ups; with the lease of a call that gave up
 	// holding nothing, it also gives back the place where that lease waits.
-	leave(gaveUp *Lease)
+	// Unless the call took the lock (took), a wake-up it got as one of many
+	// and did not use goes to the next waiter.
+	leave(gaveUp *Lease, took bool)
 }
 
 // releases wakes a waiter on the releases of the lock, from its first
@@ -156,7 +158,7 @@ type releases struct {
 	l        *Locker
 	key      string
 	w        *waiter
-	wasWoken bool // the last pause ended with a wake-up
+	taken int // wake-ups taken since the last attempt's answer (a pause's end, the drain after it)
 }
 
 func (r *releases) next(_ attempt, busy bool, d time.Duration) (<-chan struct{}, time.Duration) {
@@ -166,14 +168,14 @@ func (r *releases) next(_ attempt, busy bool, d time.Duration) (<-chan struct{},
 	if r.w == nil {
 		return nil, d
 	}
-	if r.wasWoken && !busy {
+	if r.taken > 0 && !busy {
 		r.w.passOn()
 	}
-	r.wasWoken = false
+	r.taken = 0
 	return r.w.wake, d
 }
 
-func (r *releases) woken() time.Duration { r.wasWoken = true; return 0 }
+func (r *releases) woken() time.Duration { r.taken++; return 0 }
 
 func (r *releases) hear(_ *waiter, m message) hearing {
 	switch {
@@ -187,10 +189,16 @@ func (r *releases) hear(_ *waiter, m message) hearing {
 
 func (r *releases) lingers(*waiter) bool { return false }
 
-func (r *releases) leave(*Lease) {
-	if r.w != nil {
-		r.w.leave()
+func (r *releases) leave(_ *Lease, took bool) {
+	if r.w == nil {
+		return
 	}
+	// A call that gives up after a wake-up, or took the lock after two (a
+	// semaphore's two permits freed at once), leaves one to the next.
+	if r.taken > 1 || r.taken > 0 && !took {
+		r.w.passOn()
+	}
+	r.w.leave()
 }
 
 // plain runs the attempts of an Acquire that is not fair: each attempt
@@ -203,9 +211,9 @@ func (a *acquisition) plain(wake wakeup) (*Lease, error) {
 	a.letGo = func() {
 		if a.unsure {
 			l.abandon(a.lease) // out of a Redlock line too
-			wake.leave(nil)
+			wake.leave(nil, false)
 		} else {
-			wake.leave(a.lease)
+			wake.leave(a.lease, false)
 		}
 	}
 	for {
@@ -227,7 +235,7 @@ func (a *acquisition) plain(wake wakeup) (*Lease, error) {
 				if a.st != nil && !wokeAt.IsZero() {
 					a.st.handoff = l.clock.Now().Sub(wokeAt)
 				}
-				wake.leave(nil)
+				wake.leave(nil, true)
 				return a.complete(at.fence, start), nil
 			}
 			// Granted, but the reply came after the lease's deadline.
@@ -281,6 +289,7 @@ func (a *acquisition) plain(wake wakeup) (*Lease, error) {
 		if ch != nil {
 			select { // wake-ups before this attempt: it sees what they announced
 			case <-ch:
+				_ = wake.woken() // woken all the same, with the attempt next
 			default:
 			}
 		}

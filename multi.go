@@ -413,7 +413,7 @@ func (setHearing) hear(_ *waiter, m message) hearing {
 
 func (setHearing) lingers(*waiter) bool { return false }
 
-func (s *setReleases) leave(*Lease) {
+func (s *setReleases) leave(*Lease, bool) {
 	for _, w := range s.ws {
 		if w != nil {
 			w.leave()

@@ -215,7 +215,7 @@ func (lw *lineWakeup) woken() time.Duration {
 // so that releases stop naming it, and retires its last token there, so
 // that an attempt still on its way does not put it back. It tries once: an
 // entry left behind expires by itself.
-func (lw *lineWakeup) leave(gaveUp *Lease) {
+func (lw *lineWakeup) leave(gaveUp *Lease, _ bool) {
 	if lw.w != nil {
 		lw.w.leave()
 	}

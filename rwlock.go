@@ -273,7 +273,7 @@ func (r *rwReleases) next(_ attempt, _ bool, d time.Duration) (<-chan struct{}, 
 
 func (r *rwReleases) woken() time.Duration { return 0 }
 
-func (r *rwReleases) leave(*Lease) {
+func (r *rwReleases) leave(*Lease, bool) {
 	if r.w != nil {
 		r.w.leave()
 	}
@@ -287,8 +287,8 @@ type intentReleases struct {
 	*rwReleases
 }
 
-func (w *intentReleases) leave(gaveUp *Lease) {
-	w.rwReleases.leave(gaveUp)
+func (w *intentReleases) leave(gaveUp *Lease, took bool) {
+	w.rwReleases.leave(gaveUp, took)
 	if gaveUp != nil {
 		w.l.abandon(gaveUp)
 	}

@@ -371,7 +371,9 @@ func (cs *chanState) deliverLocked(m message, onlyOne bool) {
 				w.signal()
 			}
 		case wakeOne:
-			if one == nil || w.seq < one.seq {
+			// One with a wake-up pending tries anyway: the message is for
+			// another, or a second release (a semaphore's) is lost.
+			if len(w.wake) == 0 && (one == nil || w.seq < one.seq) {
 				one = w
 			}
 		}

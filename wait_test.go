@@ -439,11 +439,12 @@ func TestOwnUnsubscriptionAfterResubscribing(t *testing.T) {
 	assert.False(t, subscribed(n, ch))
 }
 
-// countAcquires counts the acquire scripts e's client sends from now on.
+// countAcquires counts the acquire scripts (a lock's, a semaphore's) e's
+// client sends from now on.
 func countAcquires(e *env) *atomic.Int64 {
 	var n atomic.Int64
 	e.hook.set(func(_ context.Context, cmd redis.Cmder) error {
-		if scriptName(cmd) == "acquire" {
+		if name := scriptName(cmd); name == "acquire" || name == "semaphore_acquire" {
 			n.Add(1)
 		}
 		return nil
@@ -524,4 +525,80 @@ func TestWakeUpPassedOnAfterAFailedAttempt(t *testing.T) {
 	}
 	assert.True(t, failed.Load())
 	assert.Less(t, time.Since(start), 10*time.Second)
+}
+
+// Two releases at once, of a semaphore's two permits, wake two waiters: one
+// already woken, its wake-up not yet taken, is not chosen again.
+func TestTwoReleasesWakeTwoWaiters(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, slowPolling)
+	sem := l.Semaphore(uniqueName(t), 2)
+	var held [2]*Lease
+	for i := range held {
+		lease, err := sem.Acquire(ctx, WithTTL(time.Minute))
+		require.NoError(t, err)
+		held[i] = lease
+	}
+	attempts := countAcquires(e)
+	got := make(chan *Lease, 2)
+	for range 2 {
+		go func() {
+			lease, err := sem.Acquire(ctx, WithWait(time.Minute), WithTTL(time.Minute))
+			assert.NoError(t, err)
+			got <- lease
+		}()
+	}
+	// Each tries once and, subscribed, once more.
+	require.Eventually(t, func() bool { return attempts.Load() >= 4 }, 5*time.Second, time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
+	var wg sync.WaitGroup
+	for _, h := range held {
+		wg.Go(func() { assert.NoError(t, h.Release(ctx)) })
+	}
+	wg.Wait()
+	for range 2 {
+		select {
+		case lease := <-got:
+			require.NotNil(t, lease)
+			defer func() { assert.NoError(t, lease.Release(ctx)) }()
+		case <-time.After(5 * time.Second):
+			t.Fatal("a free permit and a waiter left on its 20s backoff: a wake-up was lost")
+		}
+	}
+}
+
+// A waiter woken by a release that gives up before its attempt answers
+// passes the wake-up on: the next waiter tries at once, not after its
+// backoff (20s here).
+func TestWakeUpPassedOnWhenTheWokenGivesUp(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, slowPolling)
+	name := uniqueName(t)
+	held, err := l.Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+	attempts := countAcquires(e)
+	first, cancel := context.WithCancel(ctx)
+	defer cancel()
+	gaveUp := make(chan error, 1)
+	go func() {
+		_, err := l.Acquire(first, name, WithWait(time.Minute))
+		gaveUp <- err
+	}()
+	require.Eventually(t, func() bool { return attempts.Load() == 2 }, 5*time.Second, time.Millisecond)
+	got := acquireInBackground(t, l, name, WithWait(time.Minute))
+	require.Eventually(t, func() bool { return attempts.Load() == 4 }, 5*time.Second, time.Millisecond)
+	// The first waiter's woken attempt is held back until its ctx ends.
+	var once atomic.Bool
+	e.hook.set(func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == "acquire" && once.CompareAndSwap(false, true) {
+			cancel()
+			time.Sleep(100 * time.Millisecond)
+			return errors.New("injected: not sent")
+		}
+		return nil
+	}, nil)
+	require.NoError(t, held.Release(ctx))
+	require.ErrorIs(t, <-gaveUp, context.Canceled)
+	r := requireAcquired(t, got, 5*time.Second, "the wake-up died with the waiter that gave up (backoff 20s)")
+	require.NoError(t, r.lease.Release(ctx))
 }
