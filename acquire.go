@@ -155,9 +155,9 @@ type wakeup interface {
 // taken, passes the wake-up on. The others try when their pause ends. A
 // grant to a fair waiter wakes none: the lock is held again.
 type releases struct {
-	l        *Locker
-	key      string
-	w        *waiter
+	l     *Locker
+	key   string
+	w     *waiter
 	taken int // wake-ups taken since the last attempt's answer (a pause's end, the drain after it)
 }
 
