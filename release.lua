@@ -26,9 +26,8 @@
 -- kept alive), the lock is granted to the first one in the same step: set
 -- to its token with its TTL and owner, with a fence issued as acquire.lua
 -- issues them, and "granted <token> <fence>" is published; the waiter holds
--- the lock when the message arrives. Otherwise "released" is published,
--- also for 'a' when it deleted the lock (an abandoned attempt had taken
--- it), so that a waiter tries for the lock it freed.
+-- the lock when the message arrives. Otherwise "released" is published
+-- (except for 'a': an abandoned attempt's lock wakes nobody).
 --
 -- "released" is published only when someone may be waiting: not when no
 -- connection subscribes to the channel on this node (PUBSUB SHARDNUMSUB,
@@ -79,6 +78,9 @@ if redis.call('EXISTS', KEYS[4]) == 1 then
 	end
 end
 if message == 'released' then
+	if ARGV[3] == 'a' then
+		return code
+	end
 	if ARGV[6] ~= '1' then
 		local ok, subscribed = pcall(redis.call, 'PUBSUB', 'SHARDNUMSUB', ARGV[2])
 		if ok and subscribed[2] == 0 then
