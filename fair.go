@@ -122,13 +122,18 @@ func (a *acquisition) fair() (*Lease, error) {
 	every := keepAliveEvery(a.lease.ttl)
 	retryEvery := max(every, 100*time.Millisecond) // after an error: not a request per 10ms to a failing Redis
 	var (
-		waiting    = a.start        // before the server last answered "waiting", or before the token existed
-		askAt      time.Time        // the next keep-alive's time, counted from the last one's send time
-		inflight   chan queueResult // the outcome of the keep-alive in flight, if one is
-		sent       time.Time        // when it was sent
-		askAgain   bool             // a wake-up came while it was in flight: ask again once it is answered
-		joined     bool             // the queue has (or may have) an entry of this token
-		trust      = true           // a grant message for this token is current
+		waiting  = a.start        // before the server last answered "waiting", or before the token existed
+		askAt    time.Time        // the next keep-alive's time, counted from the last one's send time
+		inflight chan queueResult // the outcome of the keep-alive in flight, if one is
+		sent     time.Time        // when it was sent
+		askAgain bool             // a wake-up came while it was in flight: ask again once it is answered
+		joined   bool             // the queue has (or may have) an entry of this token
+		trust    = true           // a grant message for this token is current
+		// short: the last lock taken was short of replicas and given back.
+		// The next attempt comes after a pause, whatever wakes the waiter
+		// meanwhile: a release tells nothing about the replicas, and may
+		// be this waiter's own give-back, with the next still under way.
+		short      bool
 		attemptNow = true
 		g          = &grantee{token: a.lease.token, granted: make(chan int64, 1)}
 		w          = l.b.register(a.lease.keys[keyLock], g) // nil after Close, which the wait below hears
@@ -198,9 +203,10 @@ func (a *acquisition) fair() (*Lease, error) {
 			case isReplicaShort(err) && l.clock.Now().Before(a.waitEnd):
 				// Granted, but not on enough replicas to survive a
 				// failover: pass it on (leaving the line releases it),
-				// and join the line again at its end.
+				// and join the line again at its end after a pause.
 				a.verdict = err
 				rotate(true)
+				attemptNow, short = false, true
 				return nil, nil
 			default:
 				a.verdict = err // lease.extend's error reads as Acquire's
@@ -220,7 +226,7 @@ func (a *acquisition) fair() (*Lease, error) {
 		}
 		now := l.clock.Now()
 		if attemptNow {
-			attemptNow = false
+			attemptNow, short = false, false
 			if w != nil { // a wake-up that came before the attempt tells nothing new
 				w.drain()
 			}
@@ -238,7 +244,7 @@ func (a *acquisition) fair() (*Lease, error) {
 					return a.giveUp()
 				}
 				rotate(false)
-				attemptNow = false // after a pause, as for any failed attempt
+				attemptNow, short = false, true
 			case at.err != nil:
 				refused := a.failed(at)
 				askAt = l.clock.Now().Add(retryEvery) // in line or not, not at once
@@ -266,6 +272,9 @@ func (a *acquisition) fair() (*Lease, error) {
 		var granted <-chan int64
 		if w != nil {
 			wake, granted = w.wake, g.granted
+			if short && !joined {
+				wake = nil
+			}
 		}
 		now = l.clock.Now()
 		due := end
