@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
@@ -389,9 +390,9 @@ func (l *Locker) newLease(name string, ttl time.Duration) *Lease {
 	lease.keys[keyQueue] = s[qi : qi+prefix+len(":q")]
 	lease.keys[keyQueueInfo] = s[qi:marker]
 	lease.token = s[len(s)-len(token):]
-	lease.tokenArg = lease.token
-	for i, k := range lease.keys {
-		lease.keyArgs[i] = k
+	lease.tokenArg = boxed(&lease.token)
+	for i := range lease.keys {
+		lease.keyArgs[i] = boxed(&lease.keys[i])
 	}
 	return lease
 }
@@ -404,6 +405,16 @@ func (l *Locker) leaseOf(k kind, name string, ttl time.Duration) *Lease {
 		lease.setKind(k)
 	}
 	return lease
+}
+
+// boxed returns *p as an interface value without copying it: its data word
+// points at *p, where boxing a string copies its header to the heap, six
+// allocations per lease (its keys and token). *p must not change once
+// boxed; it lives as long as the value does (a Lease's own fields).
+func boxed(p *string) any {
+	var v any = ""
+	(*[2]unsafe.Pointer)(unsafe.Pointer(&v))[1] = unsafe.Pointer(p)
+	return v
 }
 
 // A lease's keys, in the order the scripts take them.

@@ -861,3 +861,16 @@ func TestExtendRejectsTTLWithinRenewInterval(t *testing.T) {
 	require.NoError(t, lease.Extend(ctx, 2*time.Second))
 	require.NoError(t, lease.Release(ctx))
 }
+
+// A boxed string is an ordinary string interface value: go-redis writes it,
+// hooks print it and compare it, as any other.
+func TestBoxed(t *testing.T) {
+	s := "lock:{name}:t:" + fmt.Sprint(42)
+	v := boxed(&s)
+	got, ok := v.(string)
+	assert.True(t, ok)
+	assert.Equal(t, s, got)
+	assert.Equal(t, s, fmt.Sprint(v))
+	assert.True(t, v == any("lock:{name}:t:42"))
+	assert.Zero(t, testing.AllocsPerRun(100, func() { _ = boxed(&s) }))
+}
