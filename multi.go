@@ -68,16 +68,9 @@ func (l *Locker) RunWithLocks(ctx context.Context, names []string,
 	if work == nil {
 		return invalidf("nil work function")
 	}
-	obs := l.opts.Observer
-	if obs == nil {
-		return l.runAll(ctx, names, work, opts)
-	}
-	label := strings.Join(names, ",")
-	ctx = obs.Start(ctx, OpRun, label)
-	start := l.clock.Now()
-	err := l.runAll(ctx, names, work, opts)
-	obs.End(ctx, Event{Op: OpRun, Name: label, Outcome: OutcomeOf(err), Err: err, Duration: l.clock.Now().Sub(start)})
-	return err
+	return l.observeRun(ctx, strings.Join(names, ","), func(ctx context.Context) (*Lease, error) {
+		return nil, l.runAll(ctx, names, work, opts)
+	})
 }
 
 // runAll is RunWithLocks, without the Observer's Start and End.
