@@ -34,15 +34,6 @@ type Semaphore struct {
 
 var _ ownKeys = (*Semaphore)(nil)
 
-// The semaphore's scripts, each after prelude.lua and semaphore_prelude.lua.
-var (
-	semAcquireScript = newScript("semaphore_acquire", true, "semaphore_prelude")
-	semReleaseScript = newScript("semaphore_release", true, "semaphore_prelude")
-	semExtendScript  = newScript("semaphore_extend", true, "semaphore_prelude")
-	semQueueScript   = newScript("semaphore_queue", true, "semaphore_prelude")
-	semInspectScript = newScript("semaphore_inspect", true, "semaphore_prelude")
-)
-
 // Semaphore returns the semaphore called name with permits permits, making
 // no Redis call. Its calls fail with ErrInvalid, with no Redis call, for an
 // empty name or one containing '{' or '}', for permits < 1, and on a
@@ -138,6 +129,10 @@ func (s *Semaphore) allKeys(lease *Lease) []any {
 	return append(lease.keyArgs[:nKeys:nKeys], s.info)
 }
 
+// The semaphore's scripts, each declared by the method that runs it, run
+// after prelude.lua and semaphore_prelude.lua.
+var semAcquireScript = newScript("semaphore_acquire", true, "semaphore_prelude")
+
 func (s *Semaphore) acquire(ctx context.Context, lease *Lease) attempt {
 	fair := "0"
 	if lease.fair {
@@ -216,10 +211,14 @@ func (e *permitsError) Error() string {
 // Is reports whether target is ErrMisconfigured.
 func (e *permitsError) Is(target error) bool { return target == ErrMisconfigured }
 
+var semExtendScript = newScript("semaphore_extend", true, "semaphore_prelude")
+
 func (s *Semaphore) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
 	reply, err := s.d.run(ctx, semExtendScript, renewal, []any{lease.keyArgs[keyLock], s.info}, lease.tokenArg, s.d.l.ttlArg(ttl))
 	return decodeExtend(semExtendScript, reply, err)
 }
+
+var semReleaseScript = newScript("semaphore_release", true, "semaphore_prelude")
 
 func (s *Semaphore) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
 	return releaseKind(ctx, s.d, semReleaseScript, s.allKeys(lease), lease, s.d.channelArg(lease), mode, s.d.l.retentionMillis)
@@ -241,6 +240,8 @@ func releaseKind(ctx context.Context, d *deployment, s *script, keys []any, leas
 	}
 	return decodeRelease(reply)
 }
+
+var semQueueScript = newScript("semaphore_queue", true, "semaphore_prelude")
 
 func (s *Semaphore) queue(ctx context.Context, lease *Lease, ttl time.Duration, mode string) (queueReply, error) {
 	reply, err := evalScript(ctx, s.d.client, semQueueScript, false,
@@ -325,6 +326,8 @@ type semRead struct {
 	counter int64
 	holders []HolderInfo // oldest fence first
 }
+
+var semInspectScript = newScript("semaphore_inspect", true, "semaphore_prelude")
 
 func (s *Semaphore) read(ctx context.Context) (semRead, error) {
 	reply, err := evalScript(ctx, s.d.client, semInspectScript, false,
