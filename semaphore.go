@@ -140,12 +140,12 @@ func (s *Semaphore) acquire(ctx context.Context, lease *Lease) attempt {
 	}
 	reply, err := s.d.run(ctx, semAcquireScript, false, s.allKeys(lease), lease.tokenArg,
 		s.d.l.ttlArg(lease.ttl), s.d.l.retentionMillis, lease.ownerArg, fair, queueEntryMillis, s.permitsArg, s.wakeWindow)
-	return s.d.attempted(lease, reply, err, s.attempt)
+	return s.d.attempted(lease, reply, err, s.attemptOf)
 }
 
-// attempt is the attempt of semaphore_acquire.lua's reply, as
-// acquireAttempt's of a lock's.
-func (s *Semaphore) attempt(reply any) attempt {
+// attemptOf is the attempt of semaphore_acquire.lua's reply, as
+// acquireAttempt is a lock's.
+func (s *Semaphore) attemptOf(reply any) attempt {
 	r, err := s.decodeAcquire(reply)
 	if r.pttl < 0 { // a permit is free, but fair waiters are in line first
 		return attempt{pttl: -3, owner: "fair waiters in line"}
@@ -162,9 +162,9 @@ type semAcquireReply struct {
 	owner   string // the first permit's to expire
 }
 
-// decodeAcquire decodes semaphore_acquire.lua's reply: {1, fence}, {0,
-// pttl, holders, owner}, {2} for a retired token or {3, permits} for holders
-// with another number of permits, which read as errors.
+// decodeAcquire decodes semaphore_acquire.lua's reply: {0, pttl, holders,
+// owner}, {3, permits} for holders with another number of permits, which
+// reads as an error, or, as decodeAcquire reads a lock's, {1, fence} or {2}.
 func (s *Semaphore) decodeAcquire(reply any) (semAcquireReply, error) {
 	arr, _ := reply.([]any)
 	var flag int64
@@ -179,13 +179,9 @@ func (s *Semaphore) decodeAcquire(reply any) (semAcquireReply, error) {
 		if ok1 && ok2 && ok3 {
 			return semAcquireReply{pttl: time.Duration(pttl) * time.Millisecond, holders: int(n), owner: owner}, nil
 		}
-	case flag == 1 && len(arr) == 2:
-		f, _ := arr[1].(string)
-		if fence, err := strconv.ParseInt(f, 10, 64); err == nil && fence > 0 {
-			return semAcquireReply{ok: true, fence: fence}, nil
-		}
-	case flag == 2 && len(arr) == 1:
-		return semAcquireReply{}, errRetired
+	case flag == 1 || flag == 2:
+		ok, fence, _, err := decodeAcquire(reply)
+		return semAcquireReply{ok: ok, fence: fence}, err
 	case flag == 3 && len(arr) == 2:
 		used, _ := arr[1].(string)
 		if n, err := strconv.Atoi(used); err == nil {
