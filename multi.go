@@ -396,8 +396,7 @@ func (s *setReleases) leave(*Lease, bool) {
 }
 
 // acquireInOrder takes names one by one in sorted order, each as Acquire
-// does, all within co.wait. While it waits for one, it renews those it
-// holds, every renewal interval.
+// does, all within co.wait, keeping those it holds (acquireHolding).
 func (l *Locker) acquireInOrder(ctx context.Context, names []string, co callOptions, open bool, st *acquireStats) ([]*Lease, error) {
 	order := make([]int, len(names))
 	for i := range order {

@@ -278,8 +278,8 @@ type RWLockInfo struct {
 	// WritersWaiting is how many waiting writers' intents live: while one
 	// does, no new reader enters.
 	WritersWaiting int
-	// LastFence is the last fence issued for the RWLock, kept for
-	// FenceRetention after its last acquisition; 0 when none is kept.
+	// LastFence is the last fence issued for the RWLock, kept as
+	// LockInfo.LastFence is.
 	LastFence int64
 }
 

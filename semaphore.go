@@ -272,8 +272,8 @@ type SemaphoreInfo struct {
 	Permits int
 	// Holders are the permits held, oldest fence first.
 	Holders []HolderInfo
-	// LastFence is the last fence issued for the semaphore, kept for
-	// FenceRetention after its last acquisition; 0 when none is kept.
+	// LastFence is the last fence issued for the semaphore, kept as
+	// LockInfo.LastFence is.
 	LastFence int64
 	// Waiters is how many Lockers wait for a permit, counted as
 	// LockInfo.Waiters is.
