@@ -131,14 +131,20 @@ func (d *deployment) acquire(ctx context.Context, lease *Lease) attempt {
 		reply, err = d.run(ctx, acquireScript, false, lease.keyArgs[:], lease.tokenArg,
 			d.l.ttlArg(lease.ttl), d.l.retentionMillis, lease.ownerArg)
 	}
+	return d.attempted(lease, reply, err, acquireAttempt)
+}
+
+// attempted is the attempt of a run of an acquire script for lease (this
+// deployment's, or a kind's), given the run's reply and error: the reply as
+// decode reads it, unless the run failed. A write happened only when the
+// script says so (or its reply is not understood): any other answer stands
+// whatever WAIT said.
+func (d *deployment) attempted(lease *Lease, reply any, err error, decode func(reply any) attempt) attempt {
 	if err != nil && reply == nil { // the script did not run, or its reply was lost
 		return attempt{err: err}
 	}
-	// A write happened only when the script says so: any other answer
-	// stands whatever WAIT said.
-	ok, val, owner, derr := decodeAcquire(reply)
-	switch {
-	case err != nil && (ok || errors.Is(derr, errReply)):
+	a := decode(reply)
+	if err != nil && (a.ok || errors.Is(a.err, errReply)) {
 		if isReplicaShort(err) {
 			// Taken, but not on enough replicas to survive a failover:
 			// give it back, and try again, if at all, with a new token.
@@ -146,14 +152,22 @@ func (d *deployment) acquire(ctx context.Context, lease *Lease) attempt {
 			return attempt{err: err, retire: true}
 		}
 		return attempt{err: err}
-	case derr != nil: // retired
-		return attempt{err: derr}
+	}
+	return a
+}
+
+// acquireAttempt is the attempt of an acquire script's reply, read by
+// decodeAcquire. A busy one wrote no lock (at most a fair waiter's queue
+// entry); its PTTL -3 says the lock is free, but fair waiters are in line
+// first.
+func acquireAttempt(reply any) attempt {
+	ok, val, owner, err := decodeAcquire(reply)
+	switch {
+	case err != nil: // retired, or not understood
+		return attempt{err: err}
 	case ok:
 		return attempt{ok: true, fence: val}
-	}
-	// Busy: the script wrote no lock (at most a fair waiter's queue entry),
-	// so the answer stands whatever WAIT said.
-	if val == -3 { // free, but fair waiters are in line first
+	case val == -3:
 		return attempt{pttl: -3, owner: "fair waiters in line"}
 	}
 	return attempt{pttl: time.Duration(val) * time.Millisecond, owner: owner}
@@ -194,6 +208,14 @@ func decodeAcquire(reply any) (ok bool, value int64, owner string, err error) {
 
 func (d *deployment) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
 	reply, err := d.run(ctx, extendScript, renewal, lease.keyArgs[keyLock:keyLock+1], lease.tokenArg, d.l.ttlArg(ttl))
+	return decodeExtend(extendScript, reply, err)
+}
+
+// decodeExtend decodes the reply of s, extend.lua or a kind's extend script
+// (answering as kind.extend does), given its run's error: WAIT's when it
+// comes with a reply, which stands only when the expiry was set (or the
+// reply is not understood); 0 and -1 wrote nothing.
+func decodeExtend(s *script, reply any, err error) (int64, error) {
 	if err != nil && reply == nil {
 		return 0, err
 	}
@@ -202,9 +224,9 @@ func (d *deployment) extend(ctx context.Context, lease *Lease, ttl time.Duration
 	case err != nil && (!ok || code == 1):
 		return 0, err // set (or unknown), but too few replicas have it
 	case !ok:
-		return 0, fmt.Errorf("%w from the extend script: %v", errReply, reply)
+		return 0, fmt.Errorf("%w from the %s script: %v", errReply, s.name, reply)
 	}
-	return code, nil // 0 or -1, which wrote nothing, stand whatever WAIT said
+	return code, nil
 }
 
 // run runs s on the lock's keys, given boxed (a Lease keeps its keys

@@ -13,13 +13,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Several names at once, as documented in GUARANTEES.md ("Several names at
-// once"): on one deployment, or when every name hashes to one Cluster slot,
-// one script takes them all or none (a set, below), through one
-// acquisition as Acquire's; otherwise they are taken one by one in sorted
-// order, so that two overlapping calls never wait for each other in a
-// circle.
-
 // maxNames is the most names one AcquireAll takes.
 const maxNames = 1000
 
@@ -68,16 +61,9 @@ func (l *Locker) RunWithLocks(ctx context.Context, names []string,
 	if work == nil {
 		return invalidf("nil work function")
 	}
-	obs := l.opts.Observer
-	if obs == nil {
-		return l.runAll(ctx, names, work, opts)
-	}
-	label := strings.Join(names, ",")
-	ctx = obs.Start(ctx, OpRun, label)
-	start := l.clock.Now()
-	err := l.runAll(ctx, names, work, opts)
-	obs.End(ctx, Event{Op: OpRun, Name: label, Outcome: OutcomeOf(err), Err: err, Duration: l.clock.Now().Sub(start)})
-	return err
+	return l.observeRun(ctx, strings.Join(names, ","), func(ctx context.Context) (*Lease, error) {
+		return nil, l.runAll(ctx, names, work, opts)
+	})
 }
 
 // runAll is RunWithLocks, without the Observer's Start and End.
@@ -172,6 +158,10 @@ func (l *Locker) acquireAllObserved(ctx context.Context, names []string, co call
 	return got, err
 }
 
+// acquireAll takes names as GUARANTEES.md ("Several names at once") says:
+// with one script per attempt where one can take them all (acquireTogether),
+// else one by one in sorted order, so that two overlapping calls never wait
+// for each other in a circle (acquireInOrder).
 func (l *Locker) acquireAll(ctx context.Context, names []string, co callOptions, open bool, st *acquireStats) ([]*Lease, error) {
 	if d := l.fair; d != nil && together(d.base, names) {
 		return l.acquireTogether(ctx, d, names, co, open, st)
@@ -215,7 +205,7 @@ func keySlot(tag string) int {
 }
 
 // acquireTogether takes names in one script per attempt, through one
-// acquisition whose lease stands for the set (see set).
+// acquisition whose lease stands for the set.
 func (l *Locker) acquireTogether(ctx context.Context, d *deployment, names []string, co callOptions, open bool, st *acquireStats) ([]*Lease, error) {
 	l.bg.add() // as acquireWith
 	defer l.bg.finish()
@@ -278,68 +268,55 @@ func (s *set) acquire(ctx context.Context, stand *Lease) attempt {
 		argv = append(argv, m.tokenArg)
 	}
 	reply, err := s.d.run(ctx, multiAcquireScript, false, keys, argv...)
-	if err != nil && reply == nil {
-		return attempt{err: err}
-	}
-	fences, busy, derr := decodeAcquireAll(reply, len(ls))
-	switch {
-	case err != nil && (fences != nil || errors.Is(derr, errReply)):
-		if isReplicaShort(err) { // as deployment.acquire
-			s.d.l.abandon(stand)
-			return attempt{err: err, retire: true}
-		}
-		return attempt{err: err}
-	case derr != nil:
-		return attempt{err: derr}
-	case fences != nil:
+	var fences []int64 // the locks', when taken
+	a := s.d.attempted(stand, reply, err, func(reply any) (a attempt) {
+		fences, a = decodeAcquireAll(reply, s.names)
+		return a
+	})
+	if a.ok {
 		for i, m := range ls {
 			m.fence = fences[i]
 		}
-		return attempt{ok: true, fence: fences[0]}
 	}
-	if busy.pttl == -3 {
-		busy.owner = "fair waiters in line"
-	}
-	return attempt{pttl: time.Duration(busy.pttl) * time.Millisecond, owner: busy.owner, name: s.names[busy.i]}
+	return a
 }
 
-// setBusy is the lock multi_acquire.lua found held.
-type setBusy struct {
-	i     int
-	pttl  int64
-	owner string
-}
-
-// decodeAcquireAll decodes multi_acquire.lua's reply for n locks: their
-// fences, or the one found busy, or errRetired.
-func decodeAcquireAll(reply any, n int) (fences []int64, busy setBusy, err error) {
+// decodeAcquireAll decodes multi_acquire.lua's reply for the locks called
+// names: {1, fence, ...} with their fences, {0, i, pttl, owner} for the
+// i-th (from 1) found busy, as acquireAttempt's busy attempt naming it, or
+// {2} for a retired token.
+func decodeAcquireAll(reply any, names []string) (fences []int64, a attempt) {
 	arr, _ := reply.([]any)
-	if len(arr) == 0 {
-		return nil, busy, fmt.Errorf("%w from the multi_acquire script: %v", errReply, reply)
+	var flag int64
+	if len(arr) > 0 {
+		flag, _ = arr[0].(int64)
 	}
-	switch flag, _ := arr[0].(int64); {
+	switch n := len(names); {
 	case flag == 1 && len(arr) == n+1:
 		fences = make([]int64, n)
 		for i := range fences {
 			s, _ := arr[i+1].(string)
 			f, err := strconv.ParseInt(s, 10, 64)
 			if err != nil || f <= 0 {
-				return nil, busy, fmt.Errorf("%w from the multi_acquire script: fence %v", errReply, arr[i+1])
+				return nil, attempt{err: fmt.Errorf("%w from the multi_acquire script: fence %v", errReply, arr[i+1])}
 			}
 			fences[i] = f
 		}
-		return fences, busy, nil
+		return fences, attempt{ok: true, fence: fences[0]}
 	case flag == 0 && len(arr) == 4:
 		i, ok1 := arr[1].(int64)
 		pttl, ok2 := arr[2].(int64)
 		owner, ok3 := arr[3].(string)
 		if ok1 && ok2 && ok3 && i >= 1 && i <= int64(n) {
-			return nil, setBusy{i: int(i) - 1, pttl: pttl, owner: owner}, nil
+			if pttl == -3 {
+				owner = "fair waiters in line"
+			}
+			return nil, attempt{pttl: time.Duration(pttl) * time.Millisecond, owner: owner, name: names[i-1]}
 		}
 	case flag == 2 && len(arr) == 1:
-		return nil, busy, errRetired
+		return nil, attempt{err: errRetired}
 	}
-	return nil, busy, fmt.Errorf("%w from the multi_acquire script: %v", errReply, reply)
+	return nil, attempt{err: fmt.Errorf("%w from the multi_acquire script: %v", errReply, reply)}
 }
 
 // extend extends every lock of the set, and answers as the first that
@@ -374,10 +351,9 @@ func (s *set) release(ctx context.Context, stand *Lease, mode string) (code int6
 	return code, perr, err
 }
 
-// setReleases wakes a waiting AcquireAll on every release of the names it
-// found busy: each is registered, on one wake channel, the first time an
-// attempt finds it held, and the registration's confirmation wakes the
-// waiter for another try, as releases' does.
+// setReleases wakes a waiting AcquireAll as releases (acquire.go) wakes a
+// waiting Acquire, on the channels of the names it found busy, each
+// registered on one wake channel the first time an attempt finds it held.
 type setReleases struct {
 	d    *deployment
 	wake chan struct{}
@@ -397,11 +373,9 @@ func (s *setReleases) next(at attempt, busy bool, d time.Duration) (<-chan struc
 
 func (s *setReleases) woken() time.Duration { return 0 }
 
-// setHearing is what a waiting AcquireAll makes of the messages on the
-// channel of a name it found busy: every release, and the subscription's
-// confirmation, wake it, not one plain waiter of many (releases'): the call
-// may find another of its names busy, and pass the release on to no one.
-// A grant wakes it not, the lock being held again.
+// setHearing is what a waiting AcquireAll makes of the messages on a busy
+// name's channel: all but a grant wake it, not one waiter of many, as it
+// may find another of its names busy and pass the release on to no one.
 type setHearing struct{}
 
 func (setHearing) hear(_ *waiter, m message) hearing {
@@ -422,8 +396,7 @@ func (s *setReleases) leave(*Lease, bool) {
 }
 
 // acquireInOrder takes names one by one in sorted order, each as Acquire
-// does, all within co.wait. While it waits for one, it renews those it
-// holds, every renewal interval.
+// does, all within co.wait, keeping those it holds (acquireHolding).
 func (l *Locker) acquireInOrder(ctx context.Context, names []string, co callOptions, open bool, st *acquireStats) ([]*Lease, error) {
 	order := make([]int, len(names))
 	for i := range order {

@@ -2,17 +2,10 @@ package fencelock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
 )
-
-// Read-write locks, as documented in GUARANTEES.md ("Read-write locks"):
-// a lease of an RWLock is an ordinary Lease, acquired through Acquire and
-// RunWithLock (withKind) with the kind rwKind, whose scripts keep the
-// writer, the readers and the waiting writers' intents at keys of their
-// own (rwlock_prelude.lua).
 
 // An RWLock is a read-write lock: any number of shared leases or one
 // exclusive lease, never both, each an ordinary Lease, with fences
@@ -49,7 +42,8 @@ func (rw *RWLock) Name() string { return rw.name }
 // returns its Lease: when no writer holds it and no reader's share lives.
 // While it waits (WithWait), no new reader enters. It returns
 // Locker.Acquire's errors, and ErrInvalid on a NewRedlock Locker or with
-// WithFair.
+// WithFair; after an error it holds nothing, and the intent that held new
+// readers back while it waited is taken out in the background.
 func (rw *RWLock) Acquire(ctx context.Context, opts ...Option) (*Lease, error) {
 	opts, err := rw.kind(true, opts)
 	if err != nil {
@@ -61,8 +55,8 @@ func (rw *RWLock) Acquire(ctx context.Context, opts ...Option) (*Lease, error) {
 // AcquireShared takes a share of the lock, as Locker.Acquire takes a lock,
 // and returns its Lease: when no writer holds the lock and none waits for
 // it (its BusyError then has TTL -3 and Owner "writers waiting"). It
-// returns Locker.Acquire's errors, and ErrInvalid on a NewRedlock Locker
-// or with WithFair.
+// returns Locker.Acquire's errors, holding no share after one, and
+// ErrInvalid on a NewRedlock Locker or with WithFair.
 func (rw *RWLock) AcquireShared(ctx context.Context, opts ...Option) (*Lease, error) {
 	opts, err := rw.kind(false, opts)
 	if err != nil {
@@ -71,8 +65,9 @@ func (rw *RWLock) AcquireShared(ctx context.Context, opts ...Option) (*Lease, er
 	return rw.l.Acquire(ctx, rw.name, opts...)
 }
 
-// RunWithLock runs work holding the lock exclusively, as
-// Locker.RunWithLock runs it holding a lock, with Acquire's waiting.
+// RunWithLock runs work holding the lock exclusively, taken as Acquire
+// takes it, renewed while work runs and released when it returns, as
+// Locker.RunWithLock does with a lock, with its errors.
 func (rw *RWLock) RunWithLock(ctx context.Context, work func(ctx context.Context, lease *Lease) error, opts ...Option) error {
 	opts, err := rw.kind(true, opts)
 	if err != nil {
@@ -81,8 +76,9 @@ func (rw *RWLock) RunWithLock(ctx context.Context, work func(ctx context.Context
 	return rw.l.RunWithLock(ctx, rw.name, work, opts...)
 }
 
-// RunWithSharedLock runs work holding a share of the lock, as
-// Locker.RunWithLock runs it holding a lock, with AcquireShared's waiting.
+// RunWithSharedLock runs work holding a share of the lock, taken as
+// AcquireShared takes it, renewed while work runs and released when it
+// returns, as Locker.RunWithLock does with a lock, with its errors.
 func (rw *RWLock) RunWithSharedLock(ctx context.Context, work func(ctx context.Context, lease *Lease) error, opts ...Option) error {
 	opts, err := rw.kind(false, opts)
 	if err != nil {
@@ -107,7 +103,7 @@ func (rw *RWLock) kind(exclusive bool, opts []Option) ([]Option, error) {
 	}
 	k := &rwKind{rw: rw, d: rw.l.fair, exclusive: exclusive, intent: int64(0)}
 	if exclusive && co.wait > 0 {
-		k.waits, k.intent = true, ttlMillis(intentTTL(rw.l.opts.MaxRetryBackoff))
+		k.waits, k.intent = true, ttlMillis(lineEntryTTL(rw.l.opts.MaxRetryBackoff))
 	}
 	return append(opts[:len(opts):len(opts)], withKind(k)), nil
 }
@@ -124,39 +120,24 @@ func (rw *RWLock) usable() error {
 	return nil
 }
 
-// intentTTL is how long a waiting writer's intent lives after its last
-// attempt: as a Redlock line's entry, long enough for the pause between two
-// attempts (at most maxBackoff) and the attempt after it.
-func intentTTL(maxBackoff time.Duration) time.Duration {
-	return lineEntryTTL(maxBackoff)
-}
-
-// An rwKind is the kind of the leases of one call on an RWLock: shared, or
-// exclusive.
+// An rwKind is the kind of the leases of one call on an RWLock, shared or
+// exclusive: its scripts keep the writer, the readers and the waiting
+// writers' intents at keys of their own (rwlock_prelude.lua).
 type rwKind struct {
 	rw        *RWLock
 	d         *deployment
 	exclusive bool
 	waits     bool // exclusive, with WithWait: it leaves an intent while it waits
-	intent    any  // the intent's TTL in ms when it waits; 0 otherwise
+	// intent is the intent's TTL in ms when it waits, 0 otherwise: as a
+	// Redlock line's entry's (lineEntryTTL), it outlives a pause and the
+	// attempt after it.
+	intent any
 }
 
 var (
 	_ keyed  = (*rwKind)(nil)
 	_ waking = (*rwKind)(nil)
 )
-
-var (
-	rwReadScript    = newRWScript("rwlock_read")
-	rwWriteScript   = newRWScript("rwlock_write")
-	rwExtendScript  = newRWScript("rwlock_extend")
-	rwReleaseScript = newRWScript("rwlock_release")
-	rwInspectScript = newRWScript("rwlock_inspect")
-)
-
-// newRWScript reads the script name.lua, after prelude.lua and
-// rwlock_prelude.lua, as newScript does with prelude.lua alone.
-func newRWScript(name string) *script { return newScript(name, true, "rwlock_prelude") }
 
 // setKeys puts the lease at the RWLock's keys: the writer's, or a reader's
 // own; the others are the RWLock's (see rwlock_prelude.lua).
@@ -175,6 +156,13 @@ func (k *rwKind) setKeys(lease *Lease) {
 	}
 }
 
+// The read-write lock's scripts, each declared by the method that runs it,
+// run after prelude.lua and rwlock_prelude.lua.
+var (
+	rwReadScript  = newScript("rwlock_read", true, "rwlock_prelude")
+	rwWriteScript = newScript("rwlock_write", true, "rwlock_prelude")
+)
+
 func (k *rwKind) acquire(ctx context.Context, lease *Lease) attempt {
 	l := k.d.l
 	var reply any
@@ -183,82 +171,52 @@ func (k *rwKind) acquire(ctx context.Context, lease *Lease) attempt {
 		reply, err = k.d.run(ctx, rwWriteScript, false, lease.keyArgs[:], lease.tokenArg,
 			l.ttlArg(lease.ttl), l.retentionMillis, lease.ownerArg, k.intent)
 	} else {
-		keys := append(lease.keyArgs[:len(lease.keyArgs):len(lease.keyArgs)], k.rw.writerArg)
+		keys := append(lease.keyArgs[:nKeys:nKeys], k.rw.writerArg)
 		reply, err = k.d.run(ctx, rwReadScript, false, keys, lease.tokenArg,
 			l.ttlArg(lease.ttl), l.retentionMillis, lease.ownerArg)
 	}
-	if err != nil && reply == nil {
-		return attempt{err: err}
+	// The scripts answer as acquire.lua, but for rwlock_read.lua's -3: free
+	// of writers, but one waits.
+	a := k.d.attempted(lease, reply, err, acquireAttempt)
+	if a.pttl == -3 {
+		a.owner = "writers waiting"
 	}
-	ok, val, owner, derr := decodeAcquire(reply) // the scripts answer as acquire.lua
-	switch {
-	case err != nil && (ok || errors.Is(derr, errReply)):
-		if isReplicaShort(err) { // as deployment.acquire
-			l.abandon(lease)
-			return attempt{err: err, retire: true}
-		}
-		return attempt{err: err}
-	case derr != nil:
-		return attempt{err: derr}
-	case ok:
-		return attempt{ok: true, fence: val}
-	}
-	if val == -3 { // free of writers, but one waits
-		return attempt{pttl: -3, owner: owner}
-	}
-	return attempt{pttl: time.Duration(val) * time.Millisecond, owner: owner}
+	return a
 }
+
+var rwExtendScript = newScript("rwlock_extend", true, "rwlock_prelude")
 
 func (k *rwKind) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
 	reply, err := k.d.run(ctx, rwExtendScript, renewal, []any{lease.keyArgs[keyLock], k.rw.readersArg, k.rw.writerArg},
 		lease.tokenArg, k.d.l.ttlArg(ttl))
-	if err != nil && reply == nil {
-		return 0, err
-	}
-	code, ok := reply.(int64)
-	switch { // as deployment.extend
-	case err != nil && (!ok || code == 1):
-		return 0, err
-	case !ok:
-		return 0, fmt.Errorf("%w from the rwlock_extend script: %v", errReply, reply)
-	}
-	return code, nil
+	return decodeExtend(rwExtendScript, reply, err)
 }
 
+var rwReleaseScript = newScript("rwlock_release", true, "rwlock_prelude")
+
 func (k *rwKind) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
-	markerTTL := k.d.l.releaseTimeoutMillis
-	if mode != modeRelease {
-		markerTTL = k.d.abandonMarkerMillis(lease)
-	}
-	reply, err := evalScript(ctx, k.d.client, rwReleaseScript, false,
-		[]any{lease.keyArgs[keyLock], lease.keyArgs[keyMarker], k.rw.readersArg, k.rw.intentsArg, k.rw.writerArg},
-		[]any{lease.tokenArg, k.d.channel(k.rw.base), mode, markerTTL}).Result()
-	if err != nil {
-		return 0, nil, err
-	}
-	return decodeRelease(reply)
+	keys := []any{lease.keyArgs[keyLock], lease.keyArgs[keyMarker], k.rw.readersArg, k.rw.intentsArg, k.rw.writerArg}
+	return releaseKind(ctx, k.d, rwReleaseScript, keys, lease, k.d.channel(k.rw.base), mode)
 }
 
 // wakeup wakes a waiting call on every release that may let it in (see
-// rwlock_release.lua); a waiting writer that gives up takes its intent out.
+// rwlock_release.lua).
 func (k *rwKind) wakeup(*Lease) wakeup {
-	r := &rwReleases{l: k.d.l, key: k.rw.base}
-	if k.waits {
-		return &intentReleases{rwReleases: r}
-	}
-	return r
+	return &rwReleases{l: k.d.l, key: k.rw.base, intent: k.waits}
 }
 
-// rwReleases wakes a call waiting for a read-write lock on every message on
-// its channel (everyMessage), not one waiter of many as a lock's releases
-// do: the readers that waited behind a writer all try when it leaves, and
-// enter together. It registers after the call's first attempt that did not
-// get in; the registration's confirmation wakes it for another try, so
-// that a release before it is not missed.
+// rwReleases wakes a call waiting for a read-write lock as releases
+// (acquire.go) wakes one for a lock, but on every message on its channel
+// (everyMessage), not one waiter of many: the readers that waited behind a
+// writer all try when it leaves, and enter together.
 type rwReleases struct {
 	l   *Locker
 	key string
 	w   *waiter
+	// intent: the call is a waiting writer's, whose intent is taken out in
+	// the background (abandoning its token) when it gives up holding
+	// nothing, waking the readers it held back.
+	intent bool
 }
 
 func (r *rwReleases) next(_ attempt, _ bool, d time.Duration) (<-chan struct{}, time.Duration) {
@@ -273,46 +231,16 @@ func (r *rwReleases) next(_ attempt, _ bool, d time.Duration) (<-chan struct{}, 
 
 func (r *rwReleases) woken() time.Duration { return 0 }
 
-func (r *rwReleases) leave(*Lease, bool) {
+func (r *rwReleases) leave(gaveUp *Lease, _ bool) {
 	if r.w != nil {
 		r.w.leave()
 	}
-}
-
-// intentReleases are a waiting writer's wake-ups: as rwReleases, and, when
-// the writer gives up holding nothing, its intent is taken out in the
-// background (abandoning its token, as after an attempt of unknown
-// outcome), which wakes the readers it held back.
-type intentReleases struct {
-	*rwReleases
-}
-
-func (w *intentReleases) leave(gaveUp *Lease, took bool) {
-	w.rwReleases.leave(gaveUp, took)
-	if gaveUp != nil {
-		w.l.abandon(gaveUp)
+	if r.intent && gaveUp != nil {
+		r.l.abandon(gaveUp)
 	}
 }
 
-// RWLockInfo is what RWLock.Inspect found.
-type RWLockInfo struct {
-	Name    string
-	Writer  *RWHolder  // the exclusive holder; nil when none
-	Readers []RWHolder // the shared holders, by expiry
-	// WritersWaiting is how many waiting writers' intents live: while one
-	// does, no new reader enters.
-	WritersWaiting int
-	// LastFence is the last fence issued for the RWLock, kept for
-	// FenceRetention after its last acquisition; 0 when none is kept.
-	LastFence int64
-}
-
-// An RWHolder is one holder of an RWLock.
-type RWHolder struct {
-	Owner string        // its Options.Owner or WithOwner
-	TTL   time.Duration // left on the server
-	Fence int64
-}
+var rwInspectScript = newScript("rwlock_inspect", true, "rwlock_prelude")
 
 // Inspect reads the lock without changing it: its writer, its readers and
 // the writers waiting, in one atomic step. It returns ErrInvalid for a bad
@@ -326,28 +254,40 @@ func (rw *RWLock) Inspect(ctx context.Context) (RWLockInfo, error) {
 	if err := checkName(rw.name); err != nil {
 		return RWLockInfo{}, err
 	}
-	type result struct {
-		info RWLockInfo
-		err  error
-	}
-	d := rw.l.fair
-	res, done := call(rw.l, ctx.Done(), nil, func() result {
-		reply, err := evalScript(ctx, d.client, rwInspectScript, false,
+	var info RWLockInfo // set by the read, read only once it returned
+	_, err := rw.l.read(ctx, rw.name, fmt.Sprintf("inspect %q", rw.name), func(ctx context.Context) (holding, error) {
+		reply, err := evalScript(ctx, rw.l.fair.client, rwInspectScript, false,
 			[]any{rw.writerArg, rw.readersArg, rw.intentsArg, rw.counter}, nil).Result()
-		if err != nil {
-			return result{err: err}
+		if err == nil {
+			info, err = decodeRWInspect(reply)
 		}
-		info, err := decodeRWInspect(reply)
-		return result{info, err}
-	}, nil)
-	switch {
-	case !done || (res.err != nil && (classify(res.err) == classNoVerdict || ctxErr(ctx) != nil)):
-		return RWLockInfo{}, ctxEnded(ctx, fmt.Sprintf("inspect %q", rw.name))
-	case res.err != nil:
-		return RWLockInfo{}, callError(rw.name, res.err)
+		return holding{}, err
+	})
+	if err != nil {
+		return RWLockInfo{}, err
 	}
-	res.info.Name = rw.name
-	return res.info, nil
+	info.Name = rw.name
+	return info, nil
+}
+
+// RWLockInfo is what RWLock.Inspect found.
+type RWLockInfo struct {
+	Name    string
+	Writer  *RWHolder  // the exclusive holder; nil when none
+	Readers []RWHolder // the shared holders, by expiry
+	// WritersWaiting is how many waiting writers' intents live: while one
+	// does, no new reader enters.
+	WritersWaiting int
+	// LastFence is the last fence issued for the RWLock, kept as
+	// LockInfo.LastFence is.
+	LastFence int64
+}
+
+// An RWHolder is one holder of an RWLock.
+type RWHolder struct {
+	Owner string        // its Options.Owner or WithOwner
+	TTL   time.Duration // left on the server
+	Fence int64
 }
 
 // decodeRWInspect decodes rwlock_inspect.lua's reply.

@@ -3,7 +3,6 @@ package fencelock
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -34,19 +33,6 @@ type Semaphore struct {
 }
 
 var _ ownKeys = (*Semaphore)(nil)
-
-// The semaphore's scripts, each after prelude.lua and semaphore_prelude.lua.
-var (
-	semAcquireScript = newSemaphoreScript("semaphore_acquire")
-	semReleaseScript = newSemaphoreScript("semaphore_release")
-	semExtendScript  = newSemaphoreScript("semaphore_extend")
-	semQueueScript   = newSemaphoreScript("semaphore_queue")
-	semInspectScript = newSemaphoreScript("semaphore_inspect")
-)
-
-// newSemaphoreScript is newScript with the functions of a semaphore's
-// scripts between the prelude and the script.
-func newSemaphoreScript(name string) *script { return newScript(name, true, "semaphore_prelude") }
 
 // Semaphore returns the semaphore called name with permits permits, making
 // no Redis call. Its calls fail with ErrInvalid, with no Redis call, for an
@@ -94,10 +80,11 @@ func (l *Locker) Semaphore(name string, permits int) *Semaphore {
 }
 
 // Acquire takes one permit and returns its Lease, as Locker.Acquire takes a
-// lock, with the same options and errors; all permits taken is
-// ErrNotObtained, a *BusyError whose TTL is when the first permit expires.
-// Holders that use another number of permits make it fail with
-// ErrMisconfigured, naming both numbers, until none of them is left.
+// lock, with the same options and errors, holding no permit after an error;
+// all permits taken is ErrNotObtained, a *BusyError whose TTL is when the
+// first permit expires. Holders that use another number of permits make it
+// fail with ErrMisconfigured, naming both numbers, until none of them is
+// left.
 func (s *Semaphore) Acquire(ctx context.Context, opts ...Option) (*Lease, error) {
 	if err := s.usable(); err != nil {
 		return nil, err
@@ -105,10 +92,11 @@ func (s *Semaphore) Acquire(ctx context.Context, opts ...Option) (*Lease, error)
 	return s.l.Acquire(ctx, s.name, s.with(opts)...)
 }
 
-// RunWithLock takes one permit as Acquire does and runs work while a
-// watchdog renews its lease, as Locker.RunWithLock does for a lock: work's
-// context is cancelled with cause ErrLost once the permit is no longer
-// certainly held, and the permit is given back when work returns.
+// RunWithLock runs work holding one permit, taken as Acquire takes it,
+// renewed while work runs and given back when it returns, as
+// Locker.RunWithLock does with a lock, with its errors: Acquire's, work not
+// having run, or work's, joined with an error matching ErrLost if the permit
+// was lost.
 func (s *Semaphore) RunWithLock(ctx context.Context, work func(ctx context.Context, lease *Lease) error, opts ...Option) error {
 	if err := s.usable(); err != nil {
 		return err
@@ -141,35 +129,28 @@ func (s *Semaphore) allKeys(lease *Lease) []any {
 	return append(lease.keyArgs[:nKeys:nKeys], s.info)
 }
 
+// The semaphore's scripts, each declared by the method that runs it, run
+// after prelude.lua and semaphore_prelude.lua.
+var semAcquireScript = newScript("semaphore_acquire", true, "semaphore_prelude")
+
 func (s *Semaphore) acquire(ctx context.Context, lease *Lease) attempt {
-	d := s.d
 	fair := "0"
 	if lease.fair {
 		fair = "1"
 	}
-	reply, err := d.run(ctx, semAcquireScript, false, s.allKeys(lease), lease.tokenArg,
-		d.l.ttlArg(lease.ttl), d.l.retentionMillis, lease.ownerArg, fair, queueEntryMillis, s.permitsArg, s.wakeWindow)
-	if err != nil && reply == nil { // the script did not run, or its reply was lost
-		return attempt{err: err}
-	}
-	// As for a lock (deployment.acquire): a permit was taken only when the
-	// script says so; any other answer stands whatever WAIT said.
-	r, derr := s.decodeAcquire(reply)
-	switch {
-	case err != nil && (r.ok || errors.Is(derr, errReply)):
-		if isReplicaShort(err) {
-			d.l.abandon(lease)
-			return attempt{err: err, retire: true}
-		}
-		return attempt{err: err}
-	case derr != nil:
-		return attempt{err: derr}
-	case r.ok:
-		return attempt{ok: true, fence: r.fence}
-	case r.pttl < 0: // a permit is free, but fair waiters are in line first
+	reply, err := s.d.run(ctx, semAcquireScript, false, s.allKeys(lease), lease.tokenArg,
+		s.d.l.ttlArg(lease.ttl), s.d.l.retentionMillis, lease.ownerArg, fair, queueEntryMillis, s.permitsArg, s.wakeWindow)
+	return s.d.attempted(lease, reply, err, s.attemptOf)
+}
+
+// attemptOf is the attempt of semaphore_acquire.lua's reply, as
+// acquireAttempt is a lock's.
+func (s *Semaphore) attemptOf(reply any) attempt {
+	r, err := s.decodeAcquire(reply)
+	if r.pttl < 0 { // a permit is free, but fair waiters are in line first
 		return attempt{pttl: -3, owner: "fair waiters in line"}
 	}
-	return attempt{pttl: r.pttl, owner: r.owner, holders: r.holders}
+	return attempt{ok: r.ok, fence: r.fence, pttl: r.pttl, owner: r.owner, holders: r.holders, err: err}
 }
 
 // semAcquireReply is semaphore_acquire.lua's reply.
@@ -181,9 +162,9 @@ type semAcquireReply struct {
 	owner   string // the first permit's to expire
 }
 
-// decodeAcquire decodes semaphore_acquire.lua's reply: {1, fence}, {0,
-// pttl, holders, owner}, {2} for a retired token or {3, permits} for holders
-// with another number of permits, which read as errors.
+// decodeAcquire decodes semaphore_acquire.lua's reply: {0, pttl, holders,
+// owner}, {3, permits} for holders with another number of permits, which
+// reads as an error, or, as decodeAcquire reads a lock's, {1, fence} or {2}.
 func (s *Semaphore) decodeAcquire(reply any) (semAcquireReply, error) {
 	arr, _ := reply.([]any)
 	var flag int64
@@ -198,13 +179,9 @@ func (s *Semaphore) decodeAcquire(reply any) (semAcquireReply, error) {
 		if ok1 && ok2 && ok3 {
 			return semAcquireReply{pttl: time.Duration(pttl) * time.Millisecond, holders: int(n), owner: owner}, nil
 		}
-	case flag == 1 && len(arr) == 2:
-		f, _ := arr[1].(string)
-		if fence, err := strconv.ParseInt(f, 10, 64); err == nil && fence > 0 {
-			return semAcquireReply{ok: true, fence: fence}, nil
-		}
-	case flag == 2 && len(arr) == 1:
-		return semAcquireReply{}, errRetired
+	case flag == 1 || flag == 2:
+		ok, fence, _, err := decodeAcquire(reply)
+		return semAcquireReply{ok: ok, fence: fence}, err
 	case flag == 3 && len(arr) == 2:
 		used, _ := arr[1].(string)
 		if n, err := strconv.Atoi(used); err == nil {
@@ -230,34 +207,37 @@ func (e *permitsError) Error() string {
 // Is reports whether target is ErrMisconfigured.
 func (e *permitsError) Is(target error) bool { return target == ErrMisconfigured }
 
+var semExtendScript = newScript("semaphore_extend", true, "semaphore_prelude")
+
 func (s *Semaphore) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
 	reply, err := s.d.run(ctx, semExtendScript, renewal, []any{lease.keyArgs[keyLock], s.info}, lease.tokenArg, s.d.l.ttlArg(ttl))
-	if err != nil && reply == nil {
-		return 0, err
-	}
-	code, ok := reply.(int64)
-	switch {
-	case err != nil && (!ok || code == 1):
-		return 0, err // set (or unknown), but too few replicas have it
-	case !ok || (code != 0 && code != 1):
-		return 0, fmt.Errorf("%w from the semaphore's extend script: %v", errReply, reply)
-	}
-	return code, nil
+	return decodeExtend(semExtendScript, reply, err)
 }
 
+var semReleaseScript = newScript("semaphore_release", true, "semaphore_prelude")
+
 func (s *Semaphore) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
-	d := s.d
+	return releaseKind(ctx, s.d, semReleaseScript, s.allKeys(lease), lease, s.d.channelArg(lease), mode, s.d.l.retentionMillis)
+}
+
+// releaseKind runs s, the release script of a keyed kind (a semaphore's
+// or a read-write lock's), which answers as release.lua does, on keys; its
+// arguments are lease's token, the channel of its wake-ups, mode, the TTL
+// of the token marker it leaves (as release.lua's), then more.
+func releaseKind(ctx context.Context, d *deployment, s *script, keys []any, lease *Lease, channel any, mode string, more ...any) (int64, error, error) {
 	markerTTL := d.l.releaseTimeoutMillis
 	if mode != modeRelease {
-		markerTTL = d.abandonMarkerMillis(lease) // a late attempt is refused for as long as its permit would live
+		markerTTL = d.abandonMarkerMillis(lease) // a late attempt is refused for as long as its lease would live
 	}
-	reply, err := evalScript(ctx, d.client, semReleaseScript, false, s.allKeys(lease),
-		[]any{lease.tokenArg, d.channelArg(lease), mode, markerTTL, d.l.retentionMillis}).Result()
+	argv := append([]any{lease.tokenArg, channel, mode, markerTTL}, more...)
+	reply, err := evalScript(ctx, d.client, s, false, keys, argv).Result()
 	if err != nil {
 		return 0, nil, err
 	}
 	return decodeRelease(reply)
 }
+
+var semQueueScript = newScript("semaphore_queue", true, "semaphore_prelude")
 
 func (s *Semaphore) queue(ctx context.Context, lease *Lease, ttl time.Duration, mode string) (queueReply, error) {
 	reply, err := evalScript(ctx, s.d.client, semQueueScript, false,
@@ -292,8 +272,8 @@ type SemaphoreInfo struct {
 	Permits int
 	// Holders are the permits held, oldest fence first.
 	Holders []HolderInfo
-	// LastFence is the last fence issued for the semaphore, kept for
-	// FenceRetention after its last acquisition; 0 when none is kept.
+	// LastFence is the last fence issued for the semaphore, kept as
+	// LockInfo.LastFence is.
 	LastFence int64
 	// Waiters is how many Lockers wait for a permit, counted as
 	// LockInfo.Waiters is.
@@ -317,28 +297,21 @@ func (s *Semaphore) Inspect(ctx context.Context) (SemaphoreInfo, error) {
 	if err := s.usable(); err != nil {
 		return SemaphoreInfo{}, err
 	}
-	type result struct {
-		r       semRead
-		waiters int
-		err     error
-	}
-	res, done := call(s.l, ctx.Done(), nil, func() result {
-		r, err := s.read(ctx)
-		if err != nil {
-			return result{err: err}
+	var r semRead // set by the read, read only once it returned
+	h, err := s.l.read(ctx, s.name, fmt.Sprintf("inspect semaphore %q", s.name), func(ctx context.Context) (holding, error) {
+		var err error
+		if r, err = s.read(ctx); err != nil {
+			return holding{}, err
 		}
 		n, err := s.d.subscribers(ctx, s.d.channel(s.keys[keyLock]))
-		return result{r, n, err}
-	}, nil)
-	switch {
-	case !done || (res.err != nil && (classify(res.err) == classNoVerdict || ctxErr(ctx) != nil)):
-		return SemaphoreInfo{}, ctxEnded(ctx, fmt.Sprintf("inspect semaphore %q", s.name))
-	case res.err != nil:
-		return SemaphoreInfo{}, callError(s.name, res.err)
+		return holding{waiters: n}, err
+	})
+	if err != nil {
+		return SemaphoreInfo{}, err
 	}
-	info := SemaphoreInfo{Name: s.name, Permits: s.permits, Holders: res.r.holders, LastFence: res.r.counter, Waiters: res.waiters}
-	if res.r.permits > 0 {
-		info.Permits = res.r.permits
+	info := SemaphoreInfo{Name: s.name, Permits: s.permits, Holders: r.holders, LastFence: r.counter, Waiters: h.waiters}
+	if r.permits > 0 {
+		info.Permits = r.permits
 	}
 	return info, nil
 }
@@ -349,6 +322,8 @@ type semRead struct {
 	counter int64
 	holders []HolderInfo // oldest fence first
 }
+
+var semInspectScript = newScript("semaphore_inspect", true, "semaphore_prelude")
 
 func (s *Semaphore) read(ctx context.Context) (semRead, error) {
 	reply, err := evalScript(ctx, s.d.client, semInspectScript, false,

@@ -32,17 +32,27 @@ func (l *Locker) RunWithLock(ctx context.Context, name string,
 	if work == nil {
 		return invalidf("nil work function")
 	}
+	return l.observeRun(ctx, name, func(ctx context.Context) (lease *Lease, err error) {
+		err = l.run(ctx, name, func(ctx context.Context, got *Lease) error {
+			lease = got
+			return work(ctx, got)
+		}, opts)
+		return lease, err
+	})
+}
+
+// observeRun runs run, the body of a RunWithLock or RunWithLocks, between
+// the Observer's Start and End of one OpRun called name (several names
+// joined with commas); the End names the lease run returns, if any.
+func (l *Locker) observeRun(ctx context.Context, name string, run func(ctx context.Context) (*Lease, error)) error {
 	obs := l.opts.Observer
 	if obs == nil {
-		return l.run(ctx, name, work, opts)
+		_, err := run(ctx)
+		return err
 	}
 	ctx = obs.Start(ctx, OpRun, name)
 	start := l.clock.Now()
-	var lease *Lease
-	err := l.run(ctx, name, func(ctx context.Context, got *Lease) error {
-		lease = got
-		return work(ctx, got)
-	}, opts)
+	lease, err := run(ctx)
 	e := Event{Op: OpRun, Name: name, Lease: lease, Outcome: OutcomeOf(err), Err: err, Duration: l.clock.Now().Sub(start)}
 	if lease != nil {
 		e.Fence = lease.fence
