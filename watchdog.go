@@ -32,6 +32,9 @@ func (l *Locker) RunWithLock(ctx context.Context, name string,
 	if work == nil {
 		return invalidf("nil work function")
 	}
+	if l.opts.Observer == nil { // without observeRun's closures
+		return l.run(ctx, name, work, opts)
+	}
 	return l.observeRun(ctx, name, func(ctx context.Context) (lease *Lease, err error) {
 		err = l.run(ctx, name, func(ctx context.Context, got *Lease) error {
 			lease = got
