@@ -64,9 +64,8 @@ if held and not fair then
 	return {0, redis.call('PTTL', KEYS[1]), ownerOf(held)}
 end
 
-local now = clock()
+local now, nowMs = clock()
 if queued or held then
-	local nowMs = millis(now)
 	-- join the queue, or refresh this waiter's entry
 	local function join()
 		if not redis.call('ZSCORE', KEYS[4], token) then

@@ -32,9 +32,7 @@ for i = 1, n do
 	end
 end
 
-local now = clock()
-
-local nowMs = millis(now)
+local now, nowMs = clock()
 local maxFence = '9223372036854775807'
 local ours = {}
 for i = 1, n do

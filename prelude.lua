@@ -20,16 +20,12 @@ local function below(a, b)
 	return #a < #b or (#a == #b and a < b)
 end
 
--- clock returns this node's TIME in microseconds, as a decimal string.
+-- clock returns this node's TIME in microseconds, as a decimal string, and
+-- in milliseconds, as a number: exact, as such times are below 2^53.
 local function clock()
 	local t = redis.call('TIME')
-	return t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-end
-
--- millis returns a time in microseconds (a decimal string, as clock's) in
--- milliseconds, as a number: exact, as such times are below 2^53.
-local function millis(micros)
-	return math.floor(tonumber(micros) / 1000)
+	local micros = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+	return micros, math.floor(tonumber(micros) / 1000)
 end
 
 -- issueFence issues a fence from the counter key: the previous fence plus

@@ -33,7 +33,7 @@ end
 if not redis.call('ZSCORE', KEYS[2], token) then
 	return {3}
 end
-local nowMs = millis(clock())
+local _, nowMs = clock()
 redis.call('HSET', KEYS[3], token, (nowMs + tonumber(ARGV[3])) .. ' ' .. ARGV[4] .. ' ' .. ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 redis.call('PEXPIRE', KEYS[3], ARGV[3])

@@ -50,7 +50,7 @@ end
 local message = 'released'
 local channel = ARGV[2]
 if redis.call('EXISTS', KEYS[3]) == 1 then
-	local nowMs = millis(clock())
+	local _, nowMs = clock()
 	local head = firstLive(KEYS[3], KEYS[4], nowMs)
 	if head then
 		message = 'next ' .. head

@@ -21,7 +21,7 @@ if not holds(held, ARGV[1]) then
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 if KEYS[1] ~= KEYS[3] then
-	local nowMs = millis(clock())
+	local _, nowMs = clock()
 	keep(KEYS[2], held, nowMs + tonumber(ARGV[2]), nowMs)
 end
 return 1

@@ -25,8 +25,7 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
 	return {2}
 end
 local token = ARGV[1]
-local now = clock()
-local nowMs = millis(now)
+local now, nowMs = clock()
 local held = redis.call('GET', KEYS[1])
 if holds(held, token) then
 	redis.call('PEXPIRE', KEYS[1], ARGV[2])

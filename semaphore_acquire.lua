@@ -49,8 +49,7 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
 	return {2}
 end
 local token = ARGV[1]
-local now = clock()
-local nowMs = millis(now)
+local now, nowMs = clock()
 local expiry = redis.call('ZSCORE', KEYS[1], token)
 local held = expiry and tonumber(expiry) >= nowMs and redis.call('HGET', KEYS[6], token)
 if held then
