@@ -46,7 +46,7 @@ local token = ARGV[1]
 local queued = false
 local seen = redis.call('EXISTS', KEYS[2], KEYS[4])
 if seen > 0 then
-	if seen == 2 or redis.call('EXISTS', KEYS[2]) == 1 then
+	if seen == 2 or retired(KEYS[2]) then
 		return {2}
 	end
 	queued = true

@@ -27,7 +27,7 @@
 
 local n = #KEYS / 5
 for i = 1, n do
-	if redis.call('EXISTS', KEYS[5 * i - 3]) == 1 then
+	if retired(KEYS[5 * i - 3]) then
 		return {2}
 	end
 end

@@ -48,10 +48,32 @@ local function issueFence(counter, now, retention)
 	return now
 end
 
+-- retire writes a token's marker (its lock's KEYS[2] in the scripts,
+-- lock:{name}:t:<token> for a lock), kept ms milliseconds, once a release
+-- or an abandoned Acquire is done with the lease: the token is retired from
+-- then on (see retired). It is written as 'r' where this call deleted the
+-- lease (deleted), so that a release resent after a lost reply reports
+-- what the first one did (see unlock); with refuse set, as 'a' where the
+-- lease was not the token's (code is not 1), so that a late copy of the
+-- token's acquire request refuses to take the lock.
+local function retire(marker, code, deleted, refuse, ms)
+	if deleted then
+		redis.call('SET', marker, 'r', 'PX', ms)
+	elseif code ~= 1 and refuse then
+		redis.call('SET', marker, 'a', 'PX', ms)
+	end
+end
+
+-- retired reports whether a token's marker exists (see retire): an acquire
+-- request of a retired token must not take the lock (the scripts' {2}).
+local function retired(marker)
+	return redis.call('EXISTS', marker) == 1
+end
+
 -- unlock deletes the lock if token holds it. It returns 1 when the lock was
 -- token's (deleted is true when this call deleted it; false when the marker
--- says an earlier release did), -1 when another token holds it, 0 when it
--- does not exist.
+-- says an earlier release did, see retire), -1 when another token holds it,
+-- 0 when it does not exist.
 local function unlock(lock, marker, token)
 	local held = redis.call('GET', lock)
 	if holds(held, token) then

@@ -48,7 +48,7 @@
 --   {2}               this token is retired (released, or its attempt
 --                     given up): a late request must not take the lock
 
-if redis.call('EXISTS', KEYS[2]) == 1 then
+if retired(KEYS[2]) then
 	return {2}
 end
 local held = redis.call('GET', KEYS[1])

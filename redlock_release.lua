@@ -38,11 +38,7 @@ if ARGV[5] then
 	drop(KEYS[3], KEYS[4], ARGV[5])
 end
 local code, deleted = unlock(KEYS[1], KEYS[2], ARGV[1])
-if deleted then
-	redis.call('SET', KEYS[2], 'r', 'PX', ARGV[4])
-elseif code ~= 1 then
-	redis.call('SET', KEYS[2], 'a', 'PX', ARGV[4])
-end
+retire(KEYS[2], code, deleted, true, ARGV[4])
 if not deleted or ARGV[3] == 'a' then
 	return code
 end

@@ -21,7 +21,7 @@
 -- read after the script started, is no earlier than the time its key's
 -- expiry counts from), so that a writer never enters while a share lives.
 
-if redis.call('EXISTS', KEYS[2]) == 1 then
+if retired(KEYS[2]) then
 	return {2}
 end
 local token = ARGV[1]

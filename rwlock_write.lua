@@ -21,7 +21,7 @@
 -- writer's PTTL, or, held by readers, the time until the last one's share
 -- expires), or {2} for a retired token.
 
-if redis.call('EXISTS', KEYS[2]) == 1 then
+if retired(KEYS[2]) then
 	return {2}
 end
 local token = ARGV[1]

@@ -45,7 +45,7 @@
 --   {2}                     this token is retired
 --   {3, permits}            the holders use another number of permits
 
-if redis.call('EXISTS', KEYS[2]) == 1 then
+if retired(KEYS[2]) then
 	return {2}
 end
 local token = ARGV[1]
