@@ -70,6 +70,22 @@ local function retired(marker)
 	return redis.call('EXISTS', marker) == 1
 end
 
+-- extendHeld resets the lock's expiry to ttl milliseconds only if token
+-- holds it (held: the lock's value, false when it does not exist); it
+-- never recreates a lock that has expired. It returns extend.lua's reply: 1
+-- when the expiry was set, 0 when the lock does not exist (expired or
+-- deleted), -1 when another token holds it.
+local function extendHeld(lock, held, token, ttl)
+	if not held then
+		return 0
+	end
+	if not holds(held, token) then
+		return -1
+	end
+	redis.call('PEXPIRE', lock, ttl)
+	return 1
+end
+
 -- unlock deletes the lock if token holds it. It returns 1 when the lock was
 -- token's (deleted is true when this call deleted it; false when the marker
 -- says an earlier release did, see retire), -1 when another token holds it,
