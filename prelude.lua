@@ -144,3 +144,55 @@ local function firstLive(queue, entries, nowMs)
 		drop(queue, entries, head)
 	end
 end
+
+-- keepEntry writes token's entry in a queue's entries, "<expiry> <rest>",
+-- the expiry entryTTL milliseconds after nowMs (until then the entry lives
+-- without a keep-alive, see firstLive), and makes the queue and its
+-- entries live entryTTL milliseconds more.
+local function keepEntry(queue, entries, token, nowMs, entryTTL, rest)
+	redis.call('HSET', entries, token, (nowMs + tonumber(entryTTL)) .. ' ' .. rest)
+	redis.call('PEXPIRE', queue, entryTTL)
+	redis.call('PEXPIRE', entries, entryTTL)
+end
+
+-- join puts a fair waiter at the end of a queue, by now (clock's
+-- microseconds: the queue is in the order its waiters joined), unless it is
+-- in it already, and keeps its entry (keepEntry).
+local function join(queue, entries, token, now, nowMs, entryTTL, rest)
+	if not redis.call('ZSCORE', queue, token) then
+		redis.call('ZADD', queue, now, token)
+	end
+	keepEntry(queue, entries, token, nowMs, entryTTL, rest)
+end
+
+-- outOfLine answers the keep-alive ('k') or the departure ('d') of a fair
+-- waiter that was granted nothing (mode: queue.lua's ARGV[2]): for 'd', it
+-- takes the waiter out of the queue and returns {0}; for 'k', it returns
+-- {3} when the waiter is no longer in the queue (its entry expired, or a
+-- release dropped it: it must join again), and nil when it is (the caller
+-- keeps its entry alive).
+local function outOfLine(queue, entries, token, mode)
+	if mode == 'd' then
+		drop(queue, entries, token)
+		return {0}
+	end
+	if not redis.call('ZSCORE', queue, token) then
+		return {3}
+	end
+end
+
+-- whenFree answers the keep-alive of a fair waiter, its entry kept alive,
+-- that finds the lock (or a permit) free: its holder's lease expired, and
+-- no release handed it over. It returns {4} when the waiter is the first
+-- live one in line (it takes the lock), {3} when no entry lives (it must
+-- join again), and {0, -2} when a waiter ahead of it takes the lock.
+local function whenFree(queue, entries, token, nowMs)
+	local first = firstLive(queue, entries, nowMs)
+	if first == token then
+		return {4}
+	end
+	if not first then
+		return {3}
+	end
+	return {0, -2}
+end
