@@ -46,7 +46,7 @@ local token = ARGV[1]
 local queued = false
 local seen = redis.call('EXISTS', KEYS[2], KEYS[4])
 if seen > 0 then
-	if seen == 2 or redis.call('EXISTS', KEYS[2]) == 1 then
+	if seen == 2 or retired(KEYS[2]) then
 		return {2}
 	end
 	queued = true
@@ -64,27 +64,17 @@ if held and not fair then
 	return {0, redis.call('PTTL', KEYS[1]), ownerOf(held)}
 end
 
-local now = clock()
+local now, nowMs = clock()
 if queued or held then
-	local nowMs = millis(now)
-	-- join the queue, or refresh this waiter's entry
-	local function join()
-		if not redis.call('ZSCORE', KEYS[4], token) then
-			redis.call('ZADD', KEYS[4], now, token)
-		end
-		redis.call('HSET', KEYS[5], token, (nowMs + tonumber(ARGV[6])) .. ' ' .. ARGV[2] .. ' ' .. ARGV[4])
-		redis.call('PEXPIRE', KEYS[4], ARGV[6])
-		redis.call('PEXPIRE', KEYS[5], ARGV[6])
-	end
 	if held then -- and fair
-		join()
+		join(KEYS[4], KEYS[5], token, now, nowMs, ARGV[6], ARGV[2] .. ' ' .. ARGV[4])
 		return {0, redis.call('PTTL', KEYS[1]), ownerOf(held)}
 	end
 	-- Free: the first live waiter in the queue goes first.
 	local first = firstLive(KEYS[4], KEYS[5], nowMs)
 	if first and first ~= token then
 		if fair then
-			join()
+			join(KEYS[4], KEYS[5], token, now, nowMs, ARGV[6], ARGV[2] .. ' ' .. ARGV[4])
 		end
 		return {0, -3, 'the fair queue'}
 	end

@@ -9,11 +9,4 @@
 -- (expired or deleted), -1 when another token holds it.
 
 local held = redis.call('GET', KEYS[1])
-if not held then
-	return 0
-end
-if not holds(held, ARGV[1]) then
-	return -1
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
+return extendHeld(KEYS[1], held, ARGV[1], ARGV[2])

@@ -27,14 +27,12 @@
 
 local n = #KEYS / 5
 for i = 1, n do
-	if redis.call('EXISTS', KEYS[5 * i - 3]) == 1 then
+	if retired(KEYS[5 * i - 3]) then
 		return {2}
 	end
 end
 
-local now = clock()
-
-local nowMs = millis(now)
+local now, nowMs = clock()
 local maxFence = '9223372036854775807'
 local ours = {}
 for i = 1, n do

@@ -20,16 +20,12 @@ local function below(a, b)
 	return #a < #b or (#a == #b and a < b)
 end
 
--- clock returns this node's TIME in microseconds, as a decimal string.
+-- clock returns this node's TIME in microseconds, as a decimal string, and
+-- in milliseconds, as a number: exact, as such times are below 2^53.
 local function clock()
 	local t = redis.call('TIME')
-	return t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-end
-
--- millis returns a time in microseconds (a decimal string, as clock's) in
--- milliseconds, as a number: exact, as such times are below 2^53.
-local function millis(micros)
-	return math.floor(tonumber(micros) / 1000)
+	local micros = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+	return micros, math.floor(tonumber(micros) / 1000)
 end
 
 -- issueFence issues a fence from the counter key: the previous fence plus
@@ -52,10 +48,48 @@ local function issueFence(counter, now, retention)
 	return now
 end
 
+-- retire writes a token's marker (its lock's KEYS[2] in the scripts,
+-- lock:{name}:t:<token> for a lock), kept ms milliseconds, once a release
+-- or an abandoned Acquire is done with the lease: the token is retired from
+-- then on (see retired). It is written as 'r' where this call deleted the
+-- lease (deleted), so that a release resent after a lost reply reports
+-- what the first one did (see unlock); with refuse set, as 'a' where the
+-- lease was not the token's (code is not 1), so that a late copy of the
+-- token's acquire request refuses to take the lock.
+local function retire(marker, code, deleted, refuse, ms)
+	if deleted then
+		redis.call('SET', marker, 'r', 'PX', ms)
+	elseif code ~= 1 and refuse then
+		redis.call('SET', marker, 'a', 'PX', ms)
+	end
+end
+
+-- retired reports whether a token's marker exists (see retire): an acquire
+-- request of a retired token must not take the lock (the scripts' {2}).
+local function retired(marker)
+	return redis.call('EXISTS', marker) == 1
+end
+
+-- extendHeld resets the lock's expiry to ttl milliseconds only if token
+-- holds it (held: the lock's value, false when it does not exist); it
+-- never recreates a lock that has expired. It returns extend.lua's reply: 1
+-- when the expiry was set, 0 when the lock does not exist (expired or
+-- deleted), -1 when another token holds it.
+local function extendHeld(lock, held, token, ttl)
+	if not held then
+		return 0
+	end
+	if not holds(held, token) then
+		return -1
+	end
+	redis.call('PEXPIRE', lock, ttl)
+	return 1
+end
+
 -- unlock deletes the lock if token holds it. It returns 1 when the lock was
 -- token's (deleted is true when this call deleted it; false when the marker
--- says an earlier release did), -1 when another token holds it, 0 when it
--- does not exist.
+-- says an earlier release did, see retire), -1 when another token holds it,
+-- 0 when it does not exist.
 local function unlock(lock, marker, token)
 	local held = redis.call('GET', lock)
 	if holds(held, token) then
@@ -109,4 +143,56 @@ local function firstLive(queue, entries, nowMs)
 		end
 		drop(queue, entries, head)
 	end
+end
+
+-- keepEntry writes token's entry in a queue's entries, "<expiry> <rest>",
+-- the expiry entryTTL milliseconds after nowMs (until then the entry lives
+-- without a keep-alive, see firstLive), and makes the queue and its
+-- entries live entryTTL milliseconds more.
+local function keepEntry(queue, entries, token, nowMs, entryTTL, rest)
+	redis.call('HSET', entries, token, (nowMs + tonumber(entryTTL)) .. ' ' .. rest)
+	redis.call('PEXPIRE', queue, entryTTL)
+	redis.call('PEXPIRE', entries, entryTTL)
+end
+
+-- join puts a fair waiter at the end of a queue, by now (clock's
+-- microseconds: the queue is in the order its waiters joined), unless it is
+-- in it already, and keeps its entry (keepEntry).
+local function join(queue, entries, token, now, nowMs, entryTTL, rest)
+	if not redis.call('ZSCORE', queue, token) then
+		redis.call('ZADD', queue, now, token)
+	end
+	keepEntry(queue, entries, token, nowMs, entryTTL, rest)
+end
+
+-- outOfLine answers the keep-alive ('k') or the departure ('d') of a fair
+-- waiter that was granted nothing (mode: queue.lua's ARGV[2]): for 'd', it
+-- takes the waiter out of the queue and returns {0}; for 'k', it returns
+-- {3} when the waiter is no longer in the queue (its entry expired, or a
+-- release dropped it: it must join again), and nil when it is (the caller
+-- keeps its entry alive).
+local function outOfLine(queue, entries, token, mode)
+	if mode == 'd' then
+		drop(queue, entries, token)
+		return {0}
+	end
+	if not redis.call('ZSCORE', queue, token) then
+		return {3}
+	end
+end
+
+-- whenFree answers the keep-alive of a fair waiter, its entry kept alive,
+-- that finds the lock (or a permit) free: its holder's lease expired, and
+-- no release handed it over. It returns {4} when the waiter is the first
+-- live one in line (it takes the lock), {3} when no entry lives (it must
+-- join again), and {0, -2} when a waiter ahead of it takes the lock.
+local function whenFree(queue, entries, token, nowMs)
+	local first = firstLive(queue, entries, nowMs)
+	if first == token then
+		return {4}
+	end
+	if not first then
+		return {3}
+	end
+	return {0, -2}
 end

@@ -26,27 +26,13 @@ if holds(held, token) then
 	drop(KEYS[2], KEYS[3], token)
 	return {1, string.match(held, '^(%d+)', #token + 2), redis.call('PTTL', KEYS[1])}
 end
-if ARGV[2] == 'd' then
-	drop(KEYS[2], KEYS[3], token)
-	return {0}
+local reply = outOfLine(KEYS[2], KEYS[3], token, ARGV[2])
+if reply then
+	return reply
 end
-if not redis.call('ZSCORE', KEYS[2], token) then
-	return {3}
-end
-local nowMs = millis(clock())
-redis.call('HSET', KEYS[3], token, (nowMs + tonumber(ARGV[3])) .. ' ' .. ARGV[4] .. ' ' .. ARGV[5])
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
-redis.call('PEXPIRE', KEYS[3], ARGV[3])
+local _, nowMs = clock()
+keepEntry(KEYS[2], KEYS[3], token, nowMs, ARGV[3], ARGV[4] .. ' ' .. ARGV[5])
 if not held then
-	-- Free (its holder's lock expired: no release handed it over). Is this
-	-- waiter the first live one? (Its own entry was just kept alive.)
-	local first = firstLive(KEYS[2], KEYS[3], nowMs)
-	if first == token then
-		return {4}
-	end
-	if not first then
-		return {3}
-	end
-	return {0, -2}
+	return whenFree(KEYS[2], KEYS[3], token, nowMs)
 end
 return {0, redis.call('PTTL', KEYS[1])}

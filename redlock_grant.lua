@@ -48,15 +48,14 @@
 --   {2}               this token is retired (released, or its attempt
 --                     given up): a late request must not take the lock
 
-if redis.call('EXISTS', KEYS[2]) == 1 then
+if retired(KEYS[2]) then
 	return {2}
 end
 local held = redis.call('GET', KEYS[1])
 if held then
 	if not holds(held, ARGV[1]) then
 		if ARGV[6] ~= '' then
-			local now = clock()
-			local nowMs = millis(now)
+			local now, nowMs = clock()
 			if not redis.call('ZSCORE', KEYS[4], ARGV[6]) then
 				redis.call('ZADD', KEYS[4], now, ARGV[6])
 			end

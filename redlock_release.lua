@@ -38,11 +38,7 @@ if ARGV[5] then
 	drop(KEYS[3], KEYS[4], ARGV[5])
 end
 local code, deleted = unlock(KEYS[1], KEYS[2], ARGV[1])
-if deleted then
-	redis.call('SET', KEYS[2], 'r', 'PX', ARGV[4])
-elseif code ~= 1 then
-	redis.call('SET', KEYS[2], 'a', 'PX', ARGV[4])
-end
+retire(KEYS[2], code, deleted, true, ARGV[4])
 if not deleted or ARGV[3] == 'a' then
 	return code
 end
@@ -50,7 +46,7 @@ end
 local message = 'released'
 local channel = ARGV[2]
 if redis.call('EXISTS', KEYS[3]) == 1 then
-	local nowMs = millis(clock())
+	local _, nowMs = clock()
 	local head = firstLive(KEYS[3], KEYS[4], nowMs)
 	if head then
 		message = 'next ' .. head

@@ -16,11 +16,10 @@
 -- ARGV[6]  optional: '1' to publish "released" even when no connection
 --          subscribes to the channel (to try the permission)
 --
--- The marker retires the token. Written as 'r' whenever the lock is
--- deleted, it makes a release resent after a lost reply report what the
--- first one did. Written as 'a' where the lock was not this token's, for
--- 'a', it makes a late copy of an acquire request (acquire.lua) refuse to
--- take the lock.
+-- The marker retires the token (see retire in prelude.lua): it is written
+-- as 'r' whenever the lock is deleted, and as 'a' where the lock was not
+-- this token's, for 'a', so that a late copy of an acquire request
+-- (acquire.lua) refuses to take the lock.
 --
 -- When the lock was deleted and a fair waiter is in line (its queue entry
 -- kept alive), the lock is granted to the first one in the same step: set
@@ -47,19 +46,14 @@
 -- on a server without it; waiters subscribe the same way.
 
 local code, deleted = unlock(KEYS[1], KEYS[2], ARGV[1])
-if deleted then
-	redis.call('SET', KEYS[2], 'r', 'PX', ARGV[4])
-elseif code ~= 1 and ARGV[3] ~= 'r' then
-	redis.call('SET', KEYS[2], 'a', 'PX', ARGV[4])
-end
+retire(KEYS[2], code, deleted, ARGV[3] ~= 'r', ARGV[4])
 if not deleted then
 	return code
 end
 
 local message = 'released'
 if redis.call('EXISTS', KEYS[4]) == 1 then
-	local now = clock()
-	local nowMs = millis(now)
+	local now, nowMs = clock()
 	while true do
 		-- The first live waiter leaves the queue and gets the lock, with
 		-- its TTL and owner (an entry in another shape is dropped).

@@ -13,15 +13,9 @@
 -- it.
 
 local held = redis.call('GET', KEYS[1])
-if not held then
-	return 0
-end
-if not holds(held, ARGV[1]) then
-	return -1
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-if KEYS[1] ~= KEYS[3] then
-	local nowMs = millis(clock())
+local code = extendHeld(KEYS[1], held, ARGV[1], ARGV[2])
+if code == 1 and KEYS[1] ~= KEYS[3] then
+	local _, nowMs = clock()
 	keep(KEYS[2], held, nowMs + tonumber(ARGV[2]), nowMs)
 end
-return 1
+return code

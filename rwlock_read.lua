@@ -21,12 +21,11 @@
 -- read after the script started, is no earlier than the time its key's
 -- expiry counts from), so that a writer never enters while a share lives.
 
-if redis.call('EXISTS', KEYS[2]) == 1 then
+if retired(KEYS[2]) then
 	return {2}
 end
 local token = ARGV[1]
-local now = clock()
-local nowMs = millis(now)
+local now, nowMs = clock()
 local held = redis.call('GET', KEYS[1])
 if holds(held, token) then
 	redis.call('PEXPIRE', KEYS[1], ARGV[2])

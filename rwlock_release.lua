@@ -23,18 +23,14 @@
 
 local held = redis.call('GET', KEYS[1])
 local code, deleted = unlock(KEYS[1], KEYS[2], ARGV[1])
-if deleted then
-	redis.call('SET', KEYS[2], 'r', 'PX', ARGV[4])
-elseif code ~= 1 and ARGV[3] ~= 'r' then
-	redis.call('SET', KEYS[2], 'a', 'PX', ARGV[4])
-end
+retire(KEYS[2], code, deleted, ARGV[3] ~= 'r', ARGV[4])
 
 local wake = redis.call('ZREM', KEYS[4], ARGV[1]) == 1
 if deleted and KEYS[1] == KEYS[5] then
 	wake = true
 elseif deleted then
 	redis.call('ZREM', KEYS[3], held)
-	local nowMs = millis(clock())
+	local _, nowMs = clock()
 	wake = wake or live(KEYS[3], nowMs) == 0
 end
 if not wake then

@@ -21,7 +21,7 @@
 -- writer's PTTL, or, held by readers, the time until the last one's share
 -- expires), or {2} for a retired token.
 
-if redis.call('EXISTS', KEYS[2]) == 1 then
+if retired(KEYS[2]) then
 	return {2}
 end
 local token = ARGV[1]
@@ -32,9 +32,8 @@ if holds(held, token) then
 	return {1, string.match(held, '^(%d+)', #token + 2)}
 end
 
-local now = clock()
+local now, nowMs = clock()
 
-local nowMs = millis(now)
 -- intend keeps the intent of a writer that waits alive.
 local function intend()
 	local ttl = tonumber(ARGV[5])

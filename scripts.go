@@ -23,31 +23,33 @@ type script struct {
 //go:embed *.lua
 var luaFiles embed.FS
 
-// newScript reads the script name.lua, after the files own (a kind's own
-// functions), and after those of the functions the scripts share
-// (prelude.lua, local to each script) that they call, when prelude is set: a function the script defines costs the server a closure
-// at every run, called or not.
+// newScript reads the script name.lua, after those of the functions of the
+// files own (a kind's own, semaphore_prelude.lua, ...) that it calls, and
+// after those of the functions the scripts share (prelude.lua) that they
+// call, when prelude is set; all are local to each script. A function the
+// script defines costs the server a closure at every run, called or not.
 func newScript(name string, prelude bool, own ...string) *script {
 	src := readLua(name)
-	for i := len(own) - 1; i >= 0; i-- { // a kind's own functions (semaphore_prelude.lua, ...)
-		src = readLua(own[i]) + "\n" + src
+	for i := len(own) - 1; i >= 0; i-- {
+		src = functionsFor(own[i], src) + "\n" + src
 	}
 	if prelude {
-		src = preludeFor(src) + "\n" + src
+		src = functionsFor("prelude", src) + "\n" + src
 	}
 	sum := sha1.Sum([]byte(src))
 	return &script{name: name, src: src, hash: hex.EncodeToString(sum[:])}
 }
 
-// preludeFunc finds the name of a function of prelude.lua.
+// preludeFunc finds the name of a function of a prelude file.
 var preludeFunc = regexp.MustCompile(`(?m)^local function (\w+)\(`)
 
-// preludeFor returns prelude.lua's opening comment and those of its
-// functions that src calls, directly or through one another, in their
-// order. A function is its "local function" line, the comment lines right
-// above it and the lines below it up to the next function's comment.
-func preludeFor(src string) string {
-	lines := strings.SplitAfter(readLua("prelude"), "\n")
+// functionsFor returns the opening comment of the prelude file file.lua
+// (prelude.lua, or a kind's own) and those of its functions that src calls,
+// directly or through one another, in their order. A function is its "local
+// function" line, the comment lines right above it and the lines below it
+// up to the next function's comment.
+func functionsFor(file, src string) string {
+	lines := strings.SplitAfter(readLua(file), "\n")
 	type fn struct {
 		name  string
 		start int // its first comment line
@@ -63,7 +65,7 @@ func preludeFor(src string) string {
 		}
 	}
 	if len(fns) == 0 {
-		panic("fencelock: no function in prelude.lua")
+		panic("fencelock: no function in " + file + ".lua")
 	}
 	body := func(i int) string {
 		end := len(lines)

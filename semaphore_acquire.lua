@@ -45,12 +45,11 @@
 --   {2}                     this token is retired
 --   {3, permits}            the holders use another number of permits
 
-if redis.call('EXISTS', KEYS[2]) == 1 then
+if retired(KEYS[2]) then
 	return {2}
 end
 local token = ARGV[1]
-local now = clock()
-local nowMs = millis(now)
+local now, nowMs = clock()
 local expiry = redis.call('ZSCORE', KEYS[1], token)
 local held = expiry and tonumber(expiry) >= nowMs and redis.call('HGET', KEYS[6], token)
 if held then
@@ -69,21 +68,11 @@ if n > 0 then
 	end
 end
 
--- join the queue, or refresh this waiter's entry
-local function join()
-	if not redis.call('ZSCORE', KEYS[4], token) then
-		redis.call('ZADD', KEYS[4], now, token)
-	end
-	redis.call('HSET', KEYS[5], token, (nowMs + tonumber(ARGV[6])) .. ' ' .. ARGV[2] .. ' ' .. ARGV[7] .. ' ' .. ARGV[4])
-	redis.call('PEXPIRE', KEYS[4], ARGV[6])
-	redis.call('PEXPIRE', KEYS[5], ARGV[6])
-end
-
 -- busy: join the line, or ask the next release to wake this caller (the
 -- info has the holders' expiry: it lives while n > 0)
 local function wait()
 	if ARGV[5] == '1' then
-		join()
+		join(KEYS[4], KEYS[5], token, now, nowMs, ARGV[6], ARGV[2] .. ' ' .. ARGV[7] .. ' ' .. ARGV[4])
 	elseif n > 0 then
 		redis.call('HSET', KEYS[6], 'w', nowMs + tonumber(ARGV[8]))
 	end

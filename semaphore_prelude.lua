@@ -1,10 +1,10 @@
--- semaphore_prelude: the functions a semaphore's scripts share, put after
--- prelude.lua's (see newSemaphoreScript in semaphore.go). A semaphore's
--- holders are a sorted set of their tokens by the server time (ms) at which
--- each one's permit expires; its info is a hash of each holder's token to
--- "<fence> <owner>", with the field 'n' (the permits its holders use) and
--- 'w' (the server time in ms until which a plain waiter may wait for a
--- release).
+-- semaphore_prelude: the functions a semaphore's scripts share; each script
+-- gets those it calls, put after prelude.lua's (see newSemaphoreScript in
+-- semaphore.go). A semaphore's holders are a sorted set of their tokens by
+-- the server time (ms) at which each one's permit expires; its info is a
+-- hash of each holder's token to "<fence> <owner>", with the field 'n' (the
+-- permits its holders use) and 'w' (the server time in ms until which a
+-- plain waiter may wait for a release).
 
 -- keepFor makes key live at least ms more milliseconds; it never shortens
 -- its life, which lasts as long as the longest-lived holder's permit.

@@ -26,35 +26,21 @@
 --               take it (semaphore_acquire.lua)
 
 local token = ARGV[1]
-local nowMs = millis(clock())
+local _, nowMs = clock()
 local expiry = redis.call('ZSCORE', KEYS[1], token)
 local held = expiry and tonumber(expiry) >= nowMs and redis.call('HGET', KEYS[4], token)
 if held then
 	drop(KEYS[2], KEYS[3], token)
 	return {1, string.match(held, '^(%d+)'), tonumber(expiry) - nowMs}
 end
-if ARGV[2] == 'd' then
-	drop(KEYS[2], KEYS[3], token)
-	return {0}
+local reply = outOfLine(KEYS[2], KEYS[3], token, ARGV[2])
+if reply then
+	return reply
 end
-if not redis.call('ZSCORE', KEYS[2], token) then
-	return {3}
-end
-redis.call('HSET', KEYS[3], token, (nowMs + tonumber(ARGV[3])) .. ' ' .. ARGV[4] .. ' ' .. ARGV[6] .. ' ' .. ARGV[5])
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
-redis.call('PEXPIRE', KEYS[3], ARGV[3])
+keepEntry(KEYS[2], KEYS[3], token, nowMs, ARGV[3], ARGV[4] .. ' ' .. ARGV[6] .. ' ' .. ARGV[5])
 local n = prune(KEYS[1], KEYS[4], nowMs, false)
 local permits = tonumber(n > 0 and redis.call('HGET', KEYS[4], 'n') or ARGV[6])
 if n < permits then
-	-- A permit is free (its holder's expired: no release handed it over).
-	-- Is this waiter the first live one? (Its own entry was just kept alive.)
-	local first = firstLive(KEYS[2], KEYS[3], nowMs)
-	if first == token then
-		return {4}
-	end
-	if not first then
-		return {3}
-	end
-	return {0, -2}
+	return whenFree(KEYS[2], KEYS[3], token, nowMs)
 end
 return {0, (soonest(KEYS[1], KEYS[4], nowMs))}

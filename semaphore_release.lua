@@ -11,10 +11,10 @@
 -- ARGV[4]     how long the marker is kept, milliseconds
 -- ARGV[5]     fence retention, milliseconds
 --
--- The marker retires the token, as release.lua's does: 'r' whenever the
--- permit is given back, so that a release resent after a lost reply reports
--- what the first one did; 'a' where it was not this token's, for 'a', so
--- that a late copy of an acquire request does not take a permit.
+-- The marker retires the token, as release.lua's does (see retire in
+-- prelude.lua): 'r' whenever the permit is given back; 'a' where it was not
+-- this token's, for 'a', so that a late copy of an acquire request does not
+-- take a permit.
 --
 -- Once the permit is given back, the first live waiters in line are
 -- granted the free permits in the same step, each with its TTL, owner and
@@ -34,8 +34,7 @@
 -- could not be published (the permit is given back all the same).
 
 local token = ARGV[1]
-local now = clock()
-local nowMs = millis(now)
+local now, nowMs = clock()
 local code, deleted = 0, false
 local expiry = redis.call('ZSCORE', KEYS[1], token)
 if expiry and tonumber(expiry) >= nowMs then
@@ -45,11 +44,7 @@ if expiry and tonumber(expiry) >= nowMs then
 elseif redis.call('GET', KEYS[2]) == 'r' then
 	code = 1
 end
-if deleted then
-	redis.call('SET', KEYS[2], 'r', 'PX', ARGV[4])
-elseif code ~= 1 and ARGV[3] ~= 'r' then
-	redis.call('SET', KEYS[2], 'a', 'PX', ARGV[4])
-end
+retire(KEYS[2], code, deleted, ARGV[3] ~= 'r', ARGV[4])
 if not deleted then
 	return code
 end
