@@ -58,7 +58,7 @@ type waiter struct {
 	n       *notifier
 	channel string
 	wake    chan struct{} // buffered: a pending wake-up
-	also    []*waiter     // the same call's registrations on the other nodes of a quorum
+	also    []*waiter     // the same call's other registrations (see join); leave ends them too
 	h       hearer        // what the call makes of the channel's messages
 	seq     uint64        // the order of registration: one wake-up goes to the earliest
 	wokeBy  *message      // the wake-up it got as one of many (see wakeOne); guarded by n.mu
@@ -171,6 +171,13 @@ func (n *notifier) register(channel string, wake chan struct{}, h hearer) *waite
 		n.routeLocked(channel, cs, "")
 	}
 	return w
+}
+
+// join registers w's call on channel of n too, woken on w's channel.
+func (w *waiter) join(n *notifier, channel string, h hearer) {
+	if o := n.register(channel, w.wake, h); o != nil {
+		w.also = append(w.also, o)
+	}
 }
 
 // drain drops a pending wake-up of w: the caller is about to ask Redis,
