@@ -11,16 +11,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Push-based waiting, as documented in GUARANTEES.md ("Waiting"): the release
-// script publishes on a channel named like the lock key, and waiting Acquire
-// calls listen through a notifier.
-//
-// A waiter's registration and departure only change maps under notifier.mu
-// and kick a hub: subscribing and unsubscribing never sit on Acquire's
-// return path nor on another waiter's registration. Each hub is one
-// subscription connection to one node, owned by one goroutine (run), which
-// takes the changes and the connection's confirmations and errors over
-// channels; the connection's reader wakes the waiters of a message itself.
+// Push-based waiting ("Waiting" in GUARANTEES.md): a release publishes on a
+// channel named like the lock key, and waiting Acquire calls hear it through
+// their Locker's notifier. Registering and leaving only change maps under
+// notifier.mu and kick a hub (one connection, owned by its goroutine run):
+// no registration and no Acquire's return waits for a subscription's change.
 
 // notifier fans release announcements out to the waiting Acquire calls of one
 // Locker. It owns every goroutine it starts (hub owners and their readers,
@@ -111,15 +106,14 @@ func parseMessage(payload string) message {
 const hubLinger = 30 * time.Second
 
 // channelLinger is how long a channel stays subscribed after its last waiter
-// left, when that was a fair one, or one in a Redlock line (on the line's
-// node). A fair wait that comes soon after (on a busy lock, each holder
-// waits again after its work) then finds its subscription confirmed before
-// its first attempt, which answers for every release before it: no
-// keep-alive follows a confirmation; a wait in a Redlock line is named when
-// its turn comes, and saves a subscription per wait. Plain waits do not
-// linger: a holder that waits again at once would then be woken as soon as
-// the others, and the others, on a busy lock, wait longer (measured:
-// Jain's fairness 0.90 instead of 0.998 with eight waiters, wait p99 twice).
+// left, when that was a fair one or one in a Redlock line (on the line's
+// node). A fair wait soon after (on a busy lock, each holder waits again
+// after its work) then finds its subscription confirmed before its first
+// attempt, and needs no keep-alive for a late confirmation; a Redlock line
+// saves a subscription per wait. Plain waits do not linger: a holder that
+// waits again at once would be woken as soon as the others, who wait longer
+// (measured: Jain's fairness 0.90 instead of 0.998 with eight waiters, wait
+// p99 twice).
 const channelLinger = time.Second
 
 // routeTimeout bounds the lookup of the node that serves a channel.
@@ -139,10 +133,9 @@ func newNotifier(client redis.UniversalClient, log *slog.Logger, clock Clock) *n
 	}
 }
 
-// register adds a waiter on channel, which h decides what wakes, and
-// returns at once; it returns nil after close. The waiter is woken, on wake
-// if not nil, by its channel's messages as h decides, the subscription's
-// confirmation (at once if it already was) among them.
+// register adds a waiter on channel and returns at once (nil after close).
+// It is woken, on wake if not nil, by the channel's messages as h decides,
+// the subscription's confirmation among them (at once if it already was).
 func (n *notifier) register(channel string, wake chan struct{}, h hearer) *waiter {
 	if wake == nil {
 		wake = make(chan struct{}, 1)
@@ -346,20 +339,20 @@ func (n *notifier) rerouteLocked(channel, moved string) {
 	n.routeLocked(channel, cs, moved)
 }
 
-// wake gives the message payload to the waiters on channel, or, when
-// channel is "", signals those on every channel of h.
-func (n *notifier) wake(h *hub, channel, payload string) {
+// wake gives the message payload to the waiters on channel.
+func (n *notifier) wake(channel, payload string) {
 	m := parseMessage(payload)
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if channel != "" {
-		if cs := n.channels[channel]; cs != nil {
-			cs.deliverLocked(m, false)
-		}
-		return
+	if cs := n.channels[channel]; cs != nil {
+		cs.deliverLocked(m, false)
 	}
+}
+
+// signalLocked wakes every waiter on the channels of h, of every hub if nil.
+func (n *notifier) signalLocked(h *hub) {
 	for _, cs := range n.channels {
-		if cs.hub == h {
+		if h == nil || cs.hub == h {
 			for w := range cs.waiters {
 				w.signal()
 			}
@@ -401,11 +394,7 @@ func (n *notifier) close(by time.Time) {
 		h.closed = true
 		h.kickLocked()
 	}
-	for _, cs := range n.channels {
-		for w := range cs.waiters {
-			w.signal()
-		}
-	}
+	n.signalLocked(nil)
 	n.mu.Unlock()
 	n.cancel()
 	done := make(chan struct{})
@@ -501,7 +490,7 @@ func (c *conn) read(n *notifier) {
 			msg = err
 		}
 		if m, ok := msg.(*redis.Message); ok {
-			n.wake(nil, m.Channel, m.Payload)
+			n.wake(m.Channel, m.Payload)
 			continue
 		}
 		select {
@@ -626,7 +615,9 @@ func (h *hub) run() {
 				// pub/sub: messages may have been lost, so every waiter
 				// tries again; then open a new connection.
 				drop()
-				n.wake(h, "", "")
+				n.mu.Lock()
+				n.signalLocked(h)
+				n.mu.Unlock()
 				retryAt = h.now().Add(reopen.next())
 			}
 		}
@@ -728,7 +719,7 @@ func (h *hub) handle(c *conn, m any) bool {
 			n.mu.Unlock()
 			// Releases before the confirmation may have been missed:
 			// the waiters try now.
-			n.wake(nil, m.Channel, "")
+			n.wake(m.Channel, "")
 		case "unsubscribe", "sunsubscribe":
 			if c.unsent[m.Channel] > 0 {
 				// The confirmation of our own unsubscription, even if
@@ -751,7 +742,7 @@ func (h *hub) handle(c *conn, m any) bool {
 			}
 			h.kickLocked()
 			n.mu.Unlock()
-			n.wake(nil, m.Channel, "")
+			n.wake(m.Channel, "")
 		}
 	case *redis.Pong:
 	case error:
