@@ -16,18 +16,15 @@ import (
 )
 
 // NewRedlock returns a Locker whose locks are held on a quorum of
-// independent Redis deployments: the Redlock algorithm, with fencing tokens
-// that stay ordered without trusting clocks, and leases used exactly as New's
-// are. A lock is held when len(clients)/2+1 deployments granted it within its
-// validity (TTL minus the time the grants took minus the drift allowance); a
-// minority down or hung is not an outage, and waiters wait in line on the
-// first client's deployment ("How Redlock works", "What Redlock rests on").
-// Use an odd number: four tolerate the loss of one, as three do; five, two.
-// The deployments must be independent (not replicas of one another, not nodes
-// of one Cluster), or a single failure can take a quorum with it.
-// It returns an error matching ErrInvalid, and makes no Redis call, for no
-// clients, a nil client, the same client twice, or an option it cannot
-// honour. It adds New's dial hook to every client.
+// independent Redis deployments, the Redlock algorithm with fences ordered
+// without trusting clocks ("How Redlock works"), its leases used as New's. A
+// lock is held when len(clients)/2+1 deployments granted it within its
+// validity; a minority down or hung is not an outage. Use an odd number (four
+// tolerate the loss of one, as three do), none a replica of another or a node
+// of the same Cluster, given in the same order in every process: waiters wait
+// in line on the first. It returns an error matching ErrInvalid, with no Redis
+// call, for no clients or more than 64, a nil client, the same client twice,
+// or an option it cannot honour. It adds New's dial hook to every client.
 func NewRedlock(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
 	if len(clients) == 0 {
 		return nil, invalidf("no redis clients")
@@ -100,11 +97,9 @@ func (e *quorumError) Error() string   { return e.msg }
 func (e *quorumError) Unwrap() []error { return e.errs }
 
 // each runs f on every node in parallel, on goroutines the Locker tracks,
-// with a context bounded by timeout, and returns their results. The context
-// ends when every call has returned, not when the caller stops reading: a
-// node that answers late still gets the call (a straggler's grant is part
-// of the lease, released with it). With detach, the calls do not end with
-// ctx either.
+// with a context bounded by timeout that ends when every call has returned,
+// not when the caller stops reading (a straggler's grant is part of the
+// lease, released with it), and with detach not with ctx either.
 func each[T any](ctx context.Context, q *quorum, timeout time.Duration, detach bool, f func(ctx context.Context, i int, d *deployment) T) *results[T] {
 	base := ctx
 	if detach {
@@ -311,11 +306,9 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 		sortGrant(g, &ok, &busy, &failed)
 	}
 	// Collect until a quorum granted, a quorum is out of reach, or every
-	// node answered. Once a quorum of nodes has answered, the others get a
-	// little longer (quorumGrace), not the whole validity: a hung minority
-	// must not hold an attempt, and the grants it got, for a TTL. (Unlike
-	// results.collect, a granted quorum ends the wait at once: settle
-	// reads the later grants.)
+	// node answered; once a quorum has answered, the others get quorumGrace,
+	// not the validity: a hung minority must not hold an attempt for a TTL.
+	// (Unlike results.collect, a granted quorum ends the wait at once.)
 	var straggle <-chan time.Time
 	for len(ok) < q.n && len(busy)+len(failed) <= len(q.nodes)-q.n && len(ok)+len(busy)+len(failed) < len(q.nodes) {
 		if straggle == nil && len(ok)+len(busy)+len(failed) >= q.n {
@@ -429,10 +422,7 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 // decideSplit asks the nodes that found the lock held again, up to three
 // times within half the validity, when the attempt got the first node but
 // too few others and could still get a quorum: the first node decides a
-// split (GUARANTEES.md, "How Redlock works"). A node that does not answer
-// in time counts as busy still (its last answer), and as not answered, so
-// that a failed attempt gives it back (it may have granted the lock
-// meanwhile).
+// split (GUARANTEES.md, "How Redlock works").
 func (q *quorum) decideSplit(ctx context.Context, lease *Lease, start time.Time, validity time.Duration, ok, busy, failed []nodeGrant, answered []bool) ([]nodeGrant, []nodeGrant, []nodeGrant) {
 	if !slices.ContainsFunc(ok, func(g nodeGrant) bool { return g.node == 0 }) {
 		return ok, busy, failed
@@ -479,7 +469,7 @@ func (q *quorum) decideSplit(ctx context.Context, lease *Lease, start time.Time,
 		}
 		again.stop()
 		for _, g := range asked {
-			if ask[g.node] { // no answer: busy as it last said, and given back if the attempt fails
+			if ask[g.node] { // no answer: busy as it last said, given back if the attempt fails (it may grant)
 				busy = append(busy, g)
 				answered[g.node] = false
 			}
@@ -513,12 +503,10 @@ func sortGrant(g nodeGrant, ok, busy, failed *[]nodeGrant) {
 }
 
 // settle writes the fence, in the background, to the nodes whose grants
-// came after the quorum's were read (pending is how many replies were not
-// read): each stored the value its own counter reached, which may differ
-// from the lease's fence, so that every node holding the lease stores its
-// fence (Inspect reports it) and a counter behind it is raised to it (one
-// ahead stays ahead). It stops at end, the lease's validity; no ordering
-// rests on it: a quorum had the fence before Acquire returned.
+// came after the quorum's were read (pending replies), which stored what
+// their own counters reached: so that Inspect reads the lease's fence there
+// and a counter behind it is raised. It stops at end, the lease's validity;
+// no ordering rests on it: a quorum had the fence before Acquire returned.
 func (q *quorum) settle(lease *Lease, grants *results[nodeGrant], pending int, fence int64, end time.Time) {
 	if pending == 0 {
 		return
@@ -682,16 +670,12 @@ func (q *quorum) extend(ctx context.Context, lease *Lease, ttl time.Duration, re
 		code int64 // 1: extended or taken back, 0: absent, -1: another's
 		err  error
 	}
-	// A node that lost the lock (restarted empty, or never got it: a lease
-	// may start on a bare quorum) is given it back where it is free, and
-	// counts: while the lease still holds a quorum, before its deadline, no
-	// one else can hold one, so taking free nodes keeps the lock exclusive
-	// and keeps a failed minority from costing the lease. After the
-	// deadline, only nodes that still hold it count.
+	// A node that lost the lock, or never got it, is given it back where it
+	// is free ("How Redlock works"): before the deadline the lease still
+	// holds a quorum, so no one else can hold one. Detached: every node is
+	// extended, also after the quorum has answered.
 	repair := q.l.clock.Now().Before(lease.Deadline())
 	fence := lease.fence
-	// Every node is extended (or repaired), also after the quorum has
-	// answered: the caller's context ends then, not the nodes' calls.
 	exts := each(ctx, q, ttl-drift(ttl), true, func(ctx context.Context, i int, d *deployment) ext {
 		code, err := d.extend(ctx, lease, ttl, renewal)
 		if err == nil && code == 0 && repair {
@@ -766,10 +750,7 @@ func (q *quorum) release(ctx context.Context, lease *Lease, mode string) (int64,
 	var parts []string
 	held := lease.held.Load()
 	answered := make([]bool, len(q.nodes))
-	// Decided when the lease held it on a quorum, or cannot have; the
-	// nodes that answer within the grace after that have released it too
-	// when Release returns, and the others' releases go on in the
-	// background.
+	// Decided when the lease held it on a quorum, or cannot have.
 	rels.collect(func(r rel) bool {
 		answered[r.node] = true
 		switch {
@@ -796,10 +777,8 @@ func (q *quorum) release(ctx context.Context, lease *Lease, mode string) (int64,
 			maybe++ // no answer in time from a node that held it
 		}
 	}
-	// The lease held the lock if it still held it on a quorum: on fewer,
-	// another may have held a quorum meanwhile (a double grant, after a
-	// node restarted empty), which is a loss, not a release. A node that
-	// did not answer counts only if it ever confirmed holding the lock.
+	// Held only if still held on a quorum ("How Redlock works"); a node
+	// that did not answer counts only if it ever confirmed holding the lock.
 	switch {
 	case deleted >= q.n:
 		return 1, perr, nil
