@@ -96,6 +96,25 @@ type quorumError struct {
 func (e *quorumError) Error() string   { return e.msg }
 func (e *quorumError) Unwrap() []error { return e.errs }
 
+// nodeErrs are the nodes' errors of one call, for its quorumError.
+type nodeErrs struct {
+	errs  []error
+	parts []string
+}
+
+func (e *nodeErrs) add(d *deployment, err error) {
+	e.errs = append(e.errs, err)
+	e.parts = append(e.parts, d.name+": "+oneLine(err.Error()))
+}
+
+// error returns a quorumError of class: msg, then each node's error.
+func (e *nodeErrs) error(class errClass, msg string) *quorumError {
+	if len(e.parts) > 0 {
+		msg += ": " + strings.Join(e.parts, "; ")
+	}
+	return &quorumError{class: class, msg: msg, errs: e.errs}
+}
+
 // each runs f on every node in parallel, on goroutines the Locker tracks,
 // with a context bounded by timeout that ends when every call has returned,
 // not when the caller stops reading (a straggler's grant is part of the
@@ -374,19 +393,14 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 	}
 	var errs []error
 	if lagging > 0 {
-		type set struct {
-			node int
-			ok   bool
-			err  error
-		}
 		// Detached: a caller that gives up must not leave a node behind.
-		sets := each(ctx, q, start.Add(validity).Sub(q.l.clock.Now()), true, func(ctx context.Context, i int, d *deployment) set {
+		sets := each(ctx, q, start.Add(validity).Sub(q.l.clock.Now()), true, func(ctx context.Context, i int, d *deployment) nodeGrant {
 			if !behind[i] {
-				return set{node: i}
+				return nodeGrant{node: i}
 			}
 			reply, err := d.run(ctx, setFenceScript, false, []any{lease.keyArgs[keyLock], lease.keyArgs[keyCounter]}, lease.tokenArg,
 				fenceArg, q.l.retentionMillis)
-			return set{node: i, ok: err == nil && reply == int64(1), err: err}
+			return nodeGrant{node: i, ok: err == nil && reply == int64(1), err: err}
 		})
 		defer sets.stop()
 		for range q.nodes {
@@ -539,16 +553,14 @@ func (q *quorum) refused(lease *Lease, ok, busy, failed []nodeGrant, answered []
 		cleanup = append(cleanup, g.node)
 	}
 	var misconfigured int
-	var errs []error
-	var parts []string
+	var errs nodeErrs
 	for _, g := range failed {
 		if classify(g.err) == classMisconfigured {
 			misconfigured++
 		} else if !notSent(g.err) {
 			cleanup = append(cleanup, g.node) // it may have granted it
 		}
-		errs = append(errs, g.err)
-		parts = append(parts, q.nodes[g.node].name+": "+oneLine(g.err.Error()))
+		errs.add(q.nodes[g.node], g.err)
 	}
 	for i, a := range answered {
 		if !a {
@@ -581,10 +593,7 @@ func (q *quorum) refused(lease *Lease, ok, busy, failed []nodeGrant, answered []
 	if missing := len(q.nodes) - len(ok) - len(busy) - len(failed); missing > 0 {
 		msg += fmt.Sprintf(", %d did not answer within the lock's validity", missing)
 	}
-	if len(parts) > 0 {
-		msg += ": " + strings.Join(parts, "; ")
-	}
-	return attempt{retire: retire, err: &quorumError{class: class, msg: msg, errs: errs}}
+	return attempt{retire: retire, err: errs.error(class, msg)}
 }
 
 // busyVerdict is a busy attempt's outcome: the holder's owner, the time
@@ -632,11 +641,7 @@ func (q *quorum) retire(lease *Lease, nodes []int) {
 		}
 	}
 	q.l.giveBack(lease, "clean-up of an attempt without a quorum", func(ctx context.Context) (bool, error) {
-		type rel struct {
-			code int64
-			err  error
-		}
-		out := make(chan rel, len(nodes))
+		out := make(chan nodeReply, len(nodes))
 		for _, i := range nodes {
 			d := q.nodes[i]
 			q.l.bg.add()
@@ -644,7 +649,7 @@ func (q *quorum) retire(lease *Lease, nodes []int) {
 				defer q.l.bg.finish()
 				// The call goes on waiting: it keeps its place in line.
 				code, _, err := d.releaseNode(ctx, lease, modeAbandon, "")
-				out <- rel{code, err}
+				out <- nodeReply{code: code, err: err}
 			}()
 		}
 		var deleted bool
@@ -664,19 +669,22 @@ func (q *quorum) retire(lease *Lease, nodes []int) {
 	})
 }
 
+// nodeReply is one node's answer to an extension or a release: its code (1:
+// extended or taken back, or deleted; 0: absent; -1: another's) and errors.
+type nodeReply struct {
+	node      int
+	code      int64
+	perr, err error // perr: a release's publishing error
+}
+
 func (q *quorum) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
-	type ext struct {
-		node int
-		code int64 // 1: extended or taken back, 0: absent, -1: another's
-		err  error
-	}
 	// A node that lost the lock, or never got it, is given it back where it
 	// is free ("How Redlock works"): before the deadline the lease still
 	// holds a quorum, so no one else can hold one. Detached: every node is
 	// extended, also after the quorum has answered.
 	repair := q.l.clock.Now().Before(lease.Deadline())
 	fence := lease.fence
-	exts := each(ctx, q, ttl-drift(ttl), true, func(ctx context.Context, i int, d *deployment) ext {
+	exts := each(ctx, q, ttl-drift(ttl), true, func(ctx context.Context, i int, d *deployment) nodeReply {
 		code, err := d.extend(ctx, lease, ttl, renewal)
 		if err == nil && code == 0 && repair {
 			if g := d.grant(ctx, lease, ttl, fence, "", q.entryTTL); g.ok {
@@ -690,17 +698,15 @@ func (q *quorum) extend(ctx context.Context, lease *Lease, ttl time.Duration, re
 		if code == 1 {
 			lease.held.Or(1 << i)
 		}
-		return ext{node: i, code: code, err: err}
+		return nodeReply{node: i, code: code, err: err}
 	})
 	defer exts.stop()
 	var ours, other, gone int
-	var errs []error
-	var parts []string
-	exts.collect(func(e ext) bool {
+	var errs nodeErrs
+	exts.collect(func(e nodeReply) bool {
 		switch {
 		case e.err != nil:
-			errs = append(errs, e.err)
-			parts = append(parts, q.nodes[e.node].name+": "+oneLine(e.err.Error()))
+			errs.add(q.nodes[e.node], e.err)
 		case e.code == 1:
 			ours++
 		case e.code == 0:
@@ -721,42 +727,32 @@ func (q *quorum) extend(ctx context.Context, lease *Lease, ttl time.Duration, re
 	case ctx.Err() != nil:
 		return 0, ctx.Err()
 	}
-	msg := fmt.Sprintf("the lock's expiry was set on %d of %d nodes, %d needed", ours, len(q.nodes), q.n)
-	if len(parts) > 0 {
-		msg += ": " + strings.Join(parts, "; ")
-	}
-	return 0, &quorumError{class: classUnavailable, msg: msg, errs: errs}
+	return 0, errs.error(classUnavailable, fmt.Sprintf("the lock's expiry was set on %d of %d nodes, %d needed",
+		ours, len(q.nodes), q.n))
 }
 
 func (q *quorum) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
-	type rel struct {
-		node      int
-		code      int64
-		perr, err error
-	}
 	// Every node gets the release, also after the result is known.
-	rels := each(ctx, q, q.l.opts.ReleaseTimeout, true, func(ctx context.Context, i int, d *deployment) rel {
+	rels := each(ctx, q, q.l.opts.ReleaseTimeout, true, func(ctx context.Context, i int, d *deployment) nodeReply {
 		lineID := ""
 		if i == 0 {
 			lineID = lease.line // the lease's Acquire, or one that gave up, is out of line
 		}
 		code, perr, err := d.releaseNode(ctx, lease, mode, lineID)
-		return rel{node: i, code: code, perr: perr, err: err}
+		return nodeReply{node: i, code: code, perr: perr, err: err}
 	})
 	defer rels.stop()
 	var deleted, other, gone, maybe int
 	var perr error
-	var errs []error
-	var parts []string
+	var errs nodeErrs
 	held := lease.held.Load()
 	answered := make([]bool, len(q.nodes))
 	// Decided when the lease held it on a quorum, or cannot have.
-	rels.collect(func(r rel) bool {
+	rels.collect(func(r nodeReply) bool {
 		answered[r.node] = true
 		switch {
 		case r.err != nil:
-			errs = append(errs, r.err)
-			parts = append(parts, q.nodes[r.node].name+": "+oneLine(r.err.Error()))
+			errs.add(q.nodes[r.node], r.err)
 			if held&(1<<r.node) != 0 {
 				maybe++ // it held the lock, and may still
 			}
@@ -789,11 +785,8 @@ func (q *quorum) release(ctx context.Context, lease *Lease, mode string) (int64,
 	case deleted+maybe < q.n:
 		return 0, nil, nil
 	}
-	msg := fmt.Sprintf("%d of %d nodes released the lock, %d needed to know it was held", deleted, len(q.nodes), q.n)
-	if len(parts) > 0 {
-		msg += ": " + strings.Join(parts, "; ")
-	}
-	return 0, nil, &quorumError{class: classUnavailable, msg: msg, errs: errs}
+	return 0, nil, errs.error(classUnavailable, fmt.Sprintf("%d of %d nodes released the lock, %d needed to know it was held",
+		deleted, len(q.nodes), q.n))
 }
 
 func (q *quorum) close(by time.Time) {
