@@ -79,7 +79,7 @@ const (
 	wakeAll         // wake this waiter
 	// wakeOne: wake this waiter or another that heard the same, the one
 	// that registered first; the one woken passes the wake-up on if it
-	// leaves before trying (see waiter.leave).
+	// does not use it (waiter.passOn, waiter.leave).
 	wakeOne
 )
 
@@ -120,14 +120,11 @@ const channelLinger = time.Second
 const routeTimeout = 5 * time.Second
 
 func newNotifier(client redis.UniversalClient, log *slog.Logger, clock Clock) *notifier {
-	var nodes bool
-	switch client.(type) {
-	case *redis.ClusterClient, *redis.Ring:
-		nodes = true
-	}
+	_, cluster := client.(*redis.ClusterClient)
+	_, ring := client.(*redis.Ring)
 	ctx, cancel := context.WithCancel(context.Background())
 	return &notifier{
-		client: client, nodes: nodes, linger: hubLinger, keep: channelLinger, log: log, clock: clock, ctx: ctx, cancel: cancel,
+		client: client, nodes: cluster || ring, linger: hubLinger, keep: channelLinger, log: log, clock: clock, ctx: ctx, cancel: cancel,
 		reroute:  2 * time.Second,
 		channels: make(map[string]*chanState), hubs: make(map[string]*hub),
 	}
