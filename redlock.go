@@ -483,7 +483,7 @@ func (q *quorum) decideSplit(ctx context.Context, lease *Lease, start time.Time,
 		}
 		again.stop()
 		for _, g := range asked {
-			if ask[g.node] { // no answer: busy as it last said, given back if the attempt fails (it may grant)
+			if ask[g.node] { // no answer: busy still; given back on failure (it may grant)
 				busy = append(busy, g)
 				answered[g.node] = false
 			}
@@ -727,8 +727,8 @@ func (q *quorum) extend(ctx context.Context, lease *Lease, ttl time.Duration, re
 	case ctx.Err() != nil:
 		return 0, ctx.Err()
 	}
-	return 0, errs.error(classUnavailable, fmt.Sprintf("the lock's expiry was set on %d of %d nodes, %d needed",
-		ours, len(q.nodes), q.n))
+	msg := fmt.Sprintf("the lock's expiry was set on %d of %d nodes, %d needed", ours, len(q.nodes), q.n)
+	return 0, errs.error(classUnavailable, msg)
 }
 
 func (q *quorum) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
@@ -785,8 +785,8 @@ func (q *quorum) release(ctx context.Context, lease *Lease, mode string) (int64,
 	case deleted+maybe < q.n:
 		return 0, nil, nil
 	}
-	return 0, nil, errs.error(classUnavailable, fmt.Sprintf("%d of %d nodes released the lock, %d needed to know it was held",
-		deleted, len(q.nodes), q.n))
+	msg := fmt.Sprintf("%d of %d nodes released the lock, %d needed to know it was held", deleted, len(q.nodes), q.n)
+	return 0, nil, errs.error(classUnavailable, msg)
 }
 
 func (q *quorum) close(by time.Time) {
