@@ -146,14 +146,11 @@ type wakeup interface {
 	leave(gaveUp *Lease, took bool)
 }
 
-// releases wakes a waiter on the releases of the lock, from its first
-// attempt that did not take it (busy, or failed: an attempt cut short by
-// AttemptTimeout may have found it busy): the subscription is made in the background, and its
-// confirmation wakes the waiter for another try, so that a release before
-// it is not missed. A release ("released") wakes one of the Locker's plain
-// waiters, the earliest; one whose try does not take the lock, nor find it
-// taken, passes the wake-up on. The others try when their pause ends. A
-// grant to a fair waiter wakes none: the lock is held again.
+// releases wakes a plain waiter on the lock's releases ("Waiting" in
+// GUARANTEES.md), from its first attempt that did not take the lock, a failed
+// one too (one cut short by AttemptTimeout may have found it busy). A release
+// wakes the Locker's earliest plain waiter, which passes the wake-up on if it
+// does not use it; a grant to a fair waiter wakes none.
 type releases struct {
 	l     *Locker
 	key   string
@@ -349,11 +346,11 @@ type noReplyError struct {
 }
 
 func (e *noReplyError) Error() string {
-	msg := "no reply within " + e.timeout.Round(time.Millisecond).String() + " (AttemptTimeout)"
+	bound := "AttemptTimeout"
 	if e.half {
-		msg = "no reply within " + e.timeout.Round(time.Millisecond).String() +
-			" (half the time left before the deadline, for fail-open)"
+		bound = "half the time left before the deadline, for fail-open"
 	}
+	msg := "no reply within " + e.timeout.Round(time.Millisecond).String() + " (" + bound + ")"
 	if e.cause != nil {
 		msg += ": " + e.cause.Error()
 	}

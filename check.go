@@ -45,31 +45,28 @@ type Finding struct {
 
 // String returns the finding on one line.
 func (f Finding) String() string {
-	var b strings.Builder
-	b.WriteString(f.Severity.String())
-	b.WriteString(" ")
-	b.WriteString(f.Check)
+	s := f.Severity.String() + " " + f.Check
 	if f.Node != "" {
-		b.WriteString(" [" + f.Node + "]")
+		s += " [" + f.Node + "]"
 	}
-	b.WriteString(": " + f.Seen)
+	s += ": " + f.Seen
 	if f.Means != "" {
-		b.WriteString("; " + f.Means)
+		s += "; " + f.Means
 	}
 	if f.Fix != "" {
-		b.WriteString("; fix: " + f.Fix)
+		s += "; fix: " + f.Fix
 	}
-	return b.String()
+	return s
 }
 
-// Check inspects the deployment (every node of a Redlock, every master of a
-// Cluster, every shard of a Ring) for what weakens the lock's guarantees, and
-// reports it most severe first (docs/operating.md, "A deployment check"); it
-// tries each command the lock, Check and the fencelock command send, on a
-// lock named "fencelock-check:<random>" whose keys it deletes. A command not permitted or
-// a server not reached is a finding, never an error: Check returns an error
-// only for a Locker not made with New or NewRedlock (ErrInvalid), or when ctx
-// ends (its error, with the findings so far).
+// Check inspects the deployment (every node of a Redlock, master of a
+// Cluster, shard of a Ring) for what weakens the lock's guarantees, most severe
+// first (docs/operating.md, "A deployment check"), trying each command the
+// lock, Check and the fencelock command send on a lock named
+// "fencelock-check:<random>", whose keys it deletes. A refused command or an
+// unreachable server is a finding: Check returns an error only for a Locker
+// not made with New or NewRedlock (ErrInvalid), or when ctx ends (its error,
+// with the findings so far).
 func (l *Locker) Check(ctx context.Context) ([]Finding, error) {
 	if err := l.usable(); err != nil {
 		return nil, err

@@ -145,10 +145,8 @@ const (
 	classNoVerdict                     // the caller's context ended first
 )
 
-// transient are the error codes of a Redis that answers but cannot serve
-// the lock right now: loading, busy with a script, a replica or a master
-// without its quorum, a cluster without a slot's owner, not enough replicas,
-// out of memory.
+// transient are the codes of a Redis that answers but cannot serve the lock
+// right now (see ErrUnavailable).
 var transient = map[string]bool{
 	"LOADING": true, "BUSY": true, "READONLY": true, "MASTERDOWN": true,
 	"CLUSTERDOWN": true, "TRYAGAIN": true, "NOREPLICAS": true, "OOM": true,

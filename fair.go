@@ -9,11 +9,6 @@ import (
 	"time"
 )
 
-// Fair waiting, as documented in GUARANTEES.md ("How fair waiting works"): a
-// fair waiter joins the lock's queue, keeps its entry alive, and a release
-// hands the lock to the first live waiter in line (release.lua), which holds
-// it when the grant's message arrives.
-
 // queueEntryTTL is how long a fair waiter's queue entry lives without a
 // keep-alive: a waiter that crashed is skipped after it. A release within
 // it may still hand the lock to a waiter that has just crashed; the lock
@@ -92,27 +87,13 @@ func decodeQueue(reply []any) (queueReply, error) {
 	return r, nil
 }
 
-// fair runs the attempts of an Acquire with WithFair and WithWait: the waiter subscribes
-// to the lock's channel first, so that no grant published after its first
-// attempt is missed for long; the first attempt takes the lock or joins its
-// queue; then the waiter waits for a grant, keeping its entry alive, until
-// the wait or ctx ends. It asks the server (a keep-alive, which also reports
-// a grant) every keepAliveEvery, once its subscription is confirmed, and
-// when the holder's lock expires.
-//
-// A granted lease's Deadline counts from the send time of the last call the
-// server answered "still waiting" (the first attempt, or a keep-alive): the
-// grant, and so the lock's TTL, came after the server answered it; or, when
-// a keep-alive brought the grant, from its send time plus the PTTL it read,
-// if that is later. With Options.Replicas, a grant is renewed with WAIT
-// before it counts, as an acquisition is.
-//
-// A grant's message is believed only while it cannot be stale: once the
-// token may have been granted the lock without this waiter knowing (the
-// first attempt's outcome is unknown, or the entry was found gone) and the
-// token joins the line again, a message could still bring that earlier
-// grant, whose lock has expired since. From then on a message only makes
-// the waiter ask with a keep-alive, whose answer is the server's state.
+// fair runs the attempts of an Acquire with WithFair and WithWait, as
+// "How fair waiting works" (GUARANTEES.md) tells: it subscribes first, joins
+// the line with its first attempt, then waits for a grant, keeping its entry
+// alive (keepAliveEvery, and at the holder's expiry), until the wait or ctx
+// ends. A grant's Deadline counts from the send time of the last request the
+// server answered "still waiting", or, for a keep-alive that brought the
+// grant, from its send time plus the PTTL it read, if that is later.
 func (a *acquisition) fair() (*Lease, error) {
 	l, ctx := a.l, a.ctx
 	if ctxErr(ctx) != nil { // before subscribing: no Redis call
@@ -128,7 +109,12 @@ func (a *acquisition) fair() (*Lease, error) {
 		sent     time.Time        // when it was sent
 		askAgain bool             // a wake-up came while it was in flight: ask again once it is answered
 		joined   bool             // the queue has (or may have) an entry of this token
-		trust    = true           // a grant message for this token is current
+		// trust: a grant's message for this token is current. Once the token
+		// may have been granted the lock unseen (an attempt of unknown
+		// outcome, an entry found gone) and joins the line again, a message
+		// could bring that earlier grant, expired since: from then on a
+		// message only makes the waiter ask the server with a keep-alive.
+		trust = true
 		// short: the last lock taken was short of replicas and given back.
 		// The next attempt comes after a pause, whatever wakes the waiter
 		// meanwhile: a release tells nothing about the replicas, and may
@@ -149,11 +135,9 @@ func (a *acquisition) fair() (*Lease, error) {
 		}
 	}
 	// untilExpiry is when to ask next, from a request's send time, given the
-	// holder's PTTL that the server read after it: at its expiry, if that
-	// comes before the next keep-alive; the lock is then free with nobody
-	// granted it, and the first in line takes it. Counting from the send
-	// time, a waiter on a slow link asks every keepAliveEvery, not every
-	// round trip plus that.
+	// holder's PTTL the server read after it: at its expiry (the lock is then
+	// free, and the first in line takes it) if that comes before the next
+	// keep-alive. From the send time: a slow link does not stretch the period.
 	untilExpiry := func(pttl time.Duration) time.Duration {
 		if pttl >= 0 { // 0: it expires within the millisecond
 			return min(every, pttl+time.Millisecond)

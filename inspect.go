@@ -167,8 +167,7 @@ func (q *quorum) inspect(ctx context.Context, key, fenceKey string, waiters bool
 		byToken  = map[string][]holding{}
 		counters []int64
 	)
-	// Decided when a quorum answered, or cannot; the nodes that answer
-	// within the grace after that count too.
+	// Decided when a quorum answered, or cannot (see collect).
 	reads.collect(func(r read) bool {
 		if r.err != nil {
 			errs = append(errs, r.err)
@@ -201,11 +200,9 @@ func (q *quorum) inspect(ctx context.Context, key, fenceKey string, waiters bool
 			continue
 		}
 		// Held while a quorum keeps it: the q-th longest TTL. Its fence is
-		// the one most of its nodes store (a quorum stored it before
-		// Acquire returned; a node that granted it after the quorum, or
-		// was behind, stores the value its own counter reached until the
-		// lease's fence is written there, in the background), the larger
-		// on a tie.
+		// the one most of its nodes store (a quorum did before Acquire
+		// returned; others may still store their own counter's, see
+		// quorum.settle), the larger on a tie.
 		pttls := make([]time.Duration, 0, len(hs))
 		fences := map[int64]int{}
 		var best holding

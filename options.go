@@ -128,9 +128,7 @@ func (o *Options) withDefaults() (Options, error) {
 	if o != nil {
 		out = *o
 	}
-	if out.KeyPrefix == "" {
-		out.KeyPrefix = defaultKeyPrefix
-	}
+	orDefault(&out.KeyPrefix, defaultKeyPrefix)
 	if strings.ContainsAny(out.KeyPrefix, "{}") {
 		return out, invalidf("KeyPrefix %q contains '{' or '}'", out.KeyPrefix)
 	}
@@ -139,15 +137,11 @@ func (o *Options) withDefaults() (Options, error) {
 	} else if err := checkOwner("Options.Owner", out.Owner); err != nil {
 		return out, err
 	}
-	if out.TTL == 0 {
-		out.TTL = defaultTTL
-	}
+	orDefault(&out.TTL, defaultTTL)
 	if err := checkTTL("Options.TTL", out.TTL); err != nil {
 		return out, err
 	}
-	if out.MinRetryBackoff == 0 {
-		out.MinRetryBackoff = defaultMinRetryBackoff
-	}
+	orDefault(&out.MinRetryBackoff, defaultMinRetryBackoff)
 	if out.MaxRetryBackoff == 0 {
 		out.MaxRetryBackoff = max(defaultMaxRetryBackoff, out.MinRetryBackoff)
 	}
@@ -157,21 +151,15 @@ func (o *Options) withDefaults() (Options, error) {
 	if out.MaxRetryBackoff < out.MinRetryBackoff {
 		return out, invalidf("MaxRetryBackoff %v is less than MinRetryBackoff %v", out.MaxRetryBackoff, out.MinRetryBackoff)
 	}
-	if out.ReleaseTimeout == 0 {
-		out.ReleaseTimeout = defaultReleaseTimeout
-	}
+	orDefault(&out.ReleaseTimeout, defaultReleaseTimeout)
 	if out.ReleaseTimeout < 0 {
 		return out, invalidf("ReleaseTimeout %v is negative", out.ReleaseTimeout)
 	}
-	if out.AttemptTimeout == 0 {
-		out.AttemptTimeout = defaultAttemptTimeout
-	}
+	orDefault(&out.AttemptTimeout, defaultAttemptTimeout)
 	if err := checkDuration("AttemptTimeout", out.AttemptTimeout, time.Millisecond, maxTTL); err != nil {
 		return out, err
 	}
-	if out.FenceRetention == 0 {
-		out.FenceRetention = defaultFenceRetention
-	}
+	orDefault(&out.FenceRetention, defaultFenceRetention)
 	if err := checkDuration("FenceRetention", out.FenceRetention, time.Millisecond, maxTTL); err != nil {
 		return out, err
 	}
@@ -182,9 +170,7 @@ func (o *Options) withDefaults() (Options, error) {
 		return out, invalidf("ReplicaTimeout %v is negative", out.ReplicaTimeout)
 	}
 	if out.Replicas > 0 {
-		if out.ReplicaTimeout == 0 {
-			out.ReplicaTimeout = defaultReplicaTimeout
-		}
+		orDefault(&out.ReplicaTimeout, defaultReplicaTimeout)
 		if out.ReplicaTimeout < time.Millisecond {
 			return out, invalidf("ReplicaTimeout %v is less than 1ms (WAIT's unit; 0 would wait for ever)", out.ReplicaTimeout)
 		}
@@ -204,9 +190,7 @@ func (o *Options) withDefaults() (Options, error) {
 	if out.MaxHold < 0 {
 		return out, invalidf("MaxHold %v is negative", out.MaxHold)
 	}
-	if out.Clock == nil {
-		out.Clock = systemClock{}
-	}
+	orDefault[Clock](&out.Clock, systemClock{})
 	if out.Logger == nil {
 		out.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -216,10 +200,8 @@ func (o *Options) withDefaults() (Options, error) {
 // Option changes one Acquire call.
 type Option func(callOptions) callOptions
 
-// Options are applied to a callOptions passed by value, so that nothing
-// escapes to the heap.
-
 // callOptions holds what the Options of one call set; zero means "not set".
+// It is passed by value, so that nothing escapes to the heap.
 type callOptions struct {
 	ttl      time.Duration
 	ttlSet   bool
@@ -299,11 +281,10 @@ func WithTTL(ttl time.Duration) Option {
 }
 
 // WithWait makes Acquire wait up to d for a busy lock instead of trying once,
-// woken by the release's pub/sub message; a lost one costs at most a backoff
-// or the holder's TTL, never correctness ("Waiting"). d bounds the waiting
-// between attempts: an attempt in flight when d ran out is waited for, bounded
-// by ctx, and its lease returned if it got the lock. Zero means try once; a
-// negative d is rejected with ErrInvalid.
+// woken by releases ("Waiting"). d bounds the waiting between attempts: an
+// attempt in flight when d ran out is waited for, bounded by ctx, and its
+// lease returned if it got the lock. Zero means try once; a negative d is
+// rejected with ErrInvalid.
 func WithWait(d time.Duration) Option {
 	return func(c callOptions) callOptions { c.wait = d; return c }
 }
@@ -316,6 +297,14 @@ func WithWait(d time.Duration) Option {
 // changes nothing; a NewRedlock Locker rejects it with ErrInvalid.
 func WithFair() Option {
 	return func(c callOptions) callOptions { c.fair = true; return c }
+}
+
+// orDefault sets *v to def if it is zero.
+func orDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
 }
 
 // drift is the clock drift and network allowance subtracted from a TTL when

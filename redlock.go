@@ -16,18 +16,15 @@ import (
 )
 
 // NewRedlock returns a Locker whose locks are held on a quorum of
-// independent Redis deployments: the Redlock algorithm, with fencing tokens
-// that stay ordered without trusting clocks, and leases used exactly as New's
-// are. A lock is held when len(clients)/2+1 deployments granted it within its
-// validity (TTL minus the time the grants took minus the drift allowance); a
-// minority down or hung is not an outage, and waiters wait in line on the
-// first client's deployment ("How Redlock works", "What Redlock rests on").
-// Use an odd number: four tolerate the loss of one, as three do; five, two.
-// The deployments must be independent (not replicas of one another, not nodes
-// of one Cluster), or a single failure can take a quorum with it.
-// It returns an error matching ErrInvalid, and makes no Redis call, for no
-// clients, a nil client, the same client twice, or an option it cannot
-// honour. It adds New's dial hook to every client.
+// independent Redis deployments, the Redlock algorithm with fences ordered
+// without trusting clocks ("How Redlock works"), its leases used as New's. A
+// lock is held when len(clients)/2+1 deployments granted it within its
+// validity; a minority down or hung is not an outage. Use an odd number (four
+// tolerate the loss of one, as three do), none a replica of another or a node
+// of the same Cluster, given in the same order in every process: waiters wait
+// in line on the first. It returns an error matching ErrInvalid, with no Redis
+// call, for no clients or more than 64, a nil client, the same client twice,
+// or an option it cannot honour. It adds New's dial hook to every client.
 func NewRedlock(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
 	if len(clients) == 0 {
 		return nil, invalidf("no redis clients")
@@ -99,12 +96,29 @@ type quorumError struct {
 func (e *quorumError) Error() string   { return e.msg }
 func (e *quorumError) Unwrap() []error { return e.errs }
 
+// nodeErrs are the nodes' errors of one call, for its quorumError.
+type nodeErrs struct {
+	errs  []error
+	parts []string
+}
+
+func (e *nodeErrs) add(d *deployment, err error) {
+	e.errs = append(e.errs, err)
+	e.parts = append(e.parts, d.name+": "+oneLine(err.Error()))
+}
+
+// error returns a quorumError of class: msg, then each node's error.
+func (e *nodeErrs) error(class errClass, msg string) *quorumError {
+	if len(e.parts) > 0 {
+		msg += ": " + strings.Join(e.parts, "; ")
+	}
+	return &quorumError{class: class, msg: msg, errs: e.errs}
+}
+
 // each runs f on every node in parallel, on goroutines the Locker tracks,
-// with a context bounded by timeout, and returns their results. The context
-// ends when every call has returned, not when the caller stops reading: a
-// node that answers late still gets the call (a straggler's grant is part
-// of the lease, released with it). With detach, the calls do not end with
-// ctx either.
+// with a context bounded by timeout that ends when every call has returned,
+// not when the caller stops reading (a straggler's grant is part of the
+// lease, released with it), and with detach not with ctx either.
 func each[T any](ctx context.Context, q *quorum, timeout time.Duration, detach bool, f func(ctx context.Context, i int, d *deployment) T) *results[T] {
 	base := ctx
 	if detach {
@@ -311,11 +325,9 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 		sortGrant(g, &ok, &busy, &failed)
 	}
 	// Collect until a quorum granted, a quorum is out of reach, or every
-	// node answered. Once a quorum of nodes has answered, the others get a
-	// little longer (quorumGrace), not the whole validity: a hung minority
-	// must not hold an attempt, and the grants it got, for a TTL. (Unlike
-	// results.collect, a granted quorum ends the wait at once: settle
-	// reads the later grants.)
+	// node answered; once a quorum has answered, the others get quorumGrace,
+	// not the validity: a hung minority must not hold an attempt for a TTL.
+	// (Unlike results.collect, a granted quorum ends the wait at once.)
 	var straggle <-chan time.Time
 	for len(ok) < q.n && len(busy)+len(failed) <= len(q.nodes)-q.n && len(ok)+len(busy)+len(failed) < len(q.nodes) {
 		if straggle == nil && len(ok)+len(busy)+len(failed) >= q.n {
@@ -381,19 +393,14 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 	}
 	var errs []error
 	if lagging > 0 {
-		type set struct {
-			node int
-			ok   bool
-			err  error
-		}
 		// Detached: a caller that gives up must not leave a node behind.
-		sets := each(ctx, q, start.Add(validity).Sub(q.l.clock.Now()), true, func(ctx context.Context, i int, d *deployment) set {
+		sets := each(ctx, q, start.Add(validity).Sub(q.l.clock.Now()), true, func(ctx context.Context, i int, d *deployment) nodeGrant {
 			if !behind[i] {
-				return set{node: i}
+				return nodeGrant{node: i}
 			}
 			reply, err := d.run(ctx, setFenceScript, false, []any{lease.keyArgs[keyLock], lease.keyArgs[keyCounter]}, lease.tokenArg,
 				fenceArg, q.l.retentionMillis)
-			return set{node: i, ok: err == nil && reply == int64(1), err: err}
+			return nodeGrant{node: i, ok: err == nil && reply == int64(1), err: err}
 		})
 		defer sets.stop()
 		for range q.nodes {
@@ -429,10 +436,7 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 // decideSplit asks the nodes that found the lock held again, up to three
 // times within half the validity, when the attempt got the first node but
 // too few others and could still get a quorum: the first node decides a
-// split (GUARANTEES.md, "How Redlock works"). A node that does not answer
-// in time counts as busy still (its last answer), and as not answered, so
-// that a failed attempt gives it back (it may have granted the lock
-// meanwhile).
+// split (GUARANTEES.md, "How Redlock works").
 func (q *quorum) decideSplit(ctx context.Context, lease *Lease, start time.Time, validity time.Duration, ok, busy, failed []nodeGrant, answered []bool) ([]nodeGrant, []nodeGrant, []nodeGrant) {
 	if !slices.ContainsFunc(ok, func(g nodeGrant) bool { return g.node == 0 }) {
 		return ok, busy, failed
@@ -479,7 +483,7 @@ func (q *quorum) decideSplit(ctx context.Context, lease *Lease, start time.Time,
 		}
 		again.stop()
 		for _, g := range asked {
-			if ask[g.node] { // no answer: busy as it last said, and given back if the attempt fails
+			if ask[g.node] { // no answer: busy still; given back on failure (it may grant)
 				busy = append(busy, g)
 				answered[g.node] = false
 			}
@@ -513,12 +517,10 @@ func sortGrant(g nodeGrant, ok, busy, failed *[]nodeGrant) {
 }
 
 // settle writes the fence, in the background, to the nodes whose grants
-// came after the quorum's were read (pending is how many replies were not
-// read): each stored the value its own counter reached, which may differ
-// from the lease's fence, so that every node holding the lease stores its
-// fence (Inspect reports it) and a counter behind it is raised to it (one
-// ahead stays ahead). It stops at end, the lease's validity; no ordering
-// rests on it: a quorum had the fence before Acquire returned.
+// came after the quorum's were read (pending replies), which stored what
+// their own counters reached: so that Inspect reads the lease's fence there
+// and a counter behind it is raised. It stops at end, the lease's validity;
+// no ordering rests on it: a quorum had the fence before Acquire returned.
 func (q *quorum) settle(lease *Lease, grants *results[nodeGrant], pending int, fence int64, end time.Time) {
 	if pending == 0 {
 		return
@@ -551,16 +553,14 @@ func (q *quorum) refused(lease *Lease, ok, busy, failed []nodeGrant, answered []
 		cleanup = append(cleanup, g.node)
 	}
 	var misconfigured int
-	var errs []error
-	var parts []string
+	var errs nodeErrs
 	for _, g := range failed {
 		if classify(g.err) == classMisconfigured {
 			misconfigured++
 		} else if !notSent(g.err) {
 			cleanup = append(cleanup, g.node) // it may have granted it
 		}
-		errs = append(errs, g.err)
-		parts = append(parts, q.nodes[g.node].name+": "+oneLine(g.err.Error()))
+		errs.add(q.nodes[g.node], g.err)
 	}
 	for i, a := range answered {
 		if !a {
@@ -593,10 +593,7 @@ func (q *quorum) refused(lease *Lease, ok, busy, failed []nodeGrant, answered []
 	if missing := len(q.nodes) - len(ok) - len(busy) - len(failed); missing > 0 {
 		msg += fmt.Sprintf(", %d did not answer within the lock's validity", missing)
 	}
-	if len(parts) > 0 {
-		msg += ": " + strings.Join(parts, "; ")
-	}
-	return attempt{retire: retire, err: &quorumError{class: class, msg: msg, errs: errs}}
+	return attempt{retire: retire, err: errs.error(class, msg)}
 }
 
 // busyVerdict is a busy attempt's outcome: the holder's owner, the time
@@ -644,11 +641,7 @@ func (q *quorum) retire(lease *Lease, nodes []int) {
 		}
 	}
 	q.l.giveBack(lease, "clean-up of an attempt without a quorum", func(ctx context.Context) (bool, error) {
-		type rel struct {
-			code int64
-			err  error
-		}
-		out := make(chan rel, len(nodes))
+		out := make(chan nodeReply, len(nodes))
 		for _, i := range nodes {
 			d := q.nodes[i]
 			q.l.bg.add()
@@ -656,7 +649,7 @@ func (q *quorum) retire(lease *Lease, nodes []int) {
 				defer q.l.bg.finish()
 				// The call goes on waiting: it keeps its place in line.
 				code, _, err := d.releaseNode(ctx, lease, modeAbandon, "")
-				out <- rel{code, err}
+				out <- nodeReply{code: code, err: err}
 			}()
 		}
 		var deleted bool
@@ -676,23 +669,22 @@ func (q *quorum) retire(lease *Lease, nodes []int) {
 	})
 }
 
+// nodeReply is one node's answer to an extension or a release: its code (1:
+// extended or taken back, or deleted; 0: absent; -1: another's) and errors.
+type nodeReply struct {
+	node      int
+	code      int64
+	perr, err error // perr: a release's publishing error
+}
+
 func (q *quorum) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
-	type ext struct {
-		node int
-		code int64 // 1: extended or taken back, 0: absent, -1: another's
-		err  error
-	}
-	// A node that lost the lock (restarted empty, or never got it: a lease
-	// may start on a bare quorum) is given it back where it is free, and
-	// counts: while the lease still holds a quorum, before its deadline, no
-	// one else can hold one, so taking free nodes keeps the lock exclusive
-	// and keeps a failed minority from costing the lease. After the
-	// deadline, only nodes that still hold it count.
+	// A node that lost the lock, or never got it, is given it back where it
+	// is free ("How Redlock works"): before the deadline the lease still
+	// holds a quorum, so no one else can hold one. Detached: every node is
+	// extended, also after the quorum has answered.
 	repair := q.l.clock.Now().Before(lease.Deadline())
 	fence := lease.fence
-	// Every node is extended (or repaired), also after the quorum has
-	// answered: the caller's context ends then, not the nodes' calls.
-	exts := each(ctx, q, ttl-drift(ttl), true, func(ctx context.Context, i int, d *deployment) ext {
+	exts := each(ctx, q, ttl-drift(ttl), true, func(ctx context.Context, i int, d *deployment) nodeReply {
 		code, err := d.extend(ctx, lease, ttl, renewal)
 		if err == nil && code == 0 && repair {
 			if g := d.grant(ctx, lease, ttl, fence, "", q.entryTTL); g.ok {
@@ -706,17 +698,15 @@ func (q *quorum) extend(ctx context.Context, lease *Lease, ttl time.Duration, re
 		if code == 1 {
 			lease.held.Or(1 << i)
 		}
-		return ext{node: i, code: code, err: err}
+		return nodeReply{node: i, code: code, err: err}
 	})
 	defer exts.stop()
 	var ours, other, gone int
-	var errs []error
-	var parts []string
-	exts.collect(func(e ext) bool {
+	var errs nodeErrs
+	exts.collect(func(e nodeReply) bool {
 		switch {
 		case e.err != nil:
-			errs = append(errs, e.err)
-			parts = append(parts, q.nodes[e.node].name+": "+oneLine(e.err.Error()))
+			errs.add(q.nodes[e.node], e.err)
 		case e.code == 1:
 			ours++
 		case e.code == 0:
@@ -738,44 +728,31 @@ func (q *quorum) extend(ctx context.Context, lease *Lease, ttl time.Duration, re
 		return 0, ctx.Err()
 	}
 	msg := fmt.Sprintf("the lock's expiry was set on %d of %d nodes, %d needed", ours, len(q.nodes), q.n)
-	if len(parts) > 0 {
-		msg += ": " + strings.Join(parts, "; ")
-	}
-	return 0, &quorumError{class: classUnavailable, msg: msg, errs: errs}
+	return 0, errs.error(classUnavailable, msg)
 }
 
 func (q *quorum) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
-	type rel struct {
-		node      int
-		code      int64
-		perr, err error
-	}
 	// Every node gets the release, also after the result is known.
-	rels := each(ctx, q, q.l.opts.ReleaseTimeout, true, func(ctx context.Context, i int, d *deployment) rel {
+	rels := each(ctx, q, q.l.opts.ReleaseTimeout, true, func(ctx context.Context, i int, d *deployment) nodeReply {
 		lineID := ""
 		if i == 0 {
 			lineID = lease.line // the lease's Acquire, or one that gave up, is out of line
 		}
 		code, perr, err := d.releaseNode(ctx, lease, mode, lineID)
-		return rel{node: i, code: code, perr: perr, err: err}
+		return nodeReply{node: i, code: code, perr: perr, err: err}
 	})
 	defer rels.stop()
 	var deleted, other, gone, maybe int
 	var perr error
-	var errs []error
-	var parts []string
+	var errs nodeErrs
 	held := lease.held.Load()
 	answered := make([]bool, len(q.nodes))
-	// Decided when the lease held it on a quorum, or cannot have; the
-	// nodes that answer within the grace after that have released it too
-	// when Release returns, and the others' releases go on in the
-	// background.
-	rels.collect(func(r rel) bool {
+	// Decided when the lease held it on a quorum, or cannot have.
+	rels.collect(func(r nodeReply) bool {
 		answered[r.node] = true
 		switch {
 		case r.err != nil:
-			errs = append(errs, r.err)
-			parts = append(parts, q.nodes[r.node].name+": "+oneLine(r.err.Error()))
+			errs.add(q.nodes[r.node], r.err)
 			if held&(1<<r.node) != 0 {
 				maybe++ // it held the lock, and may still
 			}
@@ -796,10 +773,8 @@ func (q *quorum) release(ctx context.Context, lease *Lease, mode string) (int64,
 			maybe++ // no answer in time from a node that held it
 		}
 	}
-	// The lease held the lock if it still held it on a quorum: on fewer,
-	// another may have held a quorum meanwhile (a double grant, after a
-	// node restarted empty), which is a loss, not a release. A node that
-	// did not answer counts only if it ever confirmed holding the lock.
+	// Held only if still held on a quorum ("How Redlock works"); a node
+	// that did not answer counts only if it ever confirmed holding the lock.
 	switch {
 	case deleted >= q.n:
 		return 1, perr, nil
@@ -811,10 +786,7 @@ func (q *quorum) release(ctx context.Context, lease *Lease, mode string) (int64,
 		return 0, nil, nil
 	}
 	msg := fmt.Sprintf("%d of %d nodes released the lock, %d needed to know it was held", deleted, len(q.nodes), q.n)
-	if len(parts) > 0 {
-		msg += ": " + strings.Join(parts, "; ")
-	}
-	return 0, nil, &quorumError{class: classUnavailable, msg: msg, errs: errs}
+	return 0, nil, errs.error(classUnavailable, msg)
 }
 
 func (q *quorum) close(by time.Time) {

@@ -8,23 +8,11 @@ import (
 )
 
 // A line is a waiting Acquire's place in the line of a Redlock quorum's
-// first node. Every waiting Acquire on a Redlock has an id (its Locker's
-// line tag, a dot, and its first attempt's token); its attempts that find
-// the lock held there join the line, or keep their place, and the one that
-// gets the lock there leaves it (redlock_grant.lua). A release there names
-// the first live entry ("next <id>", redlock_release.lua), on the named call's
-// Locker's turn channel, and only that Acquire tries: without the line,
-// every waiter would try on every release, a call to every node each, and
-// all but one in vain; on the lock's channel, every waiting Locker would
-// hear every turn.
-//
-// The line orders wake-ups, nothing else: any attempt may take a free
-// lock, and no release waits for the one it names. When a message is lost
-// or names an Acquire that is gone (its process died: an Acquire that gives
-// up leaves the line), the others try when their pause ends, at most
-// MaxRetryBackoff; an entry nobody keeps alive expires after lineEntryTTL.
-// When the first node cannot be reached, no one is in line, and every
-// release wakes every waiter of the Locker (everyMessage).
+// first node ("How Redlock works" in GUARANTEES.md says why and how). Its
+// id is its Locker's line tag, a dot, and its first attempt's token; the
+// scripts keep its entry (redlock_grant.lua) and name it when its turn comes
+// ("next <id>" on turnChannel, redlock_release.lua). An entry nobody keeps
+// alive expires after lineEntryTTL.
 type line struct {
 	id    string
 	in    atomic.Bool // the Acquire's last attempt found the lock held on the line's node, which kept its entry
@@ -38,12 +26,10 @@ type line struct {
 	widened bool
 }
 
-// A lineSeat is a registration of an Acquire in a line (home: on the
-// line's node), whose hear lets it hear, while in line, only its own turn,
-// a release on the line's node, or a confirmation when no one was ahead of
-// it (a release before named one of those); woken, it is out of line until
-// its next attempt, which may find nodes whose releases are still on their
-// way (those wake it again).
+// A lineSeat is the hearer of an Acquire in a line (home: on the line's
+// node). In line, it hears only its turn, a release on the line's node, or
+// a confirmation when no one was ahead of it (a release before it named one
+// of those); woken, it is out of line until its next attempt.
 type lineSeat struct {
 	ln   *line
 	home bool
@@ -83,9 +69,7 @@ func (ln *line) widen(w *waiter) {
 	}
 	ln.widened = true
 	for _, d := range ln.q.nodes[1:] {
-		if o := d.waits.register(d.channel(ln.key), w.wake, lineSeat{ln: ln}); o != nil {
-			w.also = append(w.also, o)
-		}
+		w.join(d.waits, d.channel(ln.key), lineSeat{ln: ln})
 	}
 }
 
@@ -105,9 +89,7 @@ func (q *quorum) registerLine(key string, ln *line) *waiter {
 	ln.q, ln.key = q, key
 	w := home.waits.register(home.channel(key), nil, lineSeat{ln: ln, home: true})
 	if w != nil {
-		if o := home.waits.register(q.turnChannel(key), w.wake, lineSeat{ln: ln, home: true}); o != nil {
-			w.also = append(w.also, o)
-		}
+		w.join(home.waits, q.turnChannel(key), lineSeat{ln: ln, home: true})
 	}
 	return w
 }
@@ -116,26 +98,16 @@ func (q *quorum) registerLine(key string, ln *line) *waiter {
 // registers also hears this Locker's turn channel on the line's node: its
 // later attempts may join the line there, and be named.
 func (q *quorum) register(key string, h hearer) *waiter {
-	home := q.nodes[0]
 	var first *waiter
 	for _, d := range q.nodes {
-		var wake chan struct{}
 		if first != nil {
-			wake = first.wake
-		}
-		w := d.waits.register(d.channel(key), wake, h)
-		switch {
-		case w == nil: // closed
-		case first == nil:
-			first = w
-		default:
-			first.also = append(first.also, w)
+			first.join(d.waits, d.channel(key), h)
+		} else {
+			first = d.waits.register(d.channel(key), nil, h) // nil once closed
 		}
 	}
-	if first != nil { // a later attempt may join the line: its turn is named on this Locker's channel
-		if o := home.waits.register(q.turnChannel(key), first.wake, h); o != nil {
-			first.also = append(first.also, o)
-		}
+	if first != nil {
+		first.join(q.nodes[0].waits, q.turnChannel(key), h)
 	}
 	return first
 }

@@ -11,16 +11,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Push-based waiting, as documented in GUARANTEES.md ("Waiting"): the release
-// script publishes on a channel named like the lock key, and waiting Acquire
-// calls listen through a notifier.
-//
-// A waiter's registration and departure only change maps under notifier.mu
-// and kick a hub: subscribing and unsubscribing never sit on Acquire's
-// return path nor on another waiter's registration. Each hub is one
-// subscription connection to one node, owned by one goroutine (run), which
-// takes the changes and the connection's confirmations and errors over
-// channels; the connection's reader wakes the waiters of a message itself.
+// Push-based waiting ("Waiting" in GUARANTEES.md): a release publishes on a
+// channel named like the lock key, and waiting Acquire calls hear it through
+// their Locker's notifier. Registering and leaving only change maps under
+// notifier.mu and kick a hub (one connection, owned by its goroutine run):
+// no registration and no Acquire's return waits for a subscription's change.
 
 // notifier fans release announcements out to the waiting Acquire calls of one
 // Locker. It owns every goroutine it starts (hub owners and their readers,
@@ -58,7 +53,7 @@ type waiter struct {
 	n       *notifier
 	channel string
 	wake    chan struct{} // buffered: a pending wake-up
-	also    []*waiter     // the same call's registrations on the other nodes of a quorum
+	also    []*waiter     // the same call's other registrations (see join); leave ends them too
 	h       hearer        // what the call makes of the channel's messages
 	seq     uint64        // the order of registration: one wake-up goes to the earliest
 	wokeBy  *message      // the wake-up it got as one of many (see wakeOne); guarded by n.mu
@@ -84,7 +79,7 @@ const (
 	wakeAll         // wake this waiter
 	// wakeOne: wake this waiter or another that heard the same, the one
 	// that registered first; the one woken passes the wake-up on if it
-	// leaves before trying (see waiter.leave).
+	// does not use it (waiter.passOn, waiter.leave).
 	wakeOne
 )
 
@@ -111,38 +106,33 @@ func parseMessage(payload string) message {
 const hubLinger = 30 * time.Second
 
 // channelLinger is how long a channel stays subscribed after its last waiter
-// left, when that was a fair one, or one in a Redlock line (on the line's
-// node). A fair wait that comes soon after (on a busy lock, each holder
-// waits again after its work) then finds its subscription confirmed before
-// its first attempt, which answers for every release before it: no
-// keep-alive follows a confirmation; a wait in a Redlock line is named when
-// its turn comes, and saves a subscription per wait. Plain waits do not
-// linger: a holder that waits again at once would then be woken as soon as
-// the others, and the others, on a busy lock, wait longer (measured:
-// Jain's fairness 0.90 instead of 0.998 with eight waiters, wait p99 twice).
+// left, when that was a fair one or one in a Redlock line (on the line's
+// node). A fair wait soon after (on a busy lock, each holder waits again
+// after its work) then finds its subscription confirmed before its first
+// attempt, and needs no keep-alive for a late confirmation; a Redlock line
+// saves a subscription per wait. Plain waits do not linger: a holder that
+// waits again at once would be woken as soon as the others, who wait longer
+// (measured: Jain's fairness 0.90 instead of 0.998 with eight waiters, wait
+// p99 twice).
 const channelLinger = time.Second
 
 // routeTimeout bounds the lookup of the node that serves a channel.
 const routeTimeout = 5 * time.Second
 
 func newNotifier(client redis.UniversalClient, log *slog.Logger, clock Clock) *notifier {
-	var nodes bool
-	switch client.(type) {
-	case *redis.ClusterClient, *redis.Ring:
-		nodes = true
-	}
+	_, cluster := client.(*redis.ClusterClient)
+	_, ring := client.(*redis.Ring)
 	ctx, cancel := context.WithCancel(context.Background())
 	return &notifier{
-		client: client, nodes: nodes, linger: hubLinger, keep: channelLinger, log: log, clock: clock, ctx: ctx, cancel: cancel,
+		client: client, nodes: cluster || ring, linger: hubLinger, keep: channelLinger, log: log, clock: clock, ctx: ctx, cancel: cancel,
 		reroute:  2 * time.Second,
 		channels: make(map[string]*chanState), hubs: make(map[string]*hub),
 	}
 }
 
-// register adds a waiter on channel, which h decides what wakes, and
-// returns at once; it returns nil after close. The waiter is woken, on wake
-// if not nil, by its channel's messages as h decides, the subscription's
-// confirmation (at once if it already was) among them.
+// register adds a waiter on channel and returns at once (nil after close).
+// It is woken, on wake if not nil, by the channel's messages as h decides,
+// the subscription's confirmation among them (at once if it already was).
 func (n *notifier) register(channel string, wake chan struct{}, h hearer) *waiter {
 	if wake == nil {
 		wake = make(chan struct{}, 1)
@@ -171,6 +161,13 @@ func (n *notifier) register(channel string, wake chan struct{}, h hearer) *waite
 		n.routeLocked(channel, cs, "")
 	}
 	return w
+}
+
+// join registers w's call on channel of n too, woken on w's channel.
+func (w *waiter) join(n *notifier, channel string, h hearer) {
+	if o := n.register(channel, w.wake, h); o != nil {
+		w.also = append(w.also, o)
+	}
 }
 
 // drain drops a pending wake-up of w: the caller is about to ask Redis,
@@ -339,20 +336,20 @@ func (n *notifier) rerouteLocked(channel, moved string) {
 	n.routeLocked(channel, cs, moved)
 }
 
-// wake gives the message payload to the waiters on channel, or, when
-// channel is "", signals those on every channel of h.
-func (n *notifier) wake(h *hub, channel, payload string) {
+// wake gives the message payload to the waiters on channel.
+func (n *notifier) wake(channel, payload string) {
 	m := parseMessage(payload)
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if channel != "" {
-		if cs := n.channels[channel]; cs != nil {
-			cs.deliverLocked(m, false)
-		}
-		return
+	if cs := n.channels[channel]; cs != nil {
+		cs.deliverLocked(m, false)
 	}
+}
+
+// signalLocked wakes every waiter on the channels of h, of every hub if nil.
+func (n *notifier) signalLocked(h *hub) {
 	for _, cs := range n.channels {
-		if cs.hub == h {
+		if h == nil || cs.hub == h {
 			for w := range cs.waiters {
 				w.signal()
 			}
@@ -394,11 +391,7 @@ func (n *notifier) close(by time.Time) {
 		h.closed = true
 		h.kickLocked()
 	}
-	for _, cs := range n.channels {
-		for w := range cs.waiters {
-			w.signal()
-		}
-	}
+	n.signalLocked(nil)
 	n.mu.Unlock()
 	n.cancel()
 	done := make(chan struct{})
@@ -494,7 +487,7 @@ func (c *conn) read(n *notifier) {
 			msg = err
 		}
 		if m, ok := msg.(*redis.Message); ok {
-			n.wake(nil, m.Channel, m.Payload)
+			n.wake(m.Channel, m.Payload)
 			continue
 		}
 		select {
@@ -619,7 +612,9 @@ func (h *hub) run() {
 				// pub/sub: messages may have been lost, so every waiter
 				// tries again; then open a new connection.
 				drop()
-				n.wake(h, "", "")
+				n.mu.Lock()
+				n.signalLocked(h)
+				n.mu.Unlock()
 				retryAt = h.now().Add(reopen.next())
 			}
 		}
@@ -721,7 +716,7 @@ func (h *hub) handle(c *conn, m any) bool {
 			n.mu.Unlock()
 			// Releases before the confirmation may have been missed:
 			// the waiters try now.
-			n.wake(nil, m.Channel, "")
+			n.wake(m.Channel, "")
 		case "unsubscribe", "sunsubscribe":
 			if c.unsent[m.Channel] > 0 {
 				// The confirmation of our own unsubscription, even if
@@ -744,7 +739,7 @@ func (h *hub) handle(c *conn, m any) bool {
 			}
 			h.kickLocked()
 			n.mu.Unlock()
-			n.wake(nil, m.Channel, "")
+			n.wake(m.Channel, "")
 		}
 	case *redis.Pong:
 	case error:
