@@ -149,7 +149,7 @@ func runInstances(ctx context.Context, cfg Config, tl *demo.Timeline, addr, pref
 	if err != nil {
 		return res, err
 	}
-	defer api.close()
+	defer api.Close()
 
 	var instances []*instance
 	for _, name := range instanceNames {

@@ -203,7 +203,7 @@ func (s *setup) runInstances(ctx context.Context, locked bool) (res RunResult, e
 	if err != nil {
 		return res, err
 	}
-	defer api.close()
+	defer api.Close()
 
 	rec := &recorder{expiries: make(map[int]string), active: make(map[int]bool)}
 	var instances []*instance
