@@ -46,9 +46,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -59,26 +57,23 @@ import (
 )
 
 func main() {
-	os.Exit(runMain())
+	os.Exit(command.Main())
 }
 
-// runMain runs the story as the command does and returns its exit code.
-func runMain() int {
-	// go-redis logs each failed dial of its pools, dozens a second while
-	// Redis is down; the timeline shows the outage once per instance, as
-	// fencelock logs it.
-	redis.SetLogger(quietLogger{})
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	_, err := run(ctx, Config{
-		RedisAddr:   os.Getenv("REDIS_ADDR"),
-		DatabaseURL: os.Getenv("DATABASE_URL"),
-	})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "orders:", err)
-		return 1
-	}
-	return 0
+// command is the orders command.
+var command = demo.Command{
+	Name: "orders",
+	Run: func(ctx context.Context) error {
+		// go-redis logs each failed dial of its pools, dozens a second
+		// while Redis is down; the timeline shows the outage once per
+		// instance, as fencelock logs it.
+		redis.SetLogger(quietLogger{})
+		_, err := run(ctx, Config{
+			RedisAddr:   os.Getenv("REDIS_ADDR"),
+			DatabaseURL: os.Getenv("DATABASE_URL"),
+		})
+		return err
+	},
 }
 
 type quietLogger struct{}
@@ -130,60 +125,34 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 	if cfg.Pack == 0 {
 		cfg.Pack = 300 * time.Millisecond
 	}
-	if cfg.Out == nil {
-		cfg.Out = os.Stdout
-	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 
-	tl := demo.NewTimeline(cfg.Out)
-	rds, err := demo.StartRedis(ctx, cfg.RedisAddr)
-	redisDown := errors.Is(err, demo.ErrNoAnswer)
-	switch {
-	case redisDown:
-		// An outage, not a bad address: the instances fail open, so the
-		// story goes on without Redis.
-		rds = &demo.Redis{Addr: cfg.RedisAddr, Desc: err.Error() + "; the instances will fail open"}
-	case err != nil:
-		return res, err
-	}
-	defer rds.Close()
-	db, err := demo.OpenDB(ctx, cfg.DatabaseURL)
+	// A Redis that does not answer is an outage, not a bad address: the
+	// instances fail open, so the story goes on without Redis.
+	st, err := demo.Start(ctx, cfg.Out, demo.Servers{RedisAddr: cfg.RedisAddr, DatabaseURL: cfg.DatabaseURL, RedisMayBeDown: true})
 	if err != nil {
 		return res, err
 	}
-	defer db.Close()
+	defer st.Close(&err)
+	tl, db := st.Timeline, st.DB
 
-	runID := demo.RunID()
-	q := newQueries(db, runID)
-	res.OrderID, res.Tables = orderID, []string{q.orders, q.shipments, q.fences, q.fences + "_keys"}
-	defer func() {
-		if derr := db.DropTables(ctx, res.Tables...); derr != nil && err == nil {
-			err = derr
-		}
-	}()
+	q := newQueries(db, st.ID)
+	res.OrderID, res.Tables = orderID, st.DropAtEnd(q.orders, q.shipments, q.fences, q.fences+"_keys")
 	if err := q.createTables(ctx, db); err != nil {
 		return res, err
 	}
-	prefix := "fencelock-example:" + runID + ":"
 	lockName := fmt.Sprintf("order:%d", orderID)
-	lockKey := prefix + "{" + lockName + "}" // Options.KeyPrefix documents the key format
-	res.Keys = []string{lockKey, lockKey + ":fence"}
-	defer func() {
-		derr := demo.DeleteKeys(ctx, rds.Addr, res.Keys...)
-		if redisDown && errors.Is(derr, demo.ErrNoAnswer) {
-			tl.Printf("parent", "redis still does not answer: no clean-up of its keys (any written expire by themselves)")
-			derr = nil
-		}
-		if derr != nil && err == nil {
-			err = derr
-		}
-	}()
+	res.Keys = st.LockKeys(lockName)
 	if _, err := db.ExecContext(ctx, q.insertOrder, orderID); err != nil {
 		return res, fmt.Errorf("create order: %w", err)
 	}
 
-	tl.Printf("parent", "redis: %s", rds.Desc)
+	if st.RedisDown != nil {
+		tl.Printf("parent", "redis: %s; the instances will fail open", st.Redis.Desc)
+	} else {
+		tl.Printf("parent", "redis: %s", st.Redis.Desc)
+	}
 	tl.Printf("parent", "database: %s, tables %s and %s, fence guard %s", db.Desc, q.orders, q.shipments, q.fences)
 	tl.Printf("parent", "order %d is paid; its \"payment completed\" notification arrives twice, at two instances at once",
 		orderID)
@@ -198,7 +167,7 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 		}
 	}()
 	for _, name := range names {
-		in, err := newInstance(ctx, name, rds.Addr, db, q, prefix, cfg.Pack, tl)
+		in, err := newInstance(ctx, name, st.Redis.Addr, db, q, st.KeyPrefix, cfg.Pack, tl)
 		if err != nil {
 			return res, err
 		}

@@ -1,10 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"net"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
@@ -13,69 +10,27 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/fencelock/fencelock/examples/internal/demo"
 	"github.com/fencelock/fencelock/examples/internal/demotest"
 )
 
-// commandEnv makes the test binary run as the orders command itself.
-const commandEnv = "FENCELOCK_ORDERS_COMMAND"
-
 func TestMain(m *testing.M) {
-	if os.Getenv(commandEnv) == "1" {
-		os.Exit(runMain())
-	}
-	// Under -race a process sleeps 1s at exit by default (the race
-	// detector's atexit_sleep_ms); the command runs in a child process.
-	_ = os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
-	goleak.VerifyTestMain(m)
+	demotest.Main(m, command)
 }
 
 // TestStory runs the story against each combination of embedded and real
 // servers and checks that the order shipped once.
 func TestStory(t *testing.T) {
-	tests := []struct {
-		name            string
-		redis, database func(t testing.TB) string
-	}{
-		{name: "embedded"},
-		{name: "real redis", redis: demotest.RealRedis},
-		{name: "postgres", database: demotest.RealPostgres},
-		{name: "real redis and postgres", redis: demotest.RealRedis, database: demotest.RealPostgres},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			cfg := Config{Out: demotest.Output(t)}
-			if tt.redis != nil {
-				cfg.RedisAddr = tt.redis(t)
-			}
-			if tt.database != nil {
-				cfg.DatabaseURL = tt.database(t)
-			}
-			res, err := run(t.Context(), cfg)
-			require.NoError(t, err)
-			checkStory(t, res)
-			if cfg.RedisAddr != "" {
-				c, err := demo.NewRedisClient(t.Context(), cfg.RedisAddr)
-				require.NoError(t, err)
-				defer c.Close()
-				n, err := c.Exists(t.Context(), res.Keys...).Result()
-				require.NoError(t, err)
-				assert.Zero(t, n, "keys left behind of %v", res.Keys)
-			}
-			if cfg.DatabaseURL != "" {
-				db, err := demo.Connect(t.Context(), "pgx", cfg.DatabaseURL)
-				require.NoError(t, err)
-				defer db.Close()
-				for _, table := range res.Tables {
-					var found bool
-					require.NoError(t, db.QueryRowContext(t.Context(), "SELECT to_regclass($1) IS NOT NULL", table).Scan(&found))
-					assert.False(t, found, "table %s left behind", table)
-				}
-			}
-		})
-	}
+	setups := []demotest.Setup{demotest.Embedded, demotest.WithRedis, demotest.WithPostgres, demotest.WithRedisAndPostgres}
+	demotest.Run(t, setups, func(t *testing.T, redisAddr, databaseURL string) {
+		cfg := Config{RedisAddr: redisAddr, DatabaseURL: databaseURL, Out: demotest.Output(t)}
+		res, err := run(t.Context(), cfg)
+		require.NoError(t, err)
+		checkStory(t, res)
+		demotest.KeysGone(t, redisAddr, res.Keys)
+		demotest.TablesGone(t, databaseURL, res.Tables...)
+	})
 }
 
 func checkStory(t *testing.T, res Result) {
@@ -253,13 +208,7 @@ func TestShipDegraded(t *testing.T) {
 
 // TestCommand runs the command as `go run ./examples/orders` does.
 func TestCommand(t *testing.T) {
-	cmd := command(t)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	require.NoError(t, cmd.Run(), "stderr: %s", stderr.String())
-	out := stdout.String()
-	t.Log("\n" + out)
-	assert.Empty(t, stderr.String())
+	out := demotest.RunCommand(t)
 	assert.Equal(t, 2, strings.Count(out, "payment completed for order 42"))
 	assert.Equal(t, 1, strings.Count(out, "is paid: picking and packing"))
 	assert.Equal(t, 1, strings.Count(out, "shipped, shipment recorded"))
@@ -271,13 +220,7 @@ func TestCommand(t *testing.T) {
 // where nothing listens: it ships the order once, degraded, and exits 0.
 func TestCommandRedisDown(t *testing.T) {
 	t.Parallel()
-	cmd := command(t, "REDIS_ADDR="+closedAddr(t))
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	require.NoError(t, cmd.Run(), "stderr: %s", stderr.String())
-	out := stdout.String()
-	t.Log("\n" + out)
-	assert.Empty(t, stderr.String())
+	out := demotest.RunCommand(t, "REDIS_ADDR="+closedAddr(t))
 	assert.Equal(t, 2, strings.Count(out, "running without the lock (fail-open)"), "the cause, logged")
 	assert.Equal(t, 2, strings.Count(out, "running degraded, without the lock and without a fence"))
 	assert.Equal(t, 1, strings.Count(out, "shipped, shipment recorded without a fence"))
@@ -296,33 +239,7 @@ func TestCommandBadInput(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.env, func(t *testing.T) {
-			cmd := command(t, tt.env)
-			var stderr bytes.Buffer
-			cmd.Stderr = &stderr
-			err := cmd.Run()
-			var exit *exec.ExitError
-			require.ErrorAs(t, err, &exit)
-			assert.Equal(t, 1, exit.ExitCode())
-			assert.Contains(t, stderr.String(), "orders: "+tt.want)
-			assert.NotContains(t, stderr.String(), "secret", "a password in an error message")
-			assert.NotContains(t, stderr.String(), "goroutine ", "a panic")
+			demotest.BadInput(t, "orders", tt.env, tt.want)
 		})
 	}
-}
-
-// command returns the test binary set up to run as the orders command, on
-// the embedded servers unless env says otherwise.
-func command(t *testing.T, env ...string) *exec.Cmd {
-	t.Helper()
-	exe, err := os.Executable()
-	require.NoError(t, err)
-	cmd := exec.CommandContext(t.Context(), exe)
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "REDIS_ADDR=") && !strings.HasPrefix(kv, "DATABASE_URL=") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, commandEnv+"=1")
-	cmd.Env = append(cmd.Env, env...)
-	return cmd
 }

@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/fencelock/fencelock/examples/internal/demo"
 )
 
 // partnerAPI is the external API the instances call, served on loopback.
@@ -15,12 +16,10 @@ import (
 // callers: a request that arrives while limit others are in flight is
 // refused with 429 Too Many Requests, as rate-limited partners do.
 type partnerAPI struct {
-	URL     string
+	*demo.HTTPServer // its URL, and Close
+
 	limit   int
 	latency time.Duration // how long a request takes
-
-	srv    *http.Server
-	served chan struct{} // closed when Serve has returned
 
 	mu       sync.Mutex
 	inFlight int // guarded by mu
@@ -29,29 +28,16 @@ type partnerAPI struct {
 	refused  int // guarded by mu; requests refused with 429
 }
 
-// startPartnerAPI serves a partnerAPI on a free loopback port until close.
+// startPartnerAPI serves a partnerAPI on a free loopback port until Close.
 func startPartnerAPI(limit int, latency time.Duration) (*partnerAPI, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("partner API: %w", err)
-	}
-	a := &partnerAPI{URL: "http://" + ln.Addr().String(), limit: limit, latency: latency, served: make(chan struct{})}
+	a := &partnerAPI{limit: limit, latency: latency}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/orders", a.order)
-	a.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		defer close(a.served)
-		_ = a.srv.Serve(ln) // ErrServerClosed after close
-	}()
+	var err error
+	if a.HTTPServer, err = demo.StartHTTP("partner API", mux); err != nil {
+		return nil, err
+	}
 	return a, nil
-}
-
-// close stops the server and waits for it.
-func (a *partnerAPI) close() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = a.srv.Shutdown(ctx)
-	<-a.served
 }
 
 func (a *partnerAPI) order(w http.ResponseWriter, r *http.Request) {

@@ -28,9 +28,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/fencelock/fencelock"
@@ -38,19 +36,16 @@ import (
 )
 
 func main() {
-	os.Exit(runMain())
+	os.Exit(command.Main())
 }
 
-// runMain runs the story as the command does and returns its exit code.
-func runMain() int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	_, err := run(ctx, Config{RedisAddr: os.Getenv("REDIS_ADDR")})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "ratelimit:", err)
-		return 1
-	}
-	return 0
+// command is the ratelimit command.
+var command = demo.Command{
+	Name: "ratelimit",
+	Run: func(ctx context.Context) error {
+		_, err := run(ctx, Config{RedisAddr: os.Getenv("REDIS_ADDR")})
+		return err
+	},
 }
 
 // Config configures one run of the story.
@@ -93,37 +88,27 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 	if cfg.Duration == 0 {
 		cfg.Duration = time.Second
 	}
-	if cfg.Out == nil {
-		cfg.Out = os.Stdout
-	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second+2*cfg.Duration)
 	defer cancel()
-	tl := demo.NewTimeline(cfg.Out)
-	rds, err := demo.StartRedis(ctx, cfg.RedisAddr)
+	st, err := demo.Start(ctx, cfg.Out, demo.Servers{RedisAddr: cfg.RedisAddr, NoDatabase: true})
 	if err != nil {
 		return res, err
 	}
-	defer rds.Close()
-	prefix := "fencelock-example:" + demo.RunID() + ":"
-	key := prefix + "{" + semName + "}:sem" // a semaphore's keys: GUARANTEES.md, "Semaphores"
-	res.Keys = []string{key, key + ":h", key + ":fence", key + ":q", key + ":qi"}
-	defer func() {
-		if derr := demo.DeleteKeys(ctx, rds.Addr, res.Keys...); derr != nil && err == nil {
-			err = derr
-		}
-	}()
+	defer st.Close(&err)
+	tl := st.Timeline
+	res.Keys = st.SemaphoreKeys(semName)
 
-	tl.Printf("parent", "redis: %s", rds.Desc)
+	tl.Printf("parent", "redis: %s", st.Redis.Desc)
 	tl.Printf("parent", "the partner API allows %d concurrent requests and refuses more with 429; each takes %v", limit, latency)
 	tl.Printf("parent", "%d instances with %d workers each send it orders for %v", len(instanceNames), workers, cfg.Duration)
 
 	tl.Printf("parent", "run 1: every request under a permit of the semaphore %q (%d permits, WithWait)", semName, limit)
-	if res.Limited, err = runInstances(ctx, cfg, tl, rds.Addr, prefix, true); err != nil {
+	if res.Limited, err = runInstances(ctx, cfg, tl, st.Redis.Addr, st.KeyPrefix, true); err != nil {
 		return res, err
 	}
 	summarize(tl, res.Limited)
 	tl.Printf("parent", "run 2: the same instances with the semaphore turned off")
-	if res.Unlimited, err = runInstances(ctx, cfg, tl, rds.Addr, prefix, false); err != nil {
+	if res.Unlimited, err = runInstances(ctx, cfg, tl, st.Redis.Addr, st.KeyPrefix, false); err != nil {
 		return res, err
 	}
 	summarize(tl, res.Unlimited)
@@ -164,7 +149,7 @@ func runInstances(ctx context.Context, cfg Config, tl *demo.Timeline, addr, pref
 	if err != nil {
 		return res, err
 	}
-	defer api.close()
+	defer api.Close()
 
 	var instances []*instance
 	for _, name := range instanceNames {

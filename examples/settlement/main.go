@@ -35,36 +35,29 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/fencelock/fencelock/examples/internal/demo"
 )
 
 func main() {
-	if code, isPod := podMain(); isPod {
-		os.Exit(code)
-	}
-	os.Exit(runMain())
+	os.Exit(command.Main())
 }
 
-// runMain runs the story as the command does and returns its exit code.
-func runMain() int {
-	// Ctrl-C or SIGTERM cancels ctx; run then kills and reaps its pods and
-	// removes its table and keys before returning.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	_, err := run(ctx, Config{
-		RedisAddr:   os.Getenv("REDIS_ADDR"),
-		DatabaseURL: os.Getenv("DATABASE_URL"),
-	})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "settlement:", err)
-		return 1
-	}
-	return 0
+// command is the settlement command, and its pods (runPod). Ctrl-C or
+// SIGTERM cancels run's context; run then kills and reaps its pods and
+// removes its table and keys before returning.
+var command = demo.Command{
+	Name: "settlement",
+	Run: func(ctx context.Context) error {
+		_, err := run(ctx, Config{
+			RedisAddr:   os.Getenv("REDIS_ADDR"),
+			DatabaseURL: os.Getenv("DATABASE_URL"),
+		})
+		return err
+	},
+	Child: demo.ChildMain(runPod),
 }
 
 // Config configures one run of the story.
@@ -127,37 +120,21 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 	if cfg.TTL == 0 {
 		cfg.TTL = time.Second
 	}
-	if cfg.Out == nil {
-		cfg.Out = os.Stdout
-	}
-	if cfg.Stderr == nil {
-		cfg.Stderr = os.Stderr
-	}
 	// A bound on the whole story, so a pod that misbehaves cannot hang it.
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second+10*cfg.TTL)
 	defer cancel()
 
-	tl := demo.NewTimeline(cfg.Out)
-	rds, err := demo.StartRedis(ctx, cfg.RedisAddr)
+	st, err := demo.Start(ctx, cfg.Out, demo.Servers{RedisAddr: cfg.RedisAddr, DatabaseURL: cfg.DatabaseURL})
 	if err != nil {
 		return res, err
 	}
-	defer rds.Close()
-	db, err := demo.OpenDB(ctx, cfg.DatabaseURL)
-	if err != nil {
-		return res, err
-	}
-	defer db.Close()
+	defer st.Close(&err)
+	tl, db := st.Timeline, st.DB
 
-	runID := demo.RunID()
-	table := "settlements_" + runID
-	res.Table, res.Fences = table, "fences_"+runID
+	table := "settlements_" + st.ID
+	res.Table, res.Fences = table, "fences_"+st.ID
+	st.DropAtEnd(table, res.Fences, res.Fences+"_keys")
 	q := newQueries(db, table, res.Fences)
-	defer func() {
-		if derr := db.DropTables(ctx, table, res.Fences, res.Fences+"_keys"); derr != nil && err == nil {
-			err = derr
-		}
-	}()
 	if _, err := db.ExecContext(ctx, q.create); err != nil {
 		return res, fmt.Errorf("create table %s: %w", table, err)
 	}
@@ -165,35 +142,25 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 		return res, err
 	}
 
-	// The day before today is settled. Its lock is per day, and its key
-	// prefix is per run so runs sharing a Redis do not meet.
+	// The day before today is settled. Its lock is per day.
 	res.Date = time.Now().UTC().AddDate(0, 0, -1).Format(time.DateOnly)
-	prefix := "fencelock-example:" + runID + ":"
 	lockName := "settlement:" + res.Date
-	// The lock key (KeyPrefix+"{"+name+"}") is normally gone already; its
-	// fence counter (the same plus ":fence") is not.
-	lockKey := prefix + "{" + lockName + "}"
-	res.Keys = []string{lockKey, lockKey + ":fence"}
-	defer func() {
-		if derr := demo.DeleteKeys(ctx, rds.Addr, res.Keys...); derr != nil && err == nil {
-			err = derr
-		}
-	}()
+	res.Keys = st.LockKeys(lockName)
 
-	tl.Printf("parent", "redis: %s", rds.Desc)
+	tl.Printf("parent", "redis: %s", st.Redis.Desc)
 	tl.Printf("parent", "database: %s, table %s, fence guard %s", db.Desc, table, res.Fences)
 	tl.Printf("parent", "settling %s under lock %q, TTL %v (renewed every %v while held)",
 		res.Date, lockName, cfg.TTL, (cfg.TTL / 3).Round(time.Millisecond))
 
 	s := &story{
-		tl:     tl,
-		stderr: cfg.Stderr,
+		tl:    tl,
+		procs: demo.NewProcs[Firing](tl, cfg.Stderr),
 		base: podConfig{
-			Redis: rds.Addr, Driver: db.Driver, DSN: db.DSN, Table: table, Fences: res.Fences,
-			KeyPrefix: prefix, Date: res.Date, TTL: cfg.TTL,
+			Redis: st.Redis.Addr, Driver: db.Driver, DSN: db.DSN, Table: table, Fences: res.Fences,
+			KeyPrefix: st.KeyPrefix, Date: res.Date, TTL: cfg.TTL,
 		},
 	}
-	defer s.stopAll()
+	defer s.procs.StopAll()
 
 	if err := s.tell(ctx, &res); err != nil {
 		return res, err
@@ -216,6 +183,27 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 	return res, nil
 }
 
+// story is the parent's side of a run: the pods it started, which run
+// kills and waits for when it returns.
+type story struct {
+	tl    *demo.Timeline
+	procs *demo.Procs[Firing]
+	base  podConfig // what every pod is told; start adds the pod's own part
+}
+
+// start starts a pod process running this executable in the pod role
+// (runPod), with the story's configuration changed by edit (if not nil). The
+// pod connects to Redis and the database, reports "ready" and waits for
+// "go".
+func (s *story) start(name, at string, edit func(*podConfig)) (*demo.Proc[Firing], error) {
+	cfg := s.base
+	cfg.Pod, cfg.At = name, at
+	if edit != nil {
+		edit(&cfg)
+	}
+	return s.procs.Start(name, cfg)
+}
+
 // tell runs the pods through the story and records their firings in res.
 func (s *story) tell(ctx context.Context, res *Result) error {
 	ttl := s.base.TTL
@@ -226,34 +214,34 @@ func (s *story) tell(ctx context.Context, res *Result) error {
 	names := []string{"pod-1", "pod-2", "pod-3"}
 	tl := s.tl
 	tl.Printf("parent", "00:05 the schedulers of %s fire together", strings.Join(names, ", "))
-	var first []*podProc
+	var first []*demo.Proc[Firing]
 	for _, name := range names {
-		p, err := s.start(ctx, name, "00:05", func(c *podConfig) { c.Hold = true })
+		p, err := s.start(name, "00:05", func(c *podConfig) { c.Hold = true })
 		if err != nil {
 			return err
 		}
 		first = append(first, p)
 	}
-	if err := s.fireTogether(ctx, first...); err != nil {
+	if err := s.procs.FireTogether(ctx, first...); err != nil {
 		return err
 	}
 	// Each pod either acquires the lock or ends its run (busy).
 	res.Firings = make([]Firing, len(first))
 	winnerAt := -1
-	var losers []*podProc
+	var losers []*demo.Proc[Firing]
 	for i, p := range first {
-		ev, err := p.await(ctx, "acquired", "result")
+		ev, err := p.Await(ctx, "acquired", "result")
 		if err != nil {
 			return err
 		}
 		if ev.Kind == "acquired" {
 			if winnerAt >= 0 {
-				return fmt.Errorf("both %s and %s acquired the lock", first[winnerAt].name, p.name)
+				return fmt.Errorf("both %s and %s acquired the lock", first[winnerAt].Name, p.Name)
 			}
 			winnerAt = i
 			continue
 		}
-		if res.Firings[i], err = p.finish(ctx, ev); err != nil {
+		if res.Firings[i], err = p.Finish(ctx, ev); err != nil {
 			return err
 		}
 		losers = append(losers, p)
@@ -262,32 +250,32 @@ func (s *story) tell(ctx context.Context, res *Result) error {
 		return errors.New("expected exactly one pod to acquire the lock at 00:05")
 	}
 	winner := first[winnerAt]
-	res.Paused = winner.name
+	res.Paused = winner.Name
 
 	// The winner is about to write. Freeze it there.
-	if _, err := winner.await(ctx, "hold"); err != nil {
+	if _, err := winner.Await(ctx, "hold"); err != nil {
 		return err
 	}
-	if err := pausePod(winner.cmd.Process); err != nil {
-		return fmt.Errorf("pause %s: %w", winner.name, err)
+	if err := pausePod(winner.Process()); err != nil {
+		return fmt.Errorf("pause %s: %w", winner.Name, err)
 	}
 	paused := time.Now()
 	tl.Printf("parent", "%s %s (pid %d) right before its write: its watchdog cannot renew the lock, which expires within %v",
-		pauseMethod, winner.name, winner.cmd.Process.Pid, ttl)
+		pauseMethod, winner.Name, winner.Process().Pid, ttl)
 
 	// 00:06: a catch-up run finds the day not settled and waits for the
 	// lock, which it gets once the frozen pod's lock has expired.
 	catchUp := losers[0]
 	tl.Printf("parent", "00:06 %s's catch-up run: %s is not settled yet, so it waits for the lock (WithWait %v)",
-		catchUp.name, res.Date, 5*ttl)
-	p, err := s.start(ctx, catchUp.name, "00:06", func(c *podConfig) { c.Wait = 5 * ttl })
+		catchUp.Name, res.Date, 5*ttl)
+	p, err := s.start(catchUp.Name, "00:06", func(c *podConfig) { c.Wait = 5 * ttl })
 	if err != nil {
 		return err
 	}
-	if err := s.fireTogether(ctx, p); err != nil {
+	if err := s.procs.FireTogether(ctx, p); err != nil {
 		return err
 	}
-	catchUpFiring, err := p.firing(ctx)
+	catchUpFiring, err := p.Result(ctx)
 	if err != nil {
 		return err
 	}
@@ -297,15 +285,15 @@ func (s *story) tell(ctx context.Context, res *Result) error {
 	// returns before every thread of the pod has stopped, and a go-ahead
 	// sent right after it was seen (on a busy machine) to be read and the
 	// write sent to the database before the pod stopped.
-	if err := resumePod(winner.cmd.Process); err != nil {
-		return fmt.Errorf("resume %s: %w", winner.name, err)
+	if err := resumePod(winner.Process()); err != nil {
+		return fmt.Errorf("resume %s: %w", winner.Name, err)
 	}
 	tl.Printf("parent", "%s %s after %.2fs: its lock expired while it was frozen; it carries on with its write",
-		resumeMethod, winner.name, time.Since(paused).Seconds())
-	if err := winner.send("write"); err != nil {
+		resumeMethod, winner.Name, time.Since(paused).Seconds())
+	if err := winner.Send("write"); err != nil {
 		return err
 	}
-	if res.Firings[winnerAt], err = winner.firing(ctx); err != nil {
+	if res.Firings[winnerAt], err = winner.Result(ctx); err != nil {
 		return err
 	}
 	res.Firings = append(res.Firings, catchUpFiring)
@@ -313,15 +301,15 @@ func (s *story) tell(ctx context.Context, res *Result) error {
 	// 00:07: the last pod's scheduler fires late. The lock is free; only the
 	// row keeps it from settling the day again.
 	late := losers[1]
-	tl.Printf("parent", "00:07 %s's scheduler fires late", late.name)
-	p, err = s.start(ctx, late.name, "00:07", nil)
+	tl.Printf("parent", "00:07 %s's scheduler fires late", late.Name)
+	p, err = s.start(late.Name, "00:07", nil)
 	if err != nil {
 		return err
 	}
-	if err := s.fireTogether(ctx, p); err != nil {
+	if err := s.procs.FireTogether(ctx, p); err != nil {
 		return err
 	}
-	lateFiring, err := p.firing(ctx)
+	lateFiring, err := p.Result(ctx)
 	if err != nil {
 		return err
 	}

@@ -11,72 +11,32 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/fencelock/fencelock/examples/internal/demo"
 	"github.com/fencelock/fencelock/examples/internal/demotest"
 	"github.com/fencelock/fencelock/fencesql"
 )
 
-// commandEnv makes the test binary run as the settlement command itself, so
-// that tests can check what the command prints, its exit code and what it
-// leaves behind.
-const commandEnv = "FENCELOCK_SETTLEMENT_COMMAND"
-
 func TestMain(m *testing.M) {
-	// The story re-executes its own binary as the pods; under test that is
-	// this test binary, so the roles are dispatched before any test runs.
-	if code, isPod := podMain(); isPod {
-		os.Exit(code)
-	}
-	if os.Getenv(commandEnv) == "1" {
-		os.Exit(runMain())
-	}
-	// Under -race every process sleeps 1s at exit by default (the race
-	// detector's atexit_sleep_ms); the pods inherit this and exit at once.
-	_ = os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
-	goleak.VerifyTestMain(m)
+	demotest.Main(m, command)
 }
 
 // TestStory runs the story against each combination of embedded and real
 // servers and checks what happened, not just that it ran.
 func TestStory(t *testing.T) {
-	tests := []struct {
-		name            string
-		redis, database func(t testing.TB) string
-	}{
-		{name: "embedded"},
-		{name: "real redis", redis: demotest.RealRedis},
-		{name: "postgres", database: demotest.RealPostgres},
-		{name: "real redis and postgres", redis: demotest.RealRedis, database: demotest.RealPostgres},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			cfg := Config{Out: demotest.Output(t)}
-			cfg.Stderr = cfg.Out
-			if tt.redis != nil {
-				cfg.RedisAddr = tt.redis(t)
-			}
-			if tt.database != nil {
-				cfg.DatabaseURL = tt.database(t)
-			}
-			res, err := run(t.Context(), cfg)
-			require.NoError(t, err)
-			checkStory(t, res)
-			if cfg.RedisAddr != "" {
-				checkKeysGone(t, cfg.RedisAddr, res.Keys)
-			}
-			if cfg.DatabaseURL != "" {
-				for _, table := range []string{res.Table, res.Fences, res.Fences + "_keys"} {
-					checkTableGone(t, cfg.DatabaseURL, table)
-				}
-			}
-		})
-	}
+	setups := []demotest.Setup{demotest.Embedded, demotest.WithRedis, demotest.WithPostgres, demotest.WithRedisAndPostgres}
+	demotest.Run(t, setups, func(t *testing.T, redisAddr, databaseURL string) {
+		cfg := Config{RedisAddr: redisAddr, DatabaseURL: databaseURL, Out: demotest.Output(t)}
+		cfg.Stderr = cfg.Out
+		res, err := run(t.Context(), cfg)
+		require.NoError(t, err)
+		checkStory(t, res)
+		demotest.KeysGone(t, redisAddr, res.Keys)
+		demotest.TablesGone(t, databaseURL, res.Table, res.Fences, res.Fences+"_keys")
+	})
 }
 
 // checkStory checks the outcome of every firing and the settlements table.
@@ -131,27 +91,6 @@ func checkStory(t *testing.T, res Result) {
 	assert.Equal(t, want, res.Rows)
 }
 
-func checkKeysGone(t *testing.T, addr string, keys []string) {
-	t.Helper()
-	require.NotEmpty(t, keys)
-	c, err := demo.NewRedisClient(t.Context(), addr)
-	require.NoError(t, err)
-	defer c.Close()
-	n, err := c.Exists(t.Context(), keys...).Result()
-	require.NoError(t, err)
-	assert.Zero(t, n, "keys left behind of %v", keys)
-}
-
-func checkTableGone(t *testing.T, url, table string) {
-	t.Helper()
-	db, err := demo.Connect(t.Context(), "pgx", url)
-	require.NoError(t, err)
-	defer db.Close()
-	var found bool
-	require.NoError(t, db.QueryRowContext(t.Context(), "SELECT to_regclass($1) IS NOT NULL", table).Scan(&found))
-	assert.False(t, found, "table %s left behind", table)
-}
-
 // TestFencedWrite checks the settlement's write on its own: it lands only
 // with a fence at least the newest the guard recorded for the day (equal:
 // the same lease writing again), a refused one changes nothing, and the
@@ -190,36 +129,10 @@ func TestFencedWrite(t *testing.T) {
 	assert.Equal(t, []Row{{Date: day, Status: "done", TotalCents: 3000, Fence: 30, SettledBy: "newer"}}, rows)
 }
 
-// command returns the test binary set up to run as the settlement command.
-func command(t *testing.T, env ...string) *exec.Cmd {
-	t.Helper()
-	exe, err := os.Executable()
-	require.NoError(t, err)
-	cmd := exec.CommandContext(t.Context(), exe)
-	// Unset the switches so that the command uses the embedded servers
-	// unless a test sets them.
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "REDIS_ADDR=") && !strings.HasPrefix(kv, "DATABASE_URL=") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, commandEnv+"=1")
-	cmd.Env = append(cmd.Env, env...)
-	return cmd
-}
-
 // TestCommand runs the command as `go run ./examples/settlement` does, on
 // the embedded servers, and checks the timeline it prints.
 func TestCommand(t *testing.T) {
-	cmd := command(t)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	start := time.Now()
-	require.NoError(t, cmd.Run(), "stderr: %s", stderr.String())
-	t.Logf("the command took %v", time.Since(start).Round(time.Millisecond))
-	out := stdout.String()
-	t.Log("\n" + out)
-	assert.Empty(t, stderr.String())
+	out := demotest.RunCommand(t)
 	for _, want := range []string{
 		`(?m)^ *\d+\.\d\ds  parent +00:05 the schedulers of pod-1, pod-2, pod-3 fire together$`,
 		`(?m)^.* pod-\d +acquired the lock, fence \d+$`,
@@ -255,16 +168,7 @@ func TestCommandBadInput(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.env, func(t *testing.T) {
-			cmd := command(t, tt.env)
-			var stdout, stderr bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &stdout, &stderr
-			err := cmd.Run()
-			var exit *exec.ExitError
-			require.ErrorAs(t, err, &exit, "stdout: %s", stdout.String())
-			assert.Equal(t, 1, exit.ExitCode())
-			assert.Contains(t, stderr.String(), "settlement: "+tt.want)
-			assert.NotContains(t, stderr.String(), "secret", "a password in an error message")
-			assert.NotContains(t, stderr.String(), "goroutine ", "a panic")
+			demotest.BadInput(t, "settlement", tt.env, tt.want)
 		})
 	}
 }
@@ -276,7 +180,7 @@ func TestInterrupt(t *testing.T) {
 		t.Skip("finds leftover processes through /proc")
 	}
 	marker := "FENCELOCK_TEST_MARKER=" + demo.RunID()
-	cmd := command(t, marker)
+	cmd := demotest.Command(t, marker)
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	var stderr bytes.Buffer

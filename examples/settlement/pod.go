@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -14,10 +12,6 @@ import (
 	"github.com/fencelock/fencelock/examples/internal/demo"
 	"github.com/fencelock/fencelock/fencesql"
 )
-
-// podEnv is the environment variable that makes this program a pod: it holds
-// the pod's podConfig as JSON. The parent sets it when it re-executes itself.
-const podEnv = "FENCELOCK_SETTLEMENT_POD"
 
 // podConfig is what the parent tells a pod.
 type podConfig struct {
@@ -38,47 +32,24 @@ type podConfig struct {
 	Hold bool `json:"hold"`
 }
 
-// podMain runs this process as a pod when podEnv is set, and returns the
-// exit code and true; otherwise it returns false at once. main and the
-// tests' TestMain call it first thing.
-func podMain() (code int, isPod bool) {
-	v, ok := os.LookupEnv(podEnv)
-	if !ok {
-		return 0, false
-	}
-	var cfg podConfig
-	if err := json.Unmarshal([]byte(v), &cfg); err != nil {
-		fmt.Fprintf(os.Stderr, "settlement pod: %s: %v\n", podEnv, err)
-		return 1, true
-	}
-	return runPod(cfg), true
-}
-
 // pod is one process of the settlement service.
 type pod struct {
 	cfg    podConfig
+	parent *demo.Parent[Firing] // the parent's commands, and events to it
 	locker *fencelock.Locker
 	db     *demo.DB
 	q      queries
 	guard  *fencesql.Guard
 	pause  selfPause
-	stdin  *bufio.Scanner // the parent's commands
-	out    *json.Encoder  // events to the parent
 }
 
-// runPod runs one scheduler firing of a pod and returns the process's exit
-// code. Outcomes of the story, including a rejected write, are reported to
-// the parent as events, not as exit codes; a non-zero code means the pod
+// runPod runs one scheduler firing of a pod, as a child process of the
+// parent (demo.ChildMain). Outcomes of the story, including a rejected
+// write, are reported to the parent as events; an error means the pod
 // could not run at all.
-func runPod(cfg podConfig) int {
-	ctx := context.Background()
-	p := &pod{cfg: cfg, stdin: bufio.NewScanner(os.Stdin), out: json.NewEncoder(os.Stdout)}
-	err := p.run(ctx)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", cfg.Pod, err)
-		return 1
-	}
-	return 0
+func runPod(ctx context.Context, parent *demo.Parent[Firing], cfg podConfig) error {
+	p := &pod{cfg: cfg, parent: parent}
+	return p.run(ctx)
 }
 
 func (p *pod) run(ctx context.Context) error {
@@ -103,12 +74,10 @@ func (p *pod) run(ctx context.Context) error {
 	}
 	defer p.locker.Close()
 
-	p.emit(event{Kind: "ready"})
-	if err := p.waitFor("go"); err != nil {
+	if err := p.parent.Ready(); err != nil {
 		return err
 	}
-	f := p.fire(ctx)
-	p.emit(event{Kind: "result", Firing: &f})
+	p.parent.Result(p.fire(ctx))
 	return nil
 }
 
@@ -127,8 +96,7 @@ func (p *pod) fire(ctx context.Context) Firing {
 		if d := time.Since(start); d > 100*time.Millisecond {
 			waited = fmt.Sprintf(" after waiting %.1fs", d.Seconds())
 		}
-		p.emit(event{Kind: "acquired", Fence: f.Fence,
-			Msg: fmt.Sprintf("acquired the lock%s, fence %d", waited, f.Fence)})
+		p.parent.Emit("acquired", "acquired the lock%s, fence %d", waited, f.Fence)
 		return p.settle(ctx, lease, &f)
 	}, opts...)
 
@@ -136,17 +104,17 @@ func (p *pod) fire(ctx context.Context) Firing {
 	case err == nil:
 	case errors.Is(err, fencelock.ErrNotObtained):
 		f.Outcome = SkippedBusy
-		p.say("lock busy, another pod is settling %s: skip (%v)", p.cfg.Date, err)
+		p.parent.Say("lock busy, another pod is settling %s: skip (%v)", p.cfg.Date, err)
 	case errors.Is(err, fencelock.ErrLost):
 		// The lease was lost while the work ran: mutual exclusion may have
 		// been broken. Here it was, and the fence kept the data right.
 		f.Lost = true
 		f.Stale = errors.Is(err, fencesql.ErrStale)
 		f.Err = err.Error()
-		p.say("RunWithLock returned ErrLost: %v", err)
+		p.parent.Say("RunWithLock returned ErrLost: %v", err)
 	default:
 		f.Outcome, f.Err = Failed, err.Error()
-		p.say("settlement failed: %v", err)
+		p.parent.Say("settlement failed: %v", err)
 	}
 	return f
 }
@@ -167,7 +135,7 @@ func (p *pod) settle(ctx context.Context, lease *fencelock.Lease, f *Firing) err
 	// settling again once the lock is free. The row does that.
 	if row.Status == "done" {
 		f.Outcome = SkippedDone
-		p.say("%s is already settled (status done, fence %d, by %s): skip", date, row.Fence, row.SettledBy)
+		p.parent.Say("%s is already settled (status done, fence %d, by %s): skip", date, row.Fence, row.SettledBy)
 		return nil
 	}
 
@@ -175,7 +143,7 @@ func (p *pod) settle(ctx context.Context, lease *fencelock.Lease, f *Firing) err
 	if err != nil {
 		return err
 	}
-	p.say("%s is %s: computed total %s", date, row.Status, dollars(total))
+	p.parent.Say("%s is %s: computed total %s", date, row.Status, dollars(total))
 
 	writeCtx := ctx
 	if p.cfg.Hold {
@@ -185,10 +153,9 @@ func (p *pod) settle(ctx context.Context, lease *fencelock.Lease, f *Firing) err
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
-		p.emit(event{Kind: "hold", Fence: fence,
-			Msg: fmt.Sprintf("ready-to-write fence=%d", fence)})
+		p.parent.Emit("hold", "ready-to-write fence=%d", fence)
 		p.pause.start()
-		err := p.waitFor("write")
+		err := p.parent.WaitFor("write")
 		p.pause.end()
 		if err != nil {
 			return err
@@ -207,7 +174,7 @@ func (p *pod) settle(ctx context.Context, lease *fencelock.Lease, f *Firing) err
 	switch {
 	case err == nil:
 		f.Outcome = Settled
-		p.say("write ACCEPTED with fence %d: %s done, total %s", fence, date, dollars(total))
+		p.parent.Say("write ACCEPTED with fence %d: %s done, total %s", fence, date, dollars(total))
 		return nil
 	case !errors.As(err, &stale):
 		return err
@@ -218,7 +185,7 @@ func (p *pod) settle(ctx context.Context, lease *fencelock.Lease, f *Firing) err
 	if err != nil {
 		return err
 	}
-	p.say("write REJECTED with fence %d: the row already has fence %d (status %s, by %s), so mine is stale",
+	p.parent.Say("write REJECTED with fence %d: the row already has fence %d (status %s, by %s), so mine is stale",
 		fence, stale.Recorded, row.Status, row.SettledBy)
 	return fmt.Errorf("settlement write rejected: %w", stale)
 }
@@ -256,31 +223,6 @@ func computeTotal(ctx context.Context, date string) (int64, error) {
 		total += cents
 	}
 	return total, nil
-}
-
-// say reports a line for the timeline.
-func (p *pod) say(format string, args ...any) {
-	p.emit(event{Kind: "say", Msg: fmt.Sprintf(format, args...)})
-}
-
-// emit sends an event to the parent. A pod whose parent is gone cannot report
-// anything, so a failed write ends it.
-func (p *pod) emit(ev event) {
-	if err := p.out.Encode(ev); err != nil {
-		fmt.Fprintf(os.Stderr, "%s: parent gone: %v\n", p.cfg.Pod, err)
-		os.Exit(1)
-	}
-}
-
-// waitFor reads the parent's next command and checks that it is want.
-func (p *pod) waitFor(want string) error {
-	if !p.stdin.Scan() {
-		return fmt.Errorf("parent gone while waiting for %q", want)
-	}
-	if got := p.stdin.Text(); got != want {
-		return fmt.Errorf("parent said %q, want %q", got, want)
-	}
-	return nil
 }
 
 // queries are the settlements table's statements, written with ? and

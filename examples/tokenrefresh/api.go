@@ -7,13 +7,14 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/fencelock/fencelock/examples/internal/demo"
 )
 
 // tokenAPI is the external API the instances call, served on loopback: an
@@ -21,12 +22,10 @@ import (
 // that accepts only the current one. Like many providers, it keeps one
 // token per client: issuing a token revokes the previous one.
 type tokenAPI struct {
-	URL      string
+	*demo.HTTPServer // its URL, and Close
+
 	lifetime time.Duration // how long a token is accepted
 	latency  time.Duration // how long issuing a token takes
-
-	srv    *http.Server
-	served chan struct{} // closed when Serve has returned
 
 	mu      sync.Mutex
 	issued  map[string]bool // guarded by mu; every token issued
@@ -42,33 +41,17 @@ type tokenResponse struct {
 	ExpiresInMS int64  `json:"expires_in_ms"`
 }
 
-// startTokenAPI serves a tokenAPI on a free loopback port until close.
+// startTokenAPI serves a tokenAPI on a free loopback port until Close.
 func startTokenAPI(lifetime, latency time.Duration) (*tokenAPI, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("token API: %w", err)
-	}
-	a := &tokenAPI{
-		URL: "http://" + ln.Addr().String(), lifetime: lifetime, latency: latency,
-		served: make(chan struct{}), issued: make(map[string]bool), refused: make(map[string]int),
-	}
+	a := &tokenAPI{lifetime: lifetime, latency: latency, issued: make(map[string]bool), refused: make(map[string]int)}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /oauth/token", a.issue)
 	mux.HandleFunc("GET /v1/quote", a.quote)
-	a.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		defer close(a.served)
-		_ = a.srv.Serve(ln) // ErrServerClosed after close
-	}()
+	var err error
+	if a.HTTPServer, err = demo.StartHTTP("token API", mux); err != nil {
+		return nil, err
+	}
 	return a, nil
-}
-
-// close stops the server and waits for it.
-func (a *tokenAPI) close() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = a.srv.Shutdown(ctx)
-	<-a.served
 }
 
 func (a *tokenAPI) issue(w http.ResponseWriter, r *http.Request) {

@@ -48,9 +48,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/fencelock/fencelock"
@@ -59,22 +57,19 @@ import (
 )
 
 func main() {
-	os.Exit(runMain())
+	os.Exit(command.Main())
 }
 
-// runMain runs the story as the command does and returns its exit code.
-func runMain() int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	_, err := run(ctx, Config{
-		RedisAddr:   os.Getenv("REDIS_ADDR"),
-		DatabaseURL: os.Getenv("DATABASE_URL"),
-	})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "tokenrefresh:", err)
-		return 1
-	}
-	return 0
+// command is the tokenrefresh command.
+var command = demo.Command{
+	Name: "tokenrefresh",
+	Run: func(ctx context.Context) error {
+		_, err := run(ctx, Config{
+			RedisAddr:   os.Getenv("REDIS_ADDR"),
+			DatabaseURL: os.Getenv("DATABASE_URL"),
+		})
+		return err
+	},
 }
 
 // Config configures one run of the story.
@@ -126,12 +121,11 @@ type Result struct {
 
 // setup is what both runs share.
 type setup struct {
-	cfg    Config
-	tl     *demo.Timeline
-	rds    *demo.Redis
-	db     *demo.DB
-	q      queries
-	prefix string // the lock key prefix
+	cfg Config
+	st  *demo.Stage
+	tl  *demo.Timeline
+	db  *demo.DB
+	q   queries
 }
 
 // run tells the story and returns what happened.
@@ -142,46 +136,28 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 	if cfg.Duration == 0 {
 		cfg.Duration = 1200 * time.Millisecond
 	}
-	if cfg.Out == nil {
-		cfg.Out = os.Stdout
-	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second+2*cfg.Duration)
 	defer cancel()
 
-	s := &setup{cfg: cfg, tl: demo.NewTimeline(cfg.Out)}
-	if s.rds, err = demo.StartRedis(ctx, cfg.RedisAddr); err != nil {
+	st, err := demo.Start(ctx, cfg.Out, demo.Servers{RedisAddr: cfg.RedisAddr, DatabaseURL: cfg.DatabaseURL})
+	if err != nil {
 		return res, err
 	}
-	defer s.rds.Close()
-	if s.db, err = demo.OpenDB(ctx, cfg.DatabaseURL); err != nil {
-		return res, err
-	}
-	defer s.db.Close()
+	defer st.Close(&err)
+	s := &setup{cfg: cfg, st: st, tl: st.Timeline, db: st.DB}
 
-	runID := demo.RunID()
-	s.q = newQueries(s.db, "tokens_"+runID, "fences_"+runID)
+	s.q = newQueries(s.db, "tokens_"+st.ID, "fences_"+st.ID)
 	res.Table, res.Fences = s.q.table, s.q.fences
-	defer func() {
-		if derr := s.db.DropTables(ctx, res.Table, res.Fences, res.Fences+"_keys"); derr != nil && err == nil {
-			err = derr
-		}
-	}()
+	st.DropAtEnd(res.Table, res.Fences, res.Fences+"_keys")
 	if err := s.q.createTables(ctx, s.db); err != nil {
 		return res, err
 	}
 	if _, err := s.db.ExecContext(ctx, s.q.insert, apiName); err != nil {
 		return res, fmt.Errorf("create the token row: %w", err)
 	}
-	s.prefix = "fencelock-example:" + runID + ":"
-	lockKey := s.prefix + "{" + lockName + "}" // Options.KeyPrefix documents the key format
-	res.Keys = []string{lockKey, lockKey + ":fence"}
-	defer func() {
-		if derr := demo.DeleteKeys(ctx, s.rds.Addr, res.Keys...); derr != nil && err == nil {
-			err = derr
-		}
-	}()
+	res.Keys = st.LockKeys(lockName)
 
-	s.tl.Printf("parent", "redis: %s", s.rds.Desc)
+	s.tl.Printf("parent", "redis: %s", st.Redis.Desc)
 	s.tl.Printf("parent", "token store: %s, table %s, fence guard %s", s.db.Desc, s.q.table, s.q.fences)
 	s.tl.Printf("parent", "%d instances call the %s API every %v; a token lives %v, and issuing one revokes the one before",
 		len(instanceNames), apiName, callEvery, cfg.Lifetime)
@@ -227,7 +203,7 @@ func (s *setup) runInstances(ctx context.Context, locked bool) (res RunResult, e
 	if err != nil {
 		return res, err
 	}
-	defer api.close()
+	defer api.Close()
 
 	rec := &recorder{expiries: make(map[int]string), active: make(map[int]bool)}
 	var instances []*instance
@@ -374,12 +350,12 @@ func (s *setup) newInstance(ctx context.Context, name, apiURL string, locked boo
 	if !locked {
 		return in, nil
 	}
-	rdb, err := demo.NewRedisClient(ctx, s.rds.Addr)
+	rdb, err := demo.NewRedisClient(ctx, s.st.Redis.Addr)
 	if err != nil {
 		in.close()
 		return nil, err
 	}
-	locker, err := fencelock.New(rdb, &fencelock.Options{KeyPrefix: s.prefix})
+	locker, err := fencelock.New(rdb, &fencelock.Options{KeyPrefix: s.st.KeyPrefix})
 	if err != nil {
 		_ = rdb.Close()
 		in.close()

@@ -1,83 +1,37 @@
 package main
 
 import (
-	"bytes"
-	"os"
-	"os/exec"
 	"regexp"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/fencelock/fencelock/examples/internal/demo"
 	"github.com/fencelock/fencelock/examples/internal/demotest"
 	"github.com/fencelock/fencelock/fencesql"
 )
 
-// commandEnv makes the test binary run as the tokenrefresh command itself.
-const commandEnv = "FENCELOCK_TOKENREFRESH_COMMAND"
-
 func TestMain(m *testing.M) {
-	if os.Getenv(commandEnv) == "1" {
-		os.Exit(runMain())
-	}
-	// Under -race a process sleeps 1s at exit by default (the race
-	// detector's atexit_sleep_ms); the command runs in a child process.
-	_ = os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
-	goleak.VerifyTestMain(m)
+	demotest.Main(m, command)
 }
 
 // TestStory runs the story against each combination of embedded and real
 // servers and checks what happened: one token per expiry with the lock,
 // more and refused calls without it.
 func TestStory(t *testing.T) {
-	tests := []struct {
-		name            string
-		redis, database func(t testing.TB) string
-	}{
-		{name: "embedded"},
-		{name: "real redis", redis: demotest.RealRedis},
-		{name: "postgres", database: demotest.RealPostgres},
-		{name: "real redis and postgres", redis: demotest.RealRedis, database: demotest.RealPostgres},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			cfg := Config{Out: demotest.Output(t)}
-			if tt.redis != nil {
-				cfg.RedisAddr = tt.redis(t)
-			}
-			if tt.database != nil {
-				cfg.DatabaseURL = tt.database(t)
-			}
-			res, err := run(t.Context(), cfg)
-			require.NoError(t, err)
-			checkLocked(t, res.Locked)
-			checkUnlocked(t, res.Unlocked, res.Locked)
-			if cfg.RedisAddr != "" {
-				c, err := demo.NewRedisClient(t.Context(), cfg.RedisAddr)
-				require.NoError(t, err)
-				defer c.Close()
-				n, err := c.Exists(t.Context(), res.Keys...).Result()
-				require.NoError(t, err)
-				assert.Zero(t, n, "keys left behind of %v", res.Keys)
-			}
-			if cfg.DatabaseURL != "" {
-				db, err := demo.Connect(t.Context(), "pgx", cfg.DatabaseURL)
-				require.NoError(t, err)
-				defer db.Close()
-				for _, table := range []string{res.Table, res.Fences, res.Fences + "_keys"} {
-					var found bool
-					require.NoError(t, db.QueryRowContext(t.Context(), "SELECT to_regclass($1) IS NOT NULL", table).Scan(&found))
-					assert.False(t, found, "table %s left behind", table)
-				}
-			}
-		})
-	}
+	setups := []demotest.Setup{demotest.Embedded, demotest.WithRedis, demotest.WithPostgres, demotest.WithRedisAndPostgres}
+	demotest.Run(t, setups, func(t *testing.T, redisAddr, databaseURL string) {
+		cfg := Config{RedisAddr: redisAddr, DatabaseURL: databaseURL, Out: demotest.Output(t)}
+		res, err := run(t.Context(), cfg)
+		require.NoError(t, err)
+		checkLocked(t, res.Locked)
+		checkUnlocked(t, res.Unlocked, res.Locked)
+		demotest.KeysGone(t, redisAddr, res.Keys)
+		demotest.TablesGone(t, databaseURL, res.Table, res.Fences, res.Fences+"_keys")
+	})
 }
 
 // checkLocked checks the run with the lock: in every round, one instance
@@ -165,13 +119,7 @@ func TestStoreIsFenced(t *testing.T) {
 
 // TestCommand runs the command as `go run ./examples/tokenrefresh` does.
 func TestCommand(t *testing.T) {
-	cmd := command(t)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	require.NoError(t, cmd.Run(), "stderr: %s", stderr.String())
-	out := stdout.String()
-	t.Log("\n" + out)
-	assert.Empty(t, stderr.String())
+	out := demotest.RunCommand(t)
 
 	summary := regexp.MustCompile(`(with|without) the lock: (\d+) expiries, (\d+) tokens issued, \d+ API calls, (\d+) refused`)
 	got := make(map[string][3]int)
@@ -203,33 +151,7 @@ func TestCommandBadInput(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.env, func(t *testing.T) {
-			cmd := command(t, tt.env)
-			var stderr bytes.Buffer
-			cmd.Stderr = &stderr
-			err := cmd.Run()
-			var exit *exec.ExitError
-			require.ErrorAs(t, err, &exit)
-			assert.Equal(t, 1, exit.ExitCode())
-			assert.Contains(t, stderr.String(), "tokenrefresh: "+tt.want)
-			assert.NotContains(t, stderr.String(), "secret", "a password in an error message")
-			assert.NotContains(t, stderr.String(), "goroutine ", "a panic")
+			demotest.BadInput(t, "tokenrefresh", tt.env, tt.want)
 		})
 	}
-}
-
-// command returns the test binary set up to run as the tokenrefresh
-// command, on the embedded servers unless env says otherwise.
-func command(t *testing.T, env ...string) *exec.Cmd {
-	t.Helper()
-	exe, err := os.Executable()
-	require.NoError(t, err)
-	cmd := exec.CommandContext(t.Context(), exe)
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "REDIS_ADDR=") && !strings.HasPrefix(kv, "DATABASE_URL=") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, commandEnv+"=1")
-	cmd.Env = append(cmd.Env, env...)
-	return cmd
 }

@@ -40,30 +40,24 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/fencelock/fencelock/examples/internal/demo"
 )
 
 func main() {
-	if code, isWorker := workerMain(); isWorker {
-		os.Exit(code)
-	}
-	os.Exit(runMain())
+	os.Exit(command.Main())
 }
 
-// runMain runs the story as the command does and returns its exit code.
-func runMain() int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if _, err := run(ctx, Config{RedisAddr: os.Getenv("REDIS_ADDR"), DatabaseURL: os.Getenv("DATABASE_URL")}); err != nil {
-		fmt.Fprintln(os.Stderr, "transfer:", err)
-		return 1
-	}
-	return 0
+// command is the transfer command, and its workers (runWorker).
+var command = demo.Command{
+	Name: "transfer",
+	Run: func(ctx context.Context) error {
+		_, err := run(ctx, Config{RedisAddr: os.Getenv("REDIS_ADDR"), DatabaseURL: os.Getenv("DATABASE_URL")})
+		return err
+	},
+	Child: demo.ChildMain(runWorker),
 }
 
 // Config configures one run of the story.
@@ -136,35 +130,18 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 	if cfg.TTL == 0 {
 		cfg.TTL = 2 * time.Second
 	}
-	if cfg.Out == nil {
-		cfg.Out = os.Stdout
-	}
-	if cfg.Stderr == nil {
-		cfg.Stderr = os.Stderr
-	}
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 
-	tl := demo.NewTimeline(cfg.Out)
-	rds, err := demo.StartRedis(ctx, cfg.RedisAddr)
+	st, err := demo.Start(ctx, cfg.Out, demo.Servers{RedisAddr: cfg.RedisAddr, DatabaseURL: cfg.DatabaseURL})
 	if err != nil {
 		return res, err
 	}
-	defer rds.Close()
-	db, err := demo.OpenDB(ctx, cfg.DatabaseURL)
-	if err != nil {
-		return res, err
-	}
-	defer db.Close()
+	defer st.Close(&err)
+	tl, db := st.Timeline, st.DB
 
-	runID := demo.RunID()
-	q := newQueries(db, "accounts_"+runID, "ledger_"+runID)
-	res.Tables = []string{q.accounts, q.ledger}
-	defer func() {
-		if derr := db.DropTables(ctx, res.Tables...); derr != nil && err == nil {
-			err = derr
-		}
-	}()
+	q := newQueries(db, "accounts_"+st.ID, "ledger_"+st.ID)
+	res.Tables = st.DropAtEnd(q.accounts, q.ledger)
 	for _, stmt := range q.create {
 		if _, err := db.ExecContext(ctx, stmt); err != nil {
 			return res, fmt.Errorf("create tables: %w", err)
@@ -175,42 +152,34 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 			return res, fmt.Errorf("open account %s: %w", a, err)
 		}
 	}
-
-	prefix := "fencelock-example:" + runID + ":"
 	for _, a := range accounts {
-		key := prefix + "{account:" + a + "}"
-		res.Keys = append(res.Keys, key, key+":fence")
+		res.Keys = append(res.Keys, st.LockKeys("account:"+a)...)
 	}
-	defer func() {
-		if derr := demo.DeleteKeys(ctx, rds.Addr, res.Keys...); derr != nil && err == nil {
-			err = derr
-		}
-	}()
 
-	tl.Printf("parent", "redis: %s", rds.Desc)
+	tl.Printf("parent", "redis: %s", st.Redis.Desc)
 	tl.Printf("parent", "database: %s, tables %s", db.Desc, strings.Join(res.Tables, ", "))
 	tl.Printf("parent", "%s open with %s each; %d processes start 8 transfers at once, each locking its two accounts with AcquireAll (TTL %v)",
 		strings.Join(accounts, ", "), dollars(opening), len(workers), cfg.TTL)
 
-	base := workerConfig{Redis: rds.Addr, Driver: db.Driver, DSN: db.DSN, Accounts: q.accounts, Ledger: q.ledger,
-		KeyPrefix: prefix, TTL: cfg.TTL}
-	s := &story{tl: tl, stderr: cfg.Stderr}
-	defer s.stopAll()
-	var procs []*workerProc
+	base := workerConfig{Redis: st.Redis.Addr, Driver: db.Driver, DSN: db.DSN, Accounts: q.accounts, Ledger: q.ledger,
+		KeyPrefix: st.KeyPrefix, TTL: cfg.TTL}
+	s := demo.NewProcs[Outcome](tl, cfg.Stderr)
+	defer s.StopAll()
+	var procs []*demo.Proc[Outcome]
 	for _, name := range workers {
 		c := base
 		c.Worker, c.Transfers = name, plan[name]
-		p, err := s.start(c)
+		p, err := s.Start(name, c)
 		if err != nil {
 			return res, err
 		}
 		procs = append(procs, p)
 	}
-	if err := s.fireTogether(ctx, procs); err != nil {
+	if err := s.FireTogether(ctx, procs...); err != nil {
 		return res, err
 	}
 	for _, p := range procs {
-		outs, err := p.results(ctx)
+		outs, err := p.Results(ctx)
 		if err != nil {
 			return res, err
 		}

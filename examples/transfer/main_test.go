@@ -1,67 +1,31 @@
 package main
 
 import (
-	"bytes"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
-	"github.com/fencelock/fencelock/examples/internal/demo"
 	"github.com/fencelock/fencelock/examples/internal/demotest"
 )
 
-// commandEnv makes the test binary run as the transfer command itself.
-const commandEnv = "FENCELOCK_TRANSFER_COMMAND"
-
 func TestMain(m *testing.M) {
-	// The story re-executes its own binary as the workers; under test that
-	// is this test binary, so the roles are dispatched before any test runs.
-	if code, isWorker := workerMain(); isWorker {
-		os.Exit(code)
-	}
-	if os.Getenv(commandEnv) == "1" {
-		os.Exit(runMain())
-	}
-	// Under -race every process sleeps 1s at exit by default; the workers
-	// inherit this and exit at once.
-	_ = os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
-	goleak.VerifyTestMain(m)
+	demotest.Main(m, command)
 }
 
 // TestStory runs the story against each combination of embedded and real
 // servers and checks what happened: every transfer moved its money once.
 func TestStory(t *testing.T) {
-	tests := []struct {
-		name            string
-		redis, database func(t testing.TB) string
-	}{
-		{name: "embedded"},
-		{name: "real redis", redis: demotest.RealRedis},
-		{name: "postgres", database: demotest.RealPostgres},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			cfg := Config{Out: demotest.Output(t)}
-			cfg.Stderr = cfg.Out
-			if tt.redis != nil {
-				cfg.RedisAddr = tt.redis(t)
-			}
-			if tt.database != nil {
-				cfg.DatabaseURL = tt.database(t)
-			}
-			res, err := run(t.Context(), cfg)
-			require.NoError(t, err)
-			checkStory(t, res)
-			if cfg.RedisAddr != "" {
-				checkKeysGone(t, cfg.RedisAddr, res.Keys)
-			}
-		})
-	}
+	setups := []demotest.Setup{demotest.Embedded, demotest.WithRedis, demotest.WithPostgres}
+	demotest.Run(t, setups, func(t *testing.T, redisAddr, databaseURL string) {
+		cfg := Config{RedisAddr: redisAddr, DatabaseURL: databaseURL, Out: demotest.Output(t)}
+		cfg.Stderr = cfg.Out
+		res, err := run(t.Context(), cfg)
+		require.NoError(t, err)
+		checkStory(t, res)
+		demotest.KeysGone(t, redisAddr, res.Keys)
+	})
 }
 
 // checkStory checks the outcomes, the ledger and the balances.
@@ -90,17 +54,6 @@ func checkStory(t *testing.T, res Result) {
 	require.NoError(t, check(res))
 }
 
-func checkKeysGone(t *testing.T, addr string, keys []string) {
-	t.Helper()
-	require.NotEmpty(t, keys)
-	c, err := demo.NewRedisClient(t.Context(), addr)
-	require.NoError(t, err)
-	defer c.Close()
-	n, err := c.Exists(t.Context(), keys...).Result()
-	require.NoError(t, err)
-	assert.Zero(t, n, "keys left behind of %v", keys)
-}
-
 // check must catch a lost transfer.
 func TestCheck(t *testing.T) {
 	res := Result{
@@ -115,21 +68,7 @@ func TestCheck(t *testing.T) {
 // TestCommand runs the command as `go run ./examples/transfer` does, on the
 // embedded servers, and checks what it prints.
 func TestCommand(t *testing.T) {
-	exe, err := os.Executable()
-	require.NoError(t, err)
-	cmd := exec.CommandContext(t.Context(), exe)
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "REDIS_ADDR=") && !strings.HasPrefix(kv, "DATABASE_URL=") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, commandEnv+"=1")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	require.NoError(t, cmd.Run(), "stderr: %s", stderr.String())
-	out := stdout.String()
-	t.Log("\n" + out)
-	assert.Empty(t, stderr.String())
+	out := demotest.RunCommand(t)
 	assert.Equal(t, 8, strings.Count(out, ": moved $"))
 	assert.Regexp(t, `worker-\d +t\d: locked \w+ \(fence \d+\) and \w+ \(fence \d+\)`, out)
 	assert.Contains(t, out, "the balances add up to $400.00, as they opened with $400.00")

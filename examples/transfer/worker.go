@@ -1,10 +1,7 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -13,11 +10,6 @@ import (
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/examples/internal/demo"
 )
-
-// workerEnv is the environment variable that makes this program a worker:
-// it holds the worker's workerConfig as JSON. The parent sets it when it
-// re-executes itself.
-const workerEnv = "FENCELOCK_TRANSFER_WORKER"
 
 // workerConfig is what the parent tells a worker.
 type workerConfig struct {
@@ -32,35 +24,20 @@ type workerConfig struct {
 	TTL       time.Duration `json:"ttl"`        // the locks' TTL
 }
 
-// workerMain runs this process as a worker when workerEnv is set, and
-// returns the exit code and true; otherwise it returns false at once.
-func workerMain() (code int, isWorker bool) {
-	v, ok := os.LookupEnv(workerEnv)
-	if !ok {
-		return 0, false
-	}
-	var cfg workerConfig
-	if err := json.Unmarshal([]byte(v), &cfg); err != nil {
-		fmt.Fprintf(os.Stderr, "transfer worker: %s: %v\n", workerEnv, err)
-		return 1, true
-	}
-	w := &worker{cfg: cfg, out: json.NewEncoder(os.Stdout)}
-	if err := w.run(context.Background()); err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", cfg.Worker, err)
-		return 1, true
-	}
-	return 0, true
+// runWorker runs a worker's transfers, as a child process of the parent
+// (demo.ChildMain), and reports their outcomes to it.
+func runWorker(ctx context.Context, parent *demo.Parent[Outcome], cfg workerConfig) error {
+	w := &worker{cfg: cfg, parent: parent}
+	return w.run(ctx)
 }
 
 // worker is one process of the payments service.
 type worker struct {
 	cfg    workerConfig
+	parent *demo.Parent[Outcome] // the parent's go-ahead, and events to it
 	locker *fencelock.Locker
 	db     *demo.DB
 	q      queries
-
-	mu  sync.Mutex    // the transfers' goroutines share out
-	out *json.Encoder // guarded by mu; events to the parent
 }
 
 func (w *worker) run(ctx context.Context) error {
@@ -81,20 +58,16 @@ func (w *worker) run(ctx context.Context) error {
 	}
 	defer w.locker.Close()
 
-	w.emit(event{Kind: "ready"})
-	sc := bufio.NewScanner(os.Stdin)
-	if !sc.Scan() || sc.Text() != "go" {
-		return errors.New("no go-ahead from the parent")
+	if err := w.parent.Ready(); err != nil {
+		return err
 	}
 	var wg sync.WaitGroup
 	for _, t := range w.cfg.Transfers {
 		wg.Go(func() {
-			o := w.transfer(ctx, t)
-			w.emit(event{Kind: "result", Outcome: &o})
+			w.parent.Result(w.transfer(ctx, t))
 		})
 	}
 	wg.Wait()
-	w.emit(event{Kind: "done"})
 	return nil
 }
 
@@ -107,7 +80,7 @@ func (w *worker) transfer(ctx context.Context, t Transfer) Outcome {
 	err := w.locker.RunWithLocks(ctx, names, func(ctx context.Context, leases []*fencelock.Lease) error {
 		from, to := leases[0], leases[1]
 		o.FromFence, o.ToFence = from.Fence(), to.Fence()
-		w.say("%s: locked %s (fence %d) and %s (fence %d) after %v", t.ID, t.From, from.Fence(), t.To, to.Fence(),
+		w.parent.Say("%s: locked %s (fence %d) and %s (fence %d) after %v", t.ID, t.From, from.Fence(), t.To, to.Fence(),
 			time.Since(start).Round(time.Millisecond))
 		fromBalance, err := w.q.balance(ctx, w.db, t.From)
 		if err != nil {
@@ -123,7 +96,7 @@ func (w *worker) transfer(ctx context.Context, t Transfer) Outcome {
 		time.Sleep(20 * time.Millisecond)
 		if fromBalance < t.Amount {
 			o.Outcome = Insufficient
-			w.say("%s: %s has %s, not %s: nothing moved", t.ID, t.From, dollars(fromBalance), dollars(t.Amount))
+			w.parent.Say("%s: %s has %s, not %s: nothing moved", t.ID, t.From, dollars(fromBalance), dollars(t.Amount))
 			return nil
 		}
 
@@ -145,7 +118,7 @@ func (w *worker) transfer(ctx context.Context, t Transfer) Outcome {
 				// A newer holder of the account's lock wrote it: this
 				// lease is stale, and the whole transfer rolls back.
 				o.Outcome = Rejected
-				w.say("%s: the write of %s was refused, its fence %d is stale: rolled back", t.ID, u.id, u.lease.Fence())
+				w.parent.Say("%s: the write of %s was refused, its fence %d is stale: rolled back", t.ID, u.id, u.lease.Fence())
 				return err
 			}
 		}
@@ -156,24 +129,13 @@ func (w *worker) transfer(ctx context.Context, t Transfer) Outcome {
 			return err
 		}
 		o.Outcome = Moved
-		w.say("%s: moved %s from %s (now %s) to %s (now %s)", t.ID, dollars(t.Amount),
+		w.parent.Say("%s: moved %s from %s (now %s) to %s (now %s)", t.ID, dollars(t.Amount),
 			t.From, dollars(fromBalance-t.Amount), t.To, dollars(toBalance+t.Amount))
 		return nil
 	}, fencelock.WithWait(20*time.Second))
 	if err != nil {
 		o.Outcome, o.Err = Failed, err.Error()
-		w.say("%s: failed: %v", t.ID, err)
+		w.parent.Say("%s: failed: %v", t.ID, err)
 	}
 	return o
-}
-
-// say sends a line for the parent's timeline.
-func (w *worker) say(format string, args ...any) {
-	w.emit(event{Kind: "say", Msg: fmt.Sprintf(format, args...)})
-}
-
-func (w *worker) emit(ev event) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	_ = w.out.Encode(ev) // a parent that has gone away ends the worker at its next read
 }

@@ -1,5 +1,7 @@
-// Package demotest finds the real servers the examples' tests run against:
-// the shared Redis at 127.0.0.1:6379 and the local PostgreSQL database test.
+// Package demotest holds what the examples' tests share: their TestMain,
+// running the example's command, and the real servers they run the story
+// against besides the embedded ones: the shared Redis at 127.0.0.1:6379 and
+// the local PostgreSQL database test.
 //
 // When a server does not answer, the test is skipped with a message saying
 // so, unless FENCELOCK_REQUIRE_REDIS=1 (Redis) or FENCELOCK_REQUIRE_POSTGRES=1
