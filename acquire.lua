@@ -64,8 +64,9 @@ if held and not fair then
 	return {0, redis.call('PTTL', KEYS[1]), ownerOf(held)}
 end
 
-local now, nowMs = clock()
+local now = clock()
 if queued or held then
+	local nowMs = millis(now)
 	if held then -- and fair
 		join(KEYS[4], KEYS[5], token, now, nowMs, ARGV[6], ARGV[2] .. ' ' .. ARGV[4])
 		return {0, redis.call('PTTL', KEYS[1]), ownerOf(held)}

@@ -32,7 +32,8 @@ for i = 1, n do
 	end
 end
 
-local now, nowMs = clock()
+local now = clock()
+local nowMs = millis(now)
 local maxFence = '9223372036854775807'
 local ours = {}
 for i = 1, n do

@@ -20,12 +20,18 @@ local function below(a, b)
 	return #a < #b or (#a == #b and a < b)
 end
 
--- clock returns this node's TIME in microseconds, as a decimal string, and
--- in milliseconds, as a number: exact, as such times are below 2^53.
+-- clock returns this node's TIME in microseconds, as a decimal string.
 local function clock()
 	local t = redis.call('TIME')
-	local micros = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-	return micros, math.floor(tonumber(micros) / 1000)
+	return t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+end
+
+-- millis returns a time in microseconds (a decimal string, as clock's) in
+-- milliseconds, as a number: exact, as such times are below 2^53. Apart
+-- from clock: the conversion costs about 2,000 instructions, 3 % of an
+-- acquire of a free lock, which needs none.
+local function millis(micros)
+	return math.floor(tonumber(micros) / 1000)
 end
 
 -- issueFence issues a fence from the counter key: the previous fence plus

@@ -30,7 +30,7 @@ local reply = outOfLine(KEYS[2], KEYS[3], token, ARGV[2])
 if reply then
 	return reply
 end
-local _, nowMs = clock()
+local nowMs = millis(clock())
 keepEntry(KEYS[2], KEYS[3], token, nowMs, ARGV[3], ARGV[4] .. ' ' .. ARGV[5])
 if not held then
 	return whenFree(KEYS[2], KEYS[3], token, nowMs)

@@ -55,7 +55,8 @@ local held = redis.call('GET', KEYS[1])
 if held then
 	if not holds(held, ARGV[1]) then
 		if ARGV[6] ~= '' then
-			local now, nowMs = clock()
+			local now = clock()
+			local nowMs = millis(now)
 			if not redis.call('ZSCORE', KEYS[4], ARGV[6]) then
 				redis.call('ZADD', KEYS[4], now, ARGV[6])
 			end

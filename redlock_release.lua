@@ -46,7 +46,7 @@ end
 local message = 'released'
 local channel = ARGV[2]
 if redis.call('EXISTS', KEYS[3]) == 1 then
-	local _, nowMs = clock()
+	local nowMs = millis(clock())
 	local head = firstLive(KEYS[3], KEYS[4], nowMs)
 	if head then
 		message = 'next ' .. head

@@ -53,7 +53,8 @@ end
 
 local message = 'released'
 if redis.call('EXISTS', KEYS[4]) == 1 then
-	local now, nowMs = clock()
+	local now = clock()
+	local nowMs = millis(now)
 	while true do
 		-- The first live waiter leaves the queue and gets the lock, with
 		-- its TTL and owner (an entry in another shape is dropped).

@@ -15,7 +15,7 @@
 local held = redis.call('GET', KEYS[1])
 local code = extendHeld(KEYS[1], held, ARGV[1], ARGV[2])
 if code == 1 and KEYS[1] ~= KEYS[3] then
-	local _, nowMs = clock()
+	local nowMs = millis(clock())
 	keep(KEYS[2], held, nowMs + tonumber(ARGV[2]), nowMs)
 end
 return code

@@ -11,7 +11,7 @@
 -- left, alternating, by expiry; how many writers' intents live; and the
 -- counter ("" when there is none), read in one atomic step.
 
-local _, nowMs = clock()
+local nowMs = millis(clock())
 local readers = {}
 local index = redis.call('ZRANGEBYSCORE', KEYS[2], nowMs, '+inf', 'WITHSCORES')
 for i = 1, #index, 2 do

@@ -25,8 +25,9 @@ if retired(KEYS[2]) then
 	return {2}
 end
 local token = ARGV[1]
-local now, nowMs = clock()
 local held = redis.call('GET', KEYS[1])
+local now = clock()
+local nowMs = millis(now)
 if holds(held, token) then
 	redis.call('PEXPIRE', KEYS[1], ARGV[2])
 	keep(KEYS[4], held, nowMs + tonumber(ARGV[2]), nowMs)

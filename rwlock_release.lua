@@ -30,7 +30,7 @@ if deleted and KEYS[1] == KEYS[5] then
 	wake = true
 elseif deleted then
 	redis.call('ZREM', KEYS[3], held)
-	local _, nowMs = clock()
+	local nowMs = millis(clock())
 	wake = wake or live(KEYS[3], nowMs) == 0
 end
 if not wake then

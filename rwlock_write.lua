@@ -32,7 +32,8 @@ if holds(held, token) then
 	return {1, string.match(held, '^(%d+)', #token + 2)}
 end
 
-local now, nowMs = clock()
+local now = clock()
+local nowMs = millis(now)
 
 -- intend keeps the intent of a writer that waits alive.
 local function intend()

@@ -49,7 +49,8 @@ if retired(KEYS[2]) then
 	return {2}
 end
 local token = ARGV[1]
-local now, nowMs = clock()
+local now = clock()
+local nowMs = millis(now)
 local expiry = redis.call('ZSCORE', KEYS[1], token)
 local held = expiry and tonumber(expiry) >= nowMs and redis.call('HGET', KEYS[6], token)
 if held then

@@ -9,7 +9,7 @@
 -- Returns 1 when the expiry was set, 0 when the token holds no permit
 -- (expired, given back or taken away).
 
-local _, nowMs = clock()
+local nowMs = millis(clock())
 local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not expiry or tonumber(expiry) < nowMs then
 	return 0

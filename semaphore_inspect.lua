@@ -9,7 +9,7 @@
 -- none), and for each holder whose permit has not expired its token, its
 -- PTTL in milliseconds and its "<fence> <owner>", three items each.
 
-local _, nowMs = clock()
+local nowMs = millis(clock())
 local live = redis.call('ZRANGE', KEYS[1], nowMs, '+inf', 'BYSCORE', 'WITHSCORES')
 local holders = {}
 for i = 1, #live, 2 do

@@ -26,7 +26,7 @@
 --               take it (semaphore_acquire.lua)
 
 local token = ARGV[1]
-local _, nowMs = clock()
+local nowMs = millis(clock())
 local expiry = redis.call('ZSCORE', KEYS[1], token)
 local held = expiry and tonumber(expiry) >= nowMs and redis.call('HGET', KEYS[4], token)
 if held then

@@ -34,7 +34,8 @@
 -- could not be published (the permit is given back all the same).
 
 local token = ARGV[1]
-local now, nowMs = clock()
+local now = clock()
+local nowMs = millis(now)
 local code, deleted = 0, false
 local expiry = redis.call('ZSCORE', KEYS[1], token)
 if expiry and tonumber(expiry) >= nowMs then
