@@ -397,7 +397,11 @@ func (d *deployment) runRelease(ctx context.Context, lease *Lease, mode string, 
 		// A late attempt is refused for as long as its lock would live.
 		markerTTL = d.abandonMarkerMillis(lease)
 	}
-	argv := []any{lease.tokenArg, d.channelArg(lease), mode, markerTTL, d.l.retentionMillis}
+	var modeArg any = modeAbandon // a constant: boxing the variable would allocate
+	if mode == modeRelease {
+		modeArg = modeRelease
+	}
+	argv := []any{lease.tokenArg, d.channelArg(lease), modeArg, markerTTL, d.l.retentionMillis}
 	if loud {
 		argv = append(argv, "1")
 	}
