@@ -25,6 +25,7 @@ func TestStory(t *testing.T) {
 		require.NoError(t, err)
 		checkStory(t, res)
 		demotest.KeysGone(t, redisAddr, res.Keys)
+		demotest.TablesGone(t, databaseURL, res.Tables...)
 	})
 }
 
