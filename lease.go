@@ -131,16 +131,8 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l == nil || l.locker == nil || l.degraded {
 		return ErrNotHeld
 	}
-	if err := checkTTL("Extend ttl", ttl); err != nil {
+	if err := l.locker.opts.checkCallTTL("Extend ttl", ttl); err != nil {
 		return err
-	}
-	if err := checkRenewInterval(l.locker.opts.RenewInterval, ttl); err != nil {
-		return err
-	}
-	if l.locker.opts.Replicas > 0 {
-		if err := checkReplicaTimeout(l.locker.opts.ReplicaTimeout, ttl, "Extend ttl"); err != nil {
-			return err
-		}
 	}
 	if ctxErr(ctx) != nil {
 		return ctxEnded(ctx, "extend")

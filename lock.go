@@ -229,16 +229,8 @@ func (l *Locker) callOptions(name string, opts []Option) (callOptions, error) {
 		co = opt(co)
 	}
 	if co.ttlSet {
-		if err := checkTTL("WithTTL", co.ttl); err != nil {
+		if err := l.opts.checkCallTTL("WithTTL", co.ttl); err != nil {
 			return co, err
-		}
-		if err := checkRenewInterval(l.opts.RenewInterval, co.ttl); err != nil {
-			return co, err
-		}
-		if l.opts.Replicas > 0 {
-			if err := checkReplicaTimeout(l.opts.ReplicaTimeout, co.ttl, "WithTTL"); err != nil {
-				return co, err
-			}
 		}
 	}
 	if co.wait < 0 {

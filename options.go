@@ -351,6 +351,22 @@ func checkRenewInterval(interval, ttl time.Duration) error {
 	return nil
 }
 
+// checkCallTTL checks a ttl given to one call (WithTTL, Extend; what names
+// it) against o: its range, then RenewInterval, then ReplicaTimeout when
+// Replicas is set.
+func (o *Options) checkCallTTL(what string, ttl time.Duration) error {
+	if err := checkTTL(what, ttl); err != nil {
+		return err
+	}
+	if err := checkRenewInterval(o.RenewInterval, ttl); err != nil {
+		return err
+	}
+	if o.Replicas > 0 {
+		return checkReplicaTimeout(o.ReplicaTimeout, ttl, what)
+	}
+	return nil
+}
+
 // ttlMillis is the TTL sent to Redis: rounded up to whole milliseconds, so the
 // server never holds the lock for less time than the local deadline assumes.
 func ttlMillis(ttl time.Duration) int64 {
