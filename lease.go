@@ -86,8 +86,8 @@ func (l *Lease) Token() string {
 	return l.token
 }
 
-// Fence returns the fencing token issued with this acquisition (see Fencing
-// tokens in the package documentation). A degraded or nil lease's fence is 0.
+// Fence returns the fencing token issued with this acquisition (the package
+// doc's Fencing tokens). A degraded or nil lease's fence is 0.
 func (l *Lease) Fence() int64 {
 	if l == nil {
 		return 0
@@ -96,18 +96,16 @@ func (l *Lease) Fence() int64 {
 }
 
 // Degraded reports whether this is a fail-open stand-in that holds no lock
-// (see Degraded runs in the package documentation).
+// (the package doc's Degraded runs).
 func (l *Lease) Degraded() bool {
 	return l != nil && l.degraded
 }
 
 // Deadline returns the local time until which the lock is certainly held,
 // barring a process pause, a failover, or a local clock slower than the
-// server's by more than the drift allowance: the monotonic time taken before
-// the acquire (or last successful extend) request was sent, plus the TTL,
-// minus TTL/100 + 2ms (for a lock handed to a fair waiter, see "How fair
-// waiting works"). After Release, or once Extend or Release found the lock
-// not held, it is in the past; a nil lease's is the zero time.
+// server's beyond the drift allowance ("Deadlines and the watchdog"). After
+// Release, or once Extend or Release found the lock not held, it is in the
+// past; a nil lease's is the zero time.
 func (l *Lease) Deadline() time.Time {
 	if l == nil {
 		return time.Time{}
@@ -118,15 +116,12 @@ func (l *Lease) Deadline() time.Time {
 }
 
 // Extend resets the lock's TTL to ttl, and so Deadline, if this lease still
-// holds it; it never recreates an expired lock. It returns nil when the TTL
-// was set; ErrNotHeld when the lock is no longer this lease's (later calls
-// then return it with no Redis call), or the lease was lost (also matching
-// ErrLost) or released; ErrUnavailable or ErrMisconfigured when Redis could
-// not answer or refused; ErrInvalid for a ttl out of range, or not longer than
-// RenewInterval plus its drift allowance when that is set; or an error
-// matching ctx.Err() when ctx ended first. When the outcome is unknown
-// (ErrUnavailable, or ctx ended after the request was sent), Deadline becomes
-// the earlier of its old value and the one this call would have set.
+// holds it; it never recreates an expired lock. It returns ErrNotHeld when the
+// lock is no longer this lease's (also on later calls, with no Redis call) or
+// the lease was lost (also matching ErrLost) or released; ErrUnavailable or
+// ErrMisconfigured; ErrInvalid for a ttl WithTTL rejects; or an error matching
+// ctx.Err(). After an unknown outcome, Deadline becomes the earlier of its
+// old value and this call's ("Deadlines and the watchdog").
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l == nil || l.locker == nil || l.degraded {
 		return ErrNotHeld
@@ -275,19 +270,15 @@ func (l *Lease) markDoneLocked(at time.Time, why error) {
 	}
 }
 
-// Release stops the lease's watchdog for good, cancelling the contexts
-// KeepAlive returned, and waits for it to exit, so no renewal is sent after it
-// (one sent may still be answered). It then deletes the lock if this lease
-// holds it, on a context with ctx's values but not its cancellation, bounded
-// by Options.ReleaseTimeout.
-//
-// It returns nil when the lock was deleted (also after go-redis resent the
-// request), or ErrNotHeld when it was not this lease's, and on a nil or
-// degraded lease: either way the lease is done. On ErrUnavailable (also for no
-// answer within ReleaseTimeout, which does not match context.DeadlineExceeded)
-// or ErrMisconfigured the lock may still be held: call Release again, or it
-// expires after its TTL. When ctx ends first, the error matches ctx.Err() and
-// the deletion goes on in the background.
+// Release stops the lease's watchdog for good, cancelling KeepAlive's
+// contexts, and deletes the lock if this lease holds it, within
+// Options.ReleaseTimeout ("Acquire, release and the keys"). It returns nil
+// when it deleted the lock, or ErrNotHeld when the lock was not this lease's
+// and on a nil or degraded lease: either way the lease is done. After
+// ErrUnavailable (also past ReleaseTimeout; it does not match
+// context.DeadlineExceeded) or ErrMisconfigured, the lock may be held until
+// Release is called again or its TTL ends. When ctx ends first, the error
+// matches ctx.Err() and the deletion goes on in the background.
 func (l *Lease) Release(ctx context.Context) error {
 	if l == nil || l.locker == nil {
 		return ErrNotHeld
