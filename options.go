@@ -256,8 +256,8 @@ func checkOwner(what, owner string) error {
 	return nil
 }
 
-// WithTTL sets the lock's time to live for this call, overriding Options.TTL
-// (same range; Acquire rejects others with ErrInvalid).
+// WithTTL sets the lock's time to live for this call, overriding Options.TTL:
+// Acquire rejects with ErrInvalid a ttl that Options.TTL could not be.
 func WithTTL(ttl time.Duration) Option {
 	return func(c callOptions) callOptions { c.ttl, c.ttlSet = ttl, true; return c }
 }
