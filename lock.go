@@ -127,12 +127,10 @@ func (l *Locker) dialErrorSince(seen int64) error {
 
 // Close ends the Locker's acquisitions: Acquire and RunWithLock then return
 // ErrClosed with no Redis call, and a waiting Acquire, or one with an attempt
-// in flight, returns it at once, giving back in the background what its
-// attempts may have taken. Close closes the waiters' shared subscription
-// connection and waits for the background work for at most
-// Options.ReleaseTimeout. Leases already held, their watchdogs, work, Release
-// and Extend go on, so closing at shutdown keeps the exclusion of work still
-// running. Close does not close the Redis client. It always returns nil.
+// in flight, returns it at once. Close waits for the background work for at
+// most Options.ReleaseTimeout ("Acquire, release and the keys"). Leases
+// already held, their watchdogs, work, Release and Extend go on. Close does
+// not close the Redis client; it always returns nil.
 func (l *Locker) Close() error {
 	if l == nil || l.b == nil {
 		return nil
@@ -252,21 +250,14 @@ func (l *Locker) callOptions(name string, opts []Option) (callOptions, error) {
 	return co, nil
 }
 
-// Acquire takes the lock called name and returns its Lease. Without WithWait
-// it tries once; with WithWait(d) it tries again, also after ErrUnavailable,
-// until it obtains the lock or d has passed, each attempt waiting at most
-// Options.AttemptTimeout for its reply.
-//
-// It returns ErrNotObtained when another holder has the lock; ErrUnavailable
-// when Redis could not answer; ErrMisconfigured, not retried, when Redis
-// refuses; ErrInvalid, with no Redis call, for an empty name, a name with '{'
-// or '}', a TTL out of range or a negative wait; ErrClosed after Close; or,
-// when ctx ended, an error matching ctx.Err(), and ErrNotObtained or
-// ErrUnavailable if an earlier attempt found the lock busy or Redis
-// unavailable. It fails open only with WithFailOpen(true). After a failed or
-// cancelled Acquire, a background clean-up gives back what its attempts may
-// have taken ("Acquire, release and the keys"). It never returns a lease
-// whose Deadline has passed.
+// Acquire takes the lock called name and returns its Lease, trying once or,
+// with WithWait(d), until d has passed, also after ErrUnavailable. It returns
+// ErrNotObtained when another holder has the lock; ErrUnavailable;
+// ErrMisconfigured, not retried; ErrInvalid, with no Redis call, for an empty
+// name, one with '{' or '}', or a rejected option; ErrClosed after Close; or
+// an error matching ctx.Err() (and the ErrNotObtained or ErrUnavailable an
+// earlier attempt found). It fails open only with WithFailOpen(true). After an
+// error, a background clean-up gives back what its attempts may have taken.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lease, error) {
 	co, err := l.callOptions(name, opts)
 	if err != nil {
