@@ -12,24 +12,21 @@
 //	})
 //
 // A Locker (New; NewRedlock for a quorum of deployments) acquires a named
-// lock and returns a Lease, which extends and releases the lock only while it
-// is its own. RunWithLock runs work under the lease's watchdog
-// (Lease.KeepAlive); WithWait and WithFair make Acquire wait for a busy lock.
-// Locker.Semaphore, Locker.RWLock and Locker.AcquireAll take permits, shared
-// leases and several names at once. Locker.Inspect reads a lock, Locker.Check
-// the deployment, and Options.Observer reports every call. Errors are
-// sentinels, one per thing a caller handles differently (ErrNotObtained and
-// the others). A name in quotes is a section of [GUARANTEES.md], which
-// explains each mechanism once.
+// lock as a Lease, which extends and releases it only while it is its own;
+// RunWithLock runs work under the lease's watchdog (Lease.KeepAlive). WithWait
+// and WithFair make Acquire wait; Locker.Semaphore, Locker.RWLock and
+// Locker.AcquireAll take permits, shared leases and several names. Inspect and
+// Check read a lock and the deployment; Options.Observer reports every call.
+// Errors are sentinels, one per thing a caller handles differently. A name in
+// quotes is a section of [GUARANTEES.md], which explains each mechanism once.
 //
 // # Fencing tokens
 //
 // A Redis lock is an efficiency lock: a process pause longer than the TTL, or
 // a failover to a replica that had not received the lock, can let two holders
-// believe they hold it at once. The fencing token (Lease.Fence), strictly
-// increasing per lock name, keeps the data right: pass it to every write the
-// work makes, and have the resource refuse a write whose token is not greater
-// than the greatest it has accepted ("Fencing tokens"):
+// act at once. The fencing token (Lease.Fence), strictly increasing per lock
+// name, keeps the data right where the resource refuses a write whose token is
+// not greater than the greatest it has accepted ("Fencing tokens"):
 //
 //	UPDATE settlements SET status = 'done', fence_token = @fence
 //	WHERE settle_date = @date AND fence_token < @fence
@@ -48,9 +45,8 @@
 // Cluster or Ring) on Redis 6.2 or later. Acquire, RunWithLock, Release and
 // Extend return within a few milliseconds of their context's end, whatever
 // the client's options ("Deadlines and the watchdog"); set
-// ContextTimeoutEnabled all the same, or go-redis holds the connection for
-// ReadTimeout after the call returned.
-// Options.Replicas keeps a lock through a failover to a replica that
+// ContextTimeoutEnabled too, or go-redis holds the connection for ReadTimeout
+// after. Options.Replicas keeps a lock through a failover to a replica that
 // acknowledged it ("Replicas and failover").
 //
 // [GUARANTEES.md]: https://github.com/fencelock/fencelock/blob/main/GUARANTEES.md#how-it-works
