@@ -22,52 +22,42 @@ type Options struct {
 	Owner string
 	// TTL is how long Redis keeps a lock not extended, 10ms to 365 days. Default 30s.
 	TTL time.Duration
-
-	// MinRetryBackoff is a waiting Acquire's first pause ("Waiting"). At least
-	// 1ms; default 8ms.
+	// MinRetryBackoff is a waiting Acquire's first pause, at least 1ms. Default 8ms.
 	MinRetryBackoff time.Duration
-	// MaxRetryBackoff caps that pause, and paces a Redlock's line. At least
-	// MinRetryBackoff; default 256ms, or MinRetryBackoff if greater.
+	// MaxRetryBackoff caps the pause, at least MinRetryBackoff. Default max(256ms, MinRetryBackoff).
 	MaxRetryBackoff time.Duration
 	// ReleaseTimeout bounds Release and the clean-up after a failed Acquire, and is
 	// how long a released token is remembered. Default 5s.
 	ReleaseTimeout time.Duration
-	// FenceRetention is how long a name's fence counter outlives its last
-	// acquisition ("Fencing tokens"). Default 1h.
+	// FenceRetention is how long a fence counter outlives its last acquisition. Default 1h.
 	FenceRetention time.Duration
-
 	// RenewInterval is how often the watchdog extends a lease, shorter than the
 	// TTL minus its drift allowance. Default: TTL/3.
 	RenewInterval time.Duration
-	// MaxHold caps how long the watchdog renews one lease, so that a hung holder
-	// cannot keep the lock for ever. Default 0: no cap.
+	// MaxHold caps how long the watchdog renews one lease. Default 0: no cap.
 	MaxHold time.Duration
 	// Replicas is how many replicas must acknowledge (WAIT) each acquisition and
 	// extension ("Replicas and failover"). Default 0: do not wait.
 	Replicas int
-	// ReplicaTimeout bounds each WAIT, shorter than a third of the TTL. Default
-	// 100ms when Replicas is positive.
+	// ReplicaTimeout bounds each WAIT, below a third of the TTL. Default 100ms with Replicas.
 	ReplicaTimeout time.Duration
 	// ReplicaFsync waits with WAITAOF instead (Redis 7.2+, appendonly yes; an
 	// older server fails acquisitions with ErrMisconfigured). Default false.
 	ReplicaFsync bool
-	// AttemptTimeout bounds each Acquire attempt's wait for its reply ("Deadlines
-	// and the watchdog"). At least 1ms; default 1s.
+	// AttemptTimeout bounds an Acquire attempt's wait for a reply, at least 1ms. Default 1s.
 	AttemptTimeout time.Duration
 	// FailOpen makes RunWithLock run its work degraded when Redis is unavailable
-	// at acquisition (the package doc's Degraded runs). Default false: fail
-	// closed, with ErrUnavailable.
+	// at acquisition (Degraded runs). Default false: fail closed, ErrUnavailable.
 	FailOpen bool
-
 	// Logger gets acquired, not obtained and released at Debug, a failed renewal
 	// at Warn, a lost lease and a fail-open run at Error. Default: discard.
 	Logger *slog.Logger
 	// Observer, if set, is told of every call, renewal and loss.
 	Observer Observer
-	// OnLost, if set, is called once for each lease lost (also one found not
-	// held as RunWithLock's work returned), with a cause matching ErrLost, after
-	// its context was cancelled, on the watchdog's or RunWithLock's goroutine:
-	// it must not block long nor call Release.
+	// OnLost, if set, is called once for each lease lost (also one found not held
+	// as RunWithLock's work returned), with a cause matching ErrLost, after its
+	// context was cancelled, on the watchdog's or RunWithLock's goroutine: it
+	// must not block long nor call Release.
 	OnLost func(lease *Lease, cause error)
 	// Clock is the local time of the library's deadlines, timers and pauses (not
 	// a ctx's deadline); replace it only in tests. Default: the system's.
