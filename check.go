@@ -33,9 +33,8 @@ func (s Severity) String() string {
 // means for the lock.
 type Finding struct {
 	Severity Severity
-	// Check names what was checked: "reachable", "role", "maxmemory-policy",
-	// "persistence", "replicas", "permissions", "pubsub", "round-trip",
-	// "independence" (Redlock), "config".
+	// Check names what was checked: "reachable", "role", "maxmemory-policy", "persistence",
+	// "replicas", "permissions", "pubsub", "round-trip", "independence" (Redlock), "config".
 	Check string
 	Node  string // the server's address or Redlock node's name; "" for the deployment
 	Seen  string // what was seen
