@@ -77,8 +77,7 @@ func (l *Lease) Key() string {
 	return l.keys[keyLock]
 }
 
-// Token returns the random token (a UUID v4) that identifies this acquisition
-// in Redis.
+// Token returns the random token (a UUID v4) of this acquisition in Redis.
 func (l *Lease) Token() string {
 	if l == nil {
 		return ""
@@ -102,10 +101,9 @@ func (l *Lease) Degraded() bool {
 }
 
 // Deadline returns the local time until which the lock is certainly held,
-// barring a process pause, a failover, or a local clock slower than the
-// server's beyond the drift allowance ("Deadlines and the watchdog"). After
-// Release, or once Extend or Release found the lock not held, it is in the
-// past; a nil lease's is the zero time.
+// barring a process pause, a failover or clock drift beyond its allowance
+// ("Deadlines and the watchdog"). After Release, or once the lock was found
+// not held, it is in the past; a nil lease's is the zero time.
 func (l *Lease) Deadline() time.Time {
 	if l == nil {
 		return time.Time{}
@@ -117,11 +115,11 @@ func (l *Lease) Deadline() time.Time {
 
 // Extend resets the lock's TTL to ttl, and so Deadline, if this lease still
 // holds it; it never recreates an expired lock. It returns ErrNotHeld when the
-// lock is no longer this lease's (also on later calls, with no Redis call) or
-// the lease was lost (also matching ErrLost) or released; ErrUnavailable or
+// lock is not this lease's (later calls then make no Redis call), or the lease
+// was lost (also matching ErrLost) or released; ErrUnavailable or
 // ErrMisconfigured; ErrInvalid for a ttl WithTTL rejects; or an error matching
-// ctx.Err(). After an unknown outcome, Deadline becomes the earlier of its
-// old value and this call's ("Deadlines and the watchdog").
+// ctx.Err(). After an unknown outcome, Deadline becomes the earlier of its old
+// value and this call's.
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l == nil || l.locker == nil || l.degraded {
 		return ErrNotHeld
@@ -270,15 +268,13 @@ func (l *Lease) markDoneLocked(at time.Time, why error) {
 	}
 }
 
-// Release stops the lease's watchdog for good, cancelling KeepAlive's
-// contexts, and deletes the lock if this lease holds it, within
-// Options.ReleaseTimeout ("Acquire, release and the keys"). It returns nil
-// when it deleted the lock, or ErrNotHeld when the lock was not this lease's
-// and on a nil or degraded lease: either way the lease is done. After
-// ErrUnavailable (also past ReleaseTimeout; it does not match
-// context.DeadlineExceeded) or ErrMisconfigured, the lock may be held until
-// Release is called again or its TTL ends. When ctx ends first, the error
-// matches ctx.Err() and the deletion goes on in the background.
+// Release stops the lease's watchdog for good and deletes the lock if this
+// lease holds it, within Options.ReleaseTimeout. It returns nil, or ErrNotHeld
+// when the lock was not this lease's and on a nil or degraded lease: either
+// way the lease is done. After ErrUnavailable (also past ReleaseTimeout, not
+// matching context.DeadlineExceeded) or ErrMisconfigured the lock may be held
+// until Release is called again or its TTL ends. When ctx ends first, the
+// error matches ctx.Err() and the deletion goes on in the background.
 func (l *Lease) Release(ctx context.Context) error {
 	if l == nil || l.locker == nil {
 		return ErrNotHeld
