@@ -11,13 +11,12 @@ import (
 )
 
 // RunWithLock acquires the lock called name as Acquire does, runs work under
-// the lease's watchdog (Lease.KeepAlive: work's ctx is cancelled with cause
-// ErrLost when the lease is lost), and releases it when work returns, panics
-// or calls runtime.Goexit. It returns Acquire's error without running work,
-// unless it failed open; ErrInvalid for a nil work; else work's error, joined
-// with an error matching ErrLost if the lease was lost while work ran or found
-// not held at release, even if work returned nil ("Deadlines and the
-// watchdog").
+// the lease's watchdog (work's ctx is cancelled with cause ErrLost when the
+// lease is lost), and releases it when work returns, panics or calls
+// runtime.Goexit. It returns Acquire's error without running work, unless it
+// failed open; ErrInvalid for a nil work; else work's error, joined with an
+// error matching ErrLost if the lease was lost while work ran or found not
+// held at release, even if work returned nil ("Deadlines and the watchdog").
 func (l *Locker) RunWithLock(ctx context.Context, name string,
 	work func(ctx context.Context, lease *Lease) error, opts ...Option) error {
 	if err := l.usable(); err != nil {
@@ -142,12 +141,11 @@ func joinErr(werr, lost error) error {
 
 // KeepAlive starts the lease's watchdog, if not running yet, and returns a
 // context derived from ctx, cancelled with cause ErrLost when the lease is
-// lost: a renewal or Extend found the lock not its own, or Deadline passed
-// first ("Deadlines and the watchdog"). It renews until Release (defer it),
-// which cancels the context with a cause matching ErrNotHeld, or until ctx
-// ends (every KeepAlive call's): the lease is then released in the background,
-// and a later Release returns ErrNotHeld. On a nil, lost or released lease, or
-// one found not held, the context is already cancelled with the cause.
+// lost ("Deadlines and the watchdog"). It renews until Release (defer it; the
+// cause then matches ErrNotHeld), or until every KeepAlive call's ctx ended:
+// the lease is then released in the background, and a later Release returns
+// ErrNotHeld. On a nil lease, or one no longer held, the context is already
+// cancelled with the cause.
 func (l *Lease) KeepAlive(ctx context.Context) context.Context {
 	return l.keepAlive(ctx, false)
 }
