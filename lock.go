@@ -20,9 +20,8 @@ import (
 )
 
 // A Locker acquires locks in one Redis deployment (New), or a quorum of them
-// (NewRedlock). It is safe for concurrent use; create one per client and
-// share it. The zero Locker is not usable: its methods return an error
-// matching ErrInvalid.
+// (NewRedlock). It is safe for concurrent use: create one per client and share
+// it. A zero Locker's methods return an error matching ErrInvalid.
 type Locker struct {
 	b     backend
 	opts  Options
@@ -51,11 +50,10 @@ type Locker struct {
 	lastDialErr  atomic.Pointer[error] // the last one's error
 }
 
-// New returns a Locker that keeps its locks in client, configured by opts
-// (nil means all defaults), and makes no Redis call. It returns an error
-// wrapping ErrInvalid for a nil client or an option it cannot honour. It adds
-// a hook to client that only records failed dials, so that an error can name
-// why Redis could not be reached ("connection refused").
+// New returns a Locker that keeps its locks in client, configured by opts (nil:
+// all defaults), making no Redis call; an error wrapping ErrInvalid for a nil
+// client or an option it cannot honour. It adds a hook to client that only
+// records failed dials, so that an error can name why Redis was unreachable.
 func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 	if isNil(client) {
 		return nil, invalidf("nil redis client")
@@ -126,11 +124,10 @@ func (l *Locker) dialErrorSince(seen int64) error {
 }
 
 // Close ends the Locker's acquisitions: Acquire and RunWithLock then return
-// ErrClosed with no Redis call, and a waiting Acquire, or one with an attempt
-// in flight, returns it at once. Close waits for the background work for at
-// most Options.ReleaseTimeout ("Acquire, release and the keys"). Leases
-// already held, their watchdogs, work, Release and Extend go on. Close does
-// not close the Redis client; it always returns nil.
+// ErrClosed with no Redis call, as a waiting Acquire, or one with an attempt in
+// flight, does at once. Close waits for the background work for at most
+// Options.ReleaseTimeout; leases already held go on. It does not close the
+// Redis client, and always returns nil.
 func (l *Locker) Close() error {
 	if l == nil || l.b == nil {
 		return nil
@@ -252,12 +249,12 @@ func (l *Locker) callOptions(name string, opts []Option) (callOptions, error) {
 
 // Acquire takes the lock called name and returns its Lease, trying once or,
 // with WithWait(d), until d has passed, also after ErrUnavailable. It returns
-// ErrNotObtained when another holder has the lock; ErrUnavailable;
-// ErrMisconfigured, not retried; ErrInvalid, with no Redis call, for an empty
-// name, one with '{' or '}', or a rejected option; ErrClosed after Close; or
-// an error matching ctx.Err() (and the ErrNotObtained or ErrUnavailable an
-// earlier attempt found). It fails open only with WithFailOpen(true). After an
-// error, a background clean-up gives back what its attempts may have taken.
+// ErrNotObtained, ErrUnavailable, ErrMisconfigured (not retried), ErrInvalid
+// with no Redis call for an empty name, one with '{' or '}' or a rejected
+// option, ErrClosed after Close, or an error matching ctx.Err() (and the
+// ErrNotObtained or ErrUnavailable an earlier attempt found). It fails open
+// only with WithFailOpen(true). After an error, a background clean-up gives
+// back what its attempts may have taken.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lease, error) {
 	co, err := l.callOptions(name, opts)
 	if err != nil {
