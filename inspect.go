@@ -22,10 +22,10 @@ type LockInfo struct {
 	Waiters   int // how many Lockers wait for the lock's release, each counted once
 }
 
-// Inspect reads the lock called name without changing it; on a Redlock, the
-// holding a quorum of nodes agree on. It returns ErrInvalid for a bad name,
-// ErrUnavailable or ErrMisconfigured (on a Redlock, fewer than a quorum of
-// nodes answered within Options.ReleaseTimeout), or an error matching ctx.Err().
+// Inspect reads the lock called name, changing nothing; on a Redlock, the
+// holding a quorum agree on. It returns ErrInvalid for a bad name, ErrUnavailable
+// (on a Redlock, no quorum answered within Options.ReleaseTimeout) or
+// ErrMisconfigured, or an error matching ctx.Err().
 func (l *Locker) Inspect(ctx context.Context, name string) (LockInfo, error) {
 	if err := l.usable(); err != nil {
 		return LockInfo{}, err
@@ -49,10 +49,9 @@ func (l *Locker) Inspect(ctx context.Context, name string) (LockInfo, error) {
 }
 
 // TTL returns how long the server keeps the lock if this lease still holds it
-// (-1: no expiry; on a Redlock, the longest a quorum of nodes keeps it),
-// changing nothing. It returns ErrNotHeld when the lock is not this lease's,
-// and on a nil or degraded lease; ErrUnavailable or ErrMisconfigured; or an
-// error matching ctx.Err().
+// (-1: no expiry; on a Redlock, the longest a quorum keeps it), changing
+// nothing. It returns ErrNotHeld when it does not, and on a nil or degraded
+// lease; ErrUnavailable or ErrMisconfigured; or an error matching ctx.Err().
 func (l *Lease) TTL(ctx context.Context) (time.Duration, error) {
 	if l == nil || l.locker == nil || l.degraded {
 		return 0, ErrNotHeld
