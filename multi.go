@@ -19,13 +19,12 @@ const maxNames = 1000
 var multiAcquireScript = newScript("multi_acquire", true)
 
 // AcquireAll takes the locks called names, all or none, and returns their
-// leases in the order given, as Acquire's ("Several names at once"); WithWait
-// bounds the whole call. It returns ErrInvalid, with no Redis call, for an
-// empty list, more than 1,000 names, a name given twice, a bad name or option,
-// or WithFair; a *BusyError naming the name found busy; otherwise Acquire's
-// errors, or Lease.Extend's for a name kept alive while it waited. After an
-// error the call holds none of the names, what an attempt of unknown outcome
-// took being given back in the background.
+// leases in the order given ("Several names at once"); WithWait bounds the
+// whole call. It returns ErrInvalid, with no Redis call, for an empty list,
+// more than 1,000 names, a name given twice, a bad name or option, or WithFair;
+// a *BusyError naming the name found busy; otherwise Acquire's errors, or
+// Lease.Extend's for a name kept alive while it waited. After an error it
+// holds none of the names, as after a failed Acquire.
 func (l *Locker) AcquireAll(ctx context.Context, names []string, opts ...Option) ([]*Lease, error) {
 	co, err := l.setOptions(names, opts)
 	if err != nil {
@@ -42,9 +41,8 @@ func (l *Locker) AcquireAll(ctx context.Context, names []string, opts ...Option)
 // RunWithLocks runs work holding the locks called names, taken as AcquireAll
 // takes them, renewed and released as RunWithLock does one; work's context is
 // cancelled with cause ErrLost as soon as any lease is lost. It returns
-// AcquireAll's error without running work, unless it failed open; ErrInvalid
-// for a nil work; else work's error, joined with an error matching ErrLost for
-// each lease lost while work ran or found not held when released.
+// RunWithLock's errors, AcquireAll's instead of Acquire's, with one matching
+// ErrLost for each lease lost.
 func (l *Locker) RunWithLocks(ctx context.Context, names []string,
 	work func(ctx context.Context, leases []*Lease) error, opts ...Option) error {
 	if err := l.usable(); err != nil {
