@@ -36,7 +36,7 @@
 // Options.FailOpen, or WithFailOpen per call, runs the work on a degraded
 // lease when Redis is unavailable at acquisition (ErrUnavailable), and on
 // nothing else: never on a busy lock, ErrMisconfigured, ErrClosed or an ended
-// context. A degraded lease holds no lock and has Fence 0, so the work must be
+// context. A degraded lease holds no lock and has Fence 0: the work must be
 // safe to run twice ("Fail-open and degraded runs").
 //
 // # Redis clients
@@ -44,10 +44,7 @@
 // A Locker accepts any go-redis v9 UniversalClient (standalone, Sentinel,
 // Cluster or Ring) on Redis 6.2 or later. Acquire, RunWithLock, Release and
 // Extend return within a few milliseconds of their context's end, whatever
-// the client's options ("Deadlines and the watchdog"); set
-// ContextTimeoutEnabled too, or go-redis holds the connection for ReadTimeout
-// after. Options.Replicas keeps a lock through a failover to a replica that
-// acknowledged it ("Replicas and failover").
+// the client's options ("Deadlines and the watchdog"; docs/failures.md).
 //
 // [GUARANTEES.md]: https://github.com/fencelock/fencelock/blob/main/GUARANTEES.md#how-it-works
 package fencelock
