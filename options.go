@@ -54,10 +54,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Observer, if set, is told of every call, renewal and loss.
 	Observer Observer
-	// OnLost, if set, is called once for each lease lost (also one found not held
-	// as RunWithLock's work returned), with a cause matching ErrLost, after its
-	// context was cancelled, on the watchdog's or RunWithLock's goroutine: it
-	// must not block long nor call Release.
+	// OnLost, if set, is called once per lease lost (also found not held as RunWithLock's
+	// work returned), with a cause matching ErrLost, after its context was cancelled, on
+	// the watchdog's or RunWithLock's goroutine: it must not block long nor call Release.
 	OnLost func(lease *Lease, cause error)
 	// Clock is the local time of the library's deadlines, timers and pauses (not
 	// a ctx's deadline); replace it only in tests. Default: the system's.
@@ -259,10 +258,9 @@ func WithWait(d time.Duration) Option {
 	return func(c callOptions) callOptions { c.wait = d; return c }
 }
 
-// WithFair makes a waiting Acquire (WithWait) wait in line, in the order
-// first attempts reached Redis, for a release to hand it the lock ("How fair
-// waiting works"). Without WithWait it changes nothing; a NewRedlock Locker
-// rejects it with ErrInvalid.
+// WithFair makes a waiting Acquire (WithWait) wait in line for a release to
+// hand it the lock ("How fair waiting works"); without WithWait it changes
+// nothing. A NewRedlock Locker rejects it with ErrInvalid.
 func WithFair() Option {
 	return func(c callOptions) callOptions { c.fair = true; return c }
 }
