@@ -32,10 +32,9 @@ type Semaphore struct {
 
 var _ ownKeys = (*Semaphore)(nil)
 
-// Semaphore returns the semaphore called name with permits permits, making
-// no Redis call. Its calls fail with ErrInvalid, with no Redis call, for an
-// empty name or one containing '{' or '}', for permits < 1, and on a
-// NewRedlock Locker, whose nodes would each count holders on their own.
+// Semaphore returns the semaphore called name with permits permits, making no
+// Redis call. Its calls fail with ErrInvalid, with no Redis call, for a bad
+// name, permits < 1, and on a NewRedlock Locker ("Semaphores").
 func (l *Locker) Semaphore(name string, permits int) *Semaphore {
 	s := &Semaphore{l: l, name: name, permits: permits, permitsArg: strconv.Itoa(permits)}
 	if s.err = l.usable(); s.err != nil {
