@@ -7,10 +7,9 @@ import (
 	"time"
 )
 
-// An RWLock is a read-write lock: any number of shared leases or one
-// exclusive lease, never both, each an ordinary Lease, fences increasing
-// across all of them; a writer that waits stops new readers ("Read-write
-// locks"). It is safe for concurrent use.
+// An RWLock is a read-write lock: shared leases or one exclusive lease, never
+// both, fences increasing across all of them, a waiting writer stopping new
+// readers ("Read-write locks"). It is safe for concurrent use.
 type RWLock struct {
 	l    *Locker
 	name string
