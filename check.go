@@ -58,12 +58,11 @@ func (f Finding) String() string {
 	return s
 }
 
-// Check inspects the deployment (every node of a Redlock, master of a
-// Cluster, shard of a Ring) for what weakens the lock's guarantees, most
-// severe first (docs/operating.md, "A deployment check"), trying each command
-// the library sends on a lock "fencelock-check:<random>" whose keys it deletes. A
-// refused command or an unreachable server is a finding: Check fails only for
-// a zero Locker (ErrInvalid), or when ctx ends (its error, with the findings).
+// Check inspects the deployment (every node of a Redlock, master of a Cluster,
+// shard of a Ring) for what weakens the lock, most severe first (docs/operating.md,
+// "A deployment check"), trying each command the library sends on a lock
+// "fencelock-check:<random>" whose keys it deletes. It returns an error only for a
+// zero Locker (ErrInvalid), or when ctx ends (its error, with the findings).
 func (l *Locker) Check(ctx context.Context) ([]Finding, error) {
 	if err := l.usable(); err != nil {
 		return nil, err
