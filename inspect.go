@@ -11,15 +11,13 @@ import (
 
 // LockInfo is what Locker.Inspect found about a lock.
 type LockInfo struct {
-	Name  string
-	Held  bool
-	Owner string        // the holder's Options.Owner or WithOwner; "" when not held or not stored
-	TTL   time.Duration // left on the server; 0 when not held, -1 when the lock has no expiry
-	Fence int64         // the fence of the current holding; 0 when not held
-	// LastFence is the last fence issued, kept for FenceRetention; 0 when none
-	// is (on a Redlock: "How Redlock works").
-	LastFence int64
-	Waiters   int // how many Lockers wait for the lock's release, each counted once
+	Name      string
+	Held      bool
+	Owner     string        // the holder's Options.Owner or WithOwner; "" when not held or not stored
+	TTL       time.Duration // left on the server; 0 when not held, -1 when the lock has no expiry
+	Fence     int64         // the fence of the current holding; 0 when not held
+	LastFence int64         // the last fence issued, kept for FenceRetention; 0 if none (Redlock: "How Redlock works")
+	Waiters   int           // how many Lockers wait for the lock's release, each counted once
 }
 
 // Inspect reads the lock called name, changing nothing; on a Redlock, the
