@@ -11,8 +11,7 @@ import (
 )
 
 // A Lease is one acquisition of a lock. Its methods are safe for concurrent
-// use, and safe on a nil *Lease, which holds nothing: so a deferred Release
-// after a failed Acquire does no harm.
+// use, and on a nil *Lease, which holds nothing (a deferred Release is safe).
 type Lease struct {
 	locker  *Locker
 	kind    kind // what the lease holds: a lock, or a semaphore's permit, ...
