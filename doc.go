@@ -13,12 +13,11 @@
 //
 // A Locker (New; NewRedlock for a quorum of deployments) acquires a named
 // lock as a Lease, which extends and releases it only while it is its own;
-// RunWithLock runs work under the lease's watchdog (Lease.KeepAlive). WithWait
-// and WithFair make Acquire wait; Locker.Semaphore, Locker.RWLock and
-// Locker.AcquireAll take permits, shared leases and several names. Inspect and
-// Check read a lock and the deployment; Options.Observer reports every call.
-// Errors are sentinels, one per thing a caller handles differently. A name in
-// quotes is a section of [GUARANTEES.md], which explains each mechanism once.
+// RunWithLock runs work under the lease's watchdog. WithWait and WithFair make
+// Acquire wait; Semaphore, RWLock and AcquireAll take permits, shared leases
+// and several names; Inspect and Check read a lock and the deployment. Errors
+// are sentinels, one per thing a caller handles differently. A name in quotes
+// is a section of [GUARANTEES.md], which explains each mechanism once.
 //
 // # Fencing tokens
 //
