@@ -11,12 +11,12 @@ import (
 )
 
 // RunWithLock acquires the lock called name as Acquire does, runs work under
-// the lease's watchdog (work's ctx is cancelled with cause ErrLost when the
-// lease is lost), and releases it when work returns, panics or calls
-// runtime.Goexit. It returns Acquire's error without running work, unless it
-// failed open; ErrInvalid for a nil work; else work's error, joined with an
-// error matching ErrLost if the lease was lost while work ran or found not
-// held at release, even if work returned nil ("Deadlines and the watchdog").
+// the lease's watchdog, its ctx cancelled with cause ErrLost if the lease is
+// lost, and releases it when work returns, panics or calls runtime.Goexit. It
+// returns Acquire's error without running work, unless it failed open;
+// ErrInvalid for a nil work; else work's error, joined with one matching
+// ErrLost if the lease was lost while work ran or found not held at release
+// (also when work returned nil).
 func (l *Locker) RunWithLock(ctx context.Context, name string,
 	work func(ctx context.Context, lease *Lease) error, opts ...Option) error {
 	if err := l.usable(); err != nil {
