@@ -14,8 +14,7 @@ import (
 // default; New applies the defaults in one place and rejects values it cannot
 // honour with ErrInvalid. A nil *Options means all defaults.
 type Options struct {
-	// KeyPrefix begins every key: the lock for name is at KeyPrefix+"{"+name+"}"
-	// ("Acquire, release and the keys"). No '{' or '}'; default "lock:".
+	// KeyPrefix begins every key: a lock is at KeyPrefix+"{"+name+"}". No '{' or '}'; default "lock:".
 	KeyPrefix string
 	// Owner names this Locker in its locks, for Inspect and BusyError: at most 200
 	// bytes of printable UTF-8. Default: hostname and pid, "pod-2 (pid 7)".
@@ -58,8 +57,7 @@ type Options struct {
 	// work returned), with a cause matching ErrLost, after its context was cancelled, on
 	// the watchdog's or RunWithLock's goroutine: it must not block long nor call Release.
 	OnLost func(lease *Lease, cause error)
-	// Clock is the local time of the library's deadlines, timers and pauses (not
-	// a ctx's deadline); replace it only in tests. Default: the system's.
+	// Clock is the library's local time (not a ctx's deadline), for tests. Default: the system's.
 	Clock Clock
 }
 
