@@ -29,8 +29,7 @@ func (s Severity) String() string {
 	return "severity(" + strconv.Itoa(int(s)) + ")"
 }
 
-// A Finding is one thing Check found about the deployment, and what it
-// means for the lock.
+// A Finding is one thing Check found, and what it means for the lock.
 type Finding struct {
 	Severity Severity
 	// Check names what was checked: "reachable", "role", "maxmemory-policy", "persistence",
