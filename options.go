@@ -10,9 +10,8 @@ import (
 	"unicode/utf8"
 )
 
-// Options configures a Locker. The zero value of every field means its
-// default; New applies the defaults in one place and rejects values it cannot
-// honour with ErrInvalid. A nil *Options means all defaults.
+// Options configures a Locker: a zero field means its default, a nil *Options
+// all defaults; New rejects the values it cannot honour with ErrInvalid.
 type Options struct {
 	// KeyPrefix begins every key: a lock is at KeyPrefix+"{"+name+"}". No '{' or '}'; default "lock:".
 	KeyPrefix string
