@@ -117,8 +117,7 @@ func (l *Lease) Deadline() time.Time {
 // lock is not this lease's (later calls then make no Redis call), or the lease
 // was lost (also matching ErrLost) or released; ErrUnavailable or
 // ErrMisconfigured; ErrInvalid for a ttl WithTTL rejects; or an error matching
-// ctx.Err(). After an unknown outcome, Deadline becomes the earlier of its old
-// value and this call's.
+// ctx.Err(). After an unknown outcome, Deadline is the earlier of old and new.
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l == nil || l.locker == nil || l.degraded {
 		return ErrNotHeld
