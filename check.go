@@ -29,13 +29,11 @@ func (s Severity) String() string {
 	return "severity(" + strconv.Itoa(int(s)) + ")"
 }
 
-// A Finding is one thing Check found about the deployment, and what it
-// means for the lock.
+// A Finding is one thing Check found, and what it means for the lock.
 type Finding struct {
 	Severity Severity
-	// Check names what was checked: "reachable", "role", "maxmemory-policy",
-	// "persistence", "replicas", "permissions", "pubsub", "round-trip",
-	// "independence" (Redlock), "config".
+	// Check names what was checked: "reachable", "role", "maxmemory-policy", "persistence",
+	// "replicas", "permissions", "pubsub", "round-trip", "independence" (Redlock), "config".
 	Check string
 	Node  string // the server's address or Redlock node's name; "" for the deployment
 	Seen  string // what was seen
@@ -59,14 +57,11 @@ func (f Finding) String() string {
 	return s
 }
 
-// Check inspects the deployment (every node of a Redlock, master of a
-// Cluster, shard of a Ring) for what weakens the lock's guarantees, most severe
-// first (docs/operating.md, "A deployment check"), trying each command the
-// lock, Check and the fencelock command send on a lock named
-// "fencelock-check:<random>", whose keys it deletes. A refused command or an
-// unreachable server is a finding: Check returns an error only for a Locker
-// not made with New or NewRedlock (ErrInvalid), or when ctx ends (its error,
-// with the findings so far).
+// Check inspects the deployment (every node of a Redlock, master of a Cluster,
+// shard of a Ring) for what weakens the lock, most severe first (docs/operating.md,
+// "A deployment check"), trying each command the library sends on a lock
+// "fencelock-check:<random>" whose keys it deletes. It returns an error only for a
+// zero Locker (ErrInvalid), or when ctx ends (its error, with the findings).
 func (l *Locker) Check(ctx context.Context) ([]Finding, error) {
 	if err := l.usable(); err != nil {
 		return nil, err

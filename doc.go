@@ -11,67 +11,39 @@
 //		return settle(ctx, day, lease.Fence()) // UPDATE ... WHERE fence_token < $fence
 //	})
 //
-// A Locker acquires a named lock with one round trip and returns a Lease,
-// which extends and releases it with compare-the-token scripts, so it never
-// deletes or extends another holder's lock. RunWithLock runs a critical
-// section under the lease's watchdog (Lease.KeepAlive); WithWait and WithFair
-// make Acquire wait for a busy lock; NewRedlock keeps each lock on a quorum of
-// deployments. Locker.Inspect reads a lock, Locker.Check the deployment, and
-// Options.Observer reports every call. Errors are sentinels, one per thing a
-// caller handles differently (ErrNotObtained and the others). A name in
-// quotes is a section of [GUARANTEES.md], which goes into depth.
+// A Locker (New; NewRedlock for a quorum of deployments) acquires a named
+// lock as a Lease, which extends and releases it only while it is its own;
+// RunWithLock runs work under the lease's watchdog. WithWait and WithFair make
+// Acquire wait; Semaphore, RWLock and AcquireAll take permits, shared leases
+// and several names; Inspect and Check read a lock and the deployment. Errors
+// are sentinels, one per thing a caller handles differently. A name in quotes
+// is a section of [GUARANTEES.md], which explains each mechanism once.
 //
 // # Fencing tokens
 //
-// A Redis lock is an efficiency lock: a process pause (GC, SIGSTOP, a
-// suspended VM) longer than the TTL, or a failover to a replica that had not
-// received the lock, can let two holders believe they hold it at once. Where
-// correctness depends on mutual exclusion, the fencing token (Lease.Fence)
-// keeps the data right: a positive int64 issued in the same atomic step that
-// sets the lock, and strictly increasing per lock name (on one deployment
-// also after its counter expired, as each is floored by the TIME of the Redis
-// server that issues it; on a Redlock, counted on from its nodes' counters).
-// Pass it to every write the critical section makes, and have the resource
-// refuse a write whose token is not greater than the greatest it has accepted
-// ("Fencing tokens"):
+// A Redis lock is an efficiency lock: a process pause longer than the TTL, or
+// a failover to a replica that had not received the lock, can let two holders
+// act at once. The fencing token (Lease.Fence), strictly increasing per lock
+// name, keeps the data right where the resource refuses a write whose token is
+// not greater than the greatest it has accepted ("Fencing tokens"):
 //
 //	UPDATE settlements SET status = 'done', fence_token = @fence
 //	WHERE settle_date = @date AND fence_token < @fence
-//
-// # Semaphores
-//
-// Locker.Semaphore(name, permits) lets at most permits holders hold a name
-// at once, each with a Lease of its own, taken by Semaphore.Acquire or
-// RunWithLock with a lock's options and errors; its fences increase across
-// all its permits. It needs one deployment, not NewRedlock ("Semaphores").
-//
-// # Read-write locks and several names
-//
-// Locker.RWLock returns a read-write lock: shared leases or one exclusive
-// lease, never both, a waiting writer stopping new readers ("Read-write
-// locks"). Locker.AcquireAll takes several names all or none, so that
-// overlapping calls never deadlock ("Several names at once").
 //
 // # Degraded runs
 //
 // Options.FailOpen, or WithFailOpen per call, runs the work on a degraded
 // lease when Redis is unavailable at acquisition (ErrUnavailable), and on
-// nothing else: never on a busy lock, ErrMisconfigured, ErrClosed or a context
-// that ended first. A degraded lease holds no lock (Degraded true, Fence 0,
-// nothing to extend or release), and the run is logged at Error level. What
-// guards it is what makes the work safe to run twice: a unique key, a
-// conditional update on the row's own state ("Fail-open and degraded runs").
+// nothing else: never on a busy lock, ErrMisconfigured, ErrClosed or an ended
+// context. A degraded lease holds no lock and has Fence 0: the work must be
+// safe to run twice ("Fail-open and degraded runs").
 //
-// # Replicas and Redis clients
+// # Redis clients
 //
 // A Locker accepts any go-redis v9 UniversalClient (standalone, Sentinel,
 // Cluster or Ring) on Redis 6.2 or later. Acquire, RunWithLock, Release and
-// Extend return within a few milliseconds of their context's deadline or
-// cancellation, whatever the client's options ("Deadlines and the watchdog");
-// set ContextTimeoutEnabled all the same, or go-redis's own goroutine, and its
-// connection, wait for ReadTimeout after the call returned. Options.Replicas
-// keeps a lock through a failover to a replica that acknowledged it, not
-// through every failover ("Replicas and failover").
+// Extend return within a few milliseconds of their context's end, whatever
+// the client's options ("Deadlines and the watchdog"; docs/failures.md).
 //
 // [GUARANTEES.md]: https://github.com/fencelock/fencelock/blob/main/GUARANTEES.md#how-it-works
 package fencelock

@@ -11,54 +11,39 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Sentinel errors, to match with errors.Is: the errors of this package wrap
-// them, usually with a cause, in a one-line message. No error matches two of
-// ErrNotObtained, ErrUnavailable and ErrMisconfigured. When the caller's
-// context ended before Redis gave any verdict, the error matches ctx.Err()
-// and none of them: a shutdown is not "another instance is on it".
+// Sentinel errors, to match with errors.Is; the package's errors wrap them in
+// one line. No error matches two of ErrNotObtained, ErrUnavailable and
+// ErrMisconfigured; one from a ctx that ended before Redis gave any verdict
+// matches ctx.Err() and no sentinel.
 var (
-	// ErrNotObtained means the lock is busy: another holder has it (a
-	// *BusyError says who), and Acquire tried once or its wait ran out.
+	// ErrNotObtained means the lock is busy (a *BusyError says who), and
+	// Acquire tried once or its wait ran out.
 	ErrNotObtained = errors.New("fencelock: not obtained")
-
-	// ErrNotHeld means the lock is no longer this lease's: it expired, was
-	// taken over, deleted, or released already (the text says which if known).
+	// ErrNotHeld means the lock is no longer this lease's (the text says why).
 	ErrNotHeld = errors.New("fencelock: not held")
-
-	// ErrUnavailable means Redis could not be reached, did not answer in
-	// time, or answered with a transient state (LOADING, BUSY, READONLY,
-	// MASTERDOWN, CLUSTERDOWN, TRYAGAIN, NOREPLICAS, OOM). The lock's state
-	// is unknown to the caller; each method says what it leaves behind.
+	// ErrUnavailable means Redis was unreachable, did not answer in time, or
+	// answered with a transient state (LOADING, BUSY, READONLY, MASTERDOWN,
+	// CLUSTERDOWN, TRYAGAIN, NOREPLICAS, OOM): the lock's state is unknown.
 	ErrUnavailable = errors.New("fencelock: redis unavailable")
-
-	// ErrMisconfigured means Redis refuses the lock's commands: a missing or
-	// wrong password (NOAUTH, WRONGPASS), an ACL (NOPERM), a key of another
-	// type (WRONGTYPE), an unknown command, a fence counter at its maximum, or
-	// a closed go-redis client. Retrying does not help; the text says the fix.
+	// ErrMisconfigured means Redis refuses the lock's commands (NOAUTH, WRONGPASS,
+	// NOPERM, WRONGTYPE, an unknown command, a fence counter at its maximum, a
+	// closed go-redis client): retrying does not help; the text says the fix.
 	ErrMisconfigured = errors.New("fencelock: redis refuses the lock's commands")
-
-	// ErrInvalid means an argument or option was rejected before any Redis
-	// call was made.
+	// ErrInvalid means an argument or option was rejected before any Redis call.
 	ErrInvalid = errors.New("fencelock: invalid argument")
-
-	// ErrLost means a lease was lost while its work ran (see Lease.KeepAlive):
-	// mutual exclusion may have been broken; only the fence protects the data.
+	// ErrLost means a lease was lost while its work ran: exclusion may have been broken.
 	ErrLost = errors.New("fencelock: lease lost")
-
-	// ErrClosed means the Locker was closed (see Locker.Close). It matches
-	// no other sentinel.
+	// ErrClosed means the Locker was closed; it matches no other sentinel.
 	ErrClosed = errors.New("fencelock: locker closed")
 )
 
 // A BusyError is the error of an Acquire that found the lock held by
 // another: it matches ErrNotObtained, and says who holds it and for how long.
 type BusyError struct {
-	Name  string        // the lock's name
-	Owner string        // the holder's Options.Owner or WithOwner; "" if it stored none
-	TTL   time.Duration // left when Redis answered; -1: the lock has no expiry; other negative values: free, but fair waiters are in line first
-	// Holders is, for a Semaphore, how many hold its permits (Owner's and
-	// TTL are of the first to expire); 0 for a lock.
-	Holders int
+	Name    string        // the lock's name
+	Owner   string        // the holder's Options.Owner or WithOwner; "" if it stored none
+	TTL     time.Duration // left when Redis answered; -1: no expiry; other negative values: free, but others are served first
+	Holders int           // a Semaphore's: how many hold permits (Owner, TTL: the first to expire); 0 for a lock
 }
 
 func (e *BusyError) Error() string {

@@ -11,24 +11,19 @@ import (
 
 // LockInfo is what Locker.Inspect found about a lock.
 type LockInfo struct {
-	Name  string
-	Held  bool
-	Owner string        // the holder's Options.Owner or WithOwner; "" when not held or not stored
-	TTL   time.Duration // left on the server; 0 when not held, -1 when the lock has no expiry
-	Fence int64         // the fence of the current holding; 0 when not held
-	// LastFence is the last fence issued, kept FenceRetention after the last
-	// acquisition; 0 when none is kept (on a Redlock: "How Redlock works").
-	LastFence int64
-	// Waiters is how many Lockers wait for the lock's release, each counted
-	// once (docs/operating.md, "Who holds it, and until when").
-	Waiters int
+	Name      string
+	Held      bool
+	Owner     string        // the holder's Options.Owner or WithOwner; "" when not held or not stored
+	TTL       time.Duration // left on the server; 0 when not held, -1 when the lock has no expiry
+	Fence     int64         // the fence of the current holding; 0 when not held
+	LastFence int64         // the last fence issued, kept for FenceRetention; 0 if none (Redlock: "How Redlock works")
+	Waiters   int           // how many Lockers wait for the lock's release, each counted once
 }
 
-// Inspect reads the lock called name without changing it (see LockInfo); on
-// a Redlock, the holding a quorum of nodes agree on. It returns ErrInvalid for
-// a bad name, ErrUnavailable or ErrMisconfigured when Redis could not answer
-// (on a Redlock, fewer than a quorum of nodes within Options.ReleaseTimeout),
-// or an error matching ctx.Err() when ctx ended first.
+// Inspect reads the lock called name, changing nothing; on a Redlock, the
+// holding a quorum agree on. It returns ErrInvalid for a bad name, ErrUnavailable
+// (on a Redlock, no quorum answered within Options.ReleaseTimeout) or
+// ErrMisconfigured, or an error matching ctx.Err().
 func (l *Locker) Inspect(ctx context.Context, name string) (LockInfo, error) {
 	if err := l.usable(); err != nil {
 		return LockInfo{}, err
@@ -51,11 +46,10 @@ func (l *Locker) Inspect(ctx context.Context, name string) (LockInfo, error) {
 	return info, nil
 }
 
-// TTL returns how long the server keeps the lock if this lease still holds
-// it (-1: no expiry; on a Redlock, the longest a quorum of nodes keeps it),
-// changing nothing. It returns ErrNotHeld when the lock is not this lease's,
-// and on a nil or degraded lease; ErrUnavailable or ErrMisconfigured when
-// Redis could not answer; an error matching ctx.Err() when ctx ended first.
+// TTL returns how long the server keeps the lock if this lease still holds it
+// (-1: no expiry; on a Redlock, the longest a quorum keeps it), changing
+// nothing. It returns ErrNotHeld when it does not, and on a nil or degraded
+// lease; ErrUnavailable or ErrMisconfigured; or an error matching ctx.Err().
 func (l *Lease) TTL(ctx context.Context) (time.Duration, error) {
 	if l == nil || l.locker == nil || l.degraded {
 		return 0, ErrNotHeld

@@ -11,8 +11,7 @@ import (
 )
 
 // A Lease is one acquisition of a lock. Its methods are safe for concurrent
-// use, and safe on a nil *Lease, which holds nothing: so a deferred Release
-// after a failed Acquire does no harm.
+// use, and on a nil *Lease, which holds nothing (a deferred Release is safe).
 type Lease struct {
 	locker  *Locker
 	kind    kind // what the lease holds: a lock, or a semaphore's permit, ...
@@ -77,8 +76,7 @@ func (l *Lease) Key() string {
 	return l.keys[keyLock]
 }
 
-// Token returns the random token (a UUID v4) that identifies this acquisition
-// in Redis.
+// Token returns the random token (a UUID v4) of this acquisition in Redis.
 func (l *Lease) Token() string {
 	if l == nil {
 		return ""
@@ -86,8 +84,8 @@ func (l *Lease) Token() string {
 	return l.token
 }
 
-// Fence returns the fencing token issued with this acquisition (see Fencing
-// tokens in the package documentation). A degraded or nil lease's fence is 0.
+// Fence returns the fencing token issued with this acquisition (the package
+// doc's Fencing tokens). A degraded or nil lease's fence is 0.
 func (l *Lease) Fence() int64 {
 	if l == nil {
 		return 0
@@ -96,17 +94,14 @@ func (l *Lease) Fence() int64 {
 }
 
 // Degraded reports whether this is a fail-open stand-in that holds no lock
-// (see Degraded runs in the package documentation).
+// (the package doc's Degraded runs).
 func (l *Lease) Degraded() bool {
 	return l != nil && l.degraded
 }
 
 // Deadline returns the local time until which the lock is certainly held,
-// barring a process pause, a failover, or a local clock slower than the
-// server's by more than the drift allowance: the monotonic time taken before
-// the acquire (or last successful extend) request was sent, plus the TTL,
-// minus TTL/100 + 2ms (for a lock handed to a fair waiter, see "How fair
-// waiting works"). After Release, or once Extend or Release found the lock
+// barring a process pause, a failover or clock drift beyond its allowance
+// ("Deadlines and the watchdog"). After Release, or once the lock was found
 // not held, it is in the past; a nil lease's is the zero time.
 func (l *Lease) Deadline() time.Time {
 	if l == nil {
@@ -118,29 +113,17 @@ func (l *Lease) Deadline() time.Time {
 }
 
 // Extend resets the lock's TTL to ttl, and so Deadline, if this lease still
-// holds it; it never recreates an expired lock. It returns nil when the TTL
-// was set; ErrNotHeld when the lock is no longer this lease's (later calls
-// then return it with no Redis call), or the lease was lost (also matching
-// ErrLost) or released; ErrUnavailable or ErrMisconfigured when Redis could
-// not answer or refused; ErrInvalid for a ttl out of range, or not longer than
-// RenewInterval plus its drift allowance when that is set; or an error
-// matching ctx.Err() when ctx ended first. When the outcome is unknown
-// (ErrUnavailable, or ctx ended after the request was sent), Deadline becomes
-// the earlier of its old value and the one this call would have set.
+// holds it; it never recreates an expired lock. It returns ErrNotHeld when the
+// lock is not this lease's (later calls then make no Redis call), or the lease
+// was lost (also matching ErrLost) or released; ErrUnavailable or
+// ErrMisconfigured; ErrInvalid for a ttl WithTTL rejects; or an error matching
+// ctx.Err(). After an unknown outcome, Deadline is the earlier of old and new.
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l == nil || l.locker == nil || l.degraded {
 		return ErrNotHeld
 	}
-	if err := checkTTL("Extend ttl", ttl); err != nil {
+	if err := l.locker.opts.checkCallTTL("Extend ttl", ttl); err != nil {
 		return err
-	}
-	if err := checkRenewInterval(l.locker.opts.RenewInterval, ttl); err != nil {
-		return err
-	}
-	if l.locker.opts.Replicas > 0 {
-		if err := checkReplicaTimeout(l.locker.opts.ReplicaTimeout, ttl, "Extend ttl"); err != nil {
-			return err
-		}
 	}
 	if ctxErr(ctx) != nil {
 		return ctxEnded(ctx, "extend")
@@ -283,19 +266,13 @@ func (l *Lease) markDoneLocked(at time.Time, why error) {
 	}
 }
 
-// Release stops the lease's watchdog for good, cancelling the contexts
-// KeepAlive returned, and waits for it to exit, so no renewal is sent after it
-// (one sent may still be answered). It then deletes the lock if this lease
-// holds it, on a context with ctx's values but not its cancellation, bounded
-// by Options.ReleaseTimeout.
-//
-// It returns nil when the lock was deleted (also after go-redis resent the
-// request), or ErrNotHeld when it was not this lease's, and on a nil or
-// degraded lease: either way the lease is done. On ErrUnavailable (also for no
-// answer within ReleaseTimeout, which does not match context.DeadlineExceeded)
-// or ErrMisconfigured the lock may still be held: call Release again, or it
-// expires after its TTL. When ctx ends first, the error matches ctx.Err() and
-// the deletion goes on in the background.
+// Release stops the lease's watchdog for good and deletes the lock if this
+// lease holds it, within Options.ReleaseTimeout. It returns nil, or ErrNotHeld
+// when the lock was not this lease's and on a nil or degraded lease: either
+// way the lease is done. After ErrUnavailable (also past ReleaseTimeout, not
+// matching context.DeadlineExceeded) or ErrMisconfigured the lock may be held
+// until Release is called again or its TTL ends. When ctx ends first, the
+// error matches ctx.Err() and the deletion goes on in the background.
 func (l *Lease) Release(ctx context.Context) error {
 	if l == nil || l.locker == nil {
 		return ErrNotHeld

@@ -20,9 +20,8 @@ import (
 )
 
 // A Locker acquires locks in one Redis deployment (New), or a quorum of them
-// (NewRedlock). It is safe for concurrent use; create one per client and
-// share it. The zero Locker is not usable: its methods return an error
-// matching ErrInvalid.
+// (NewRedlock). It is safe for concurrent use: create one per client and share
+// it. A zero Locker's methods return an error matching ErrInvalid.
 type Locker struct {
 	b     backend
 	opts  Options
@@ -51,11 +50,10 @@ type Locker struct {
 	lastDialErr  atomic.Pointer[error] // the last one's error
 }
 
-// New returns a Locker that keeps its locks in client, configured by opts
-// (nil means all defaults), and makes no Redis call. It returns an error
-// wrapping ErrInvalid for a nil client or an option it cannot honour. It adds
-// a hook to client that only records failed dials, so that an error can name
-// why Redis could not be reached ("connection refused").
+// New returns a Locker that keeps its locks in client, configured by opts (nil:
+// all defaults), making no Redis call; an error wrapping ErrInvalid for a nil
+// client or an option it cannot honour. It adds a hook to client that only
+// records failed dials, so that an error can name why Redis was unreachable.
 func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 	if isNil(client) {
 		return nil, invalidf("nil redis client")
@@ -126,13 +124,10 @@ func (l *Locker) dialErrorSince(seen int64) error {
 }
 
 // Close ends the Locker's acquisitions: Acquire and RunWithLock then return
-// ErrClosed with no Redis call, and a waiting Acquire, or one with an attempt
-// in flight, returns it at once, giving back in the background what its
-// attempts may have taken. Close closes the waiters' shared subscription
-// connection and waits for the background work for at most
-// Options.ReleaseTimeout. Leases already held, their watchdogs, work, Release
-// and Extend go on, so closing at shutdown keeps the exclusion of work still
-// running. Close does not close the Redis client. It always returns nil.
+// ErrClosed with no Redis call, as a waiting Acquire, or one with an attempt in
+// flight, does at once. Close waits for the background work for at most
+// Options.ReleaseTimeout; leases already held go on. It does not close the
+// Redis client, and always returns nil.
 func (l *Locker) Close() error {
 	if l == nil || l.b == nil {
 		return nil
@@ -229,16 +224,8 @@ func (l *Locker) callOptions(name string, opts []Option) (callOptions, error) {
 		co = opt(co)
 	}
 	if co.ttlSet {
-		if err := checkTTL("WithTTL", co.ttl); err != nil {
+		if err := l.opts.checkCallTTL("WithTTL", co.ttl); err != nil {
 			return co, err
-		}
-		if err := checkRenewInterval(l.opts.RenewInterval, co.ttl); err != nil {
-			return co, err
-		}
-		if l.opts.Replicas > 0 {
-			if err := checkReplicaTimeout(l.opts.ReplicaTimeout, co.ttl, "WithTTL"); err != nil {
-				return co, err
-			}
 		}
 	}
 	if co.wait < 0 {
@@ -260,21 +247,14 @@ func (l *Locker) callOptions(name string, opts []Option) (callOptions, error) {
 	return co, nil
 }
 
-// Acquire takes the lock called name and returns its Lease. Without WithWait
-// it tries once; with WithWait(d) it tries again, also after ErrUnavailable,
-// until it obtains the lock or d has passed, each attempt waiting at most
-// Options.AttemptTimeout for its reply.
-//
-// It returns ErrNotObtained when another holder has the lock; ErrUnavailable
-// when Redis could not answer; ErrMisconfigured, not retried, when Redis
-// refuses; ErrInvalid, with no Redis call, for an empty name, a name with '{'
-// or '}', a TTL out of range or a negative wait; ErrClosed after Close; or,
-// when ctx ended, an error matching ctx.Err(), and ErrNotObtained or
-// ErrUnavailable if an earlier attempt found the lock busy or Redis
-// unavailable. It fails open only with WithFailOpen(true). After a failed or
-// cancelled Acquire, a background clean-up gives back what its attempts may
-// have taken ("Acquire, release and the keys"). It never returns a lease
-// whose Deadline has passed.
+// Acquire takes the lock called name and returns its Lease, trying once or,
+// with WithWait(d), until d has passed, also after ErrUnavailable. It returns
+// ErrNotObtained, ErrUnavailable, ErrMisconfigured (not retried), ErrInvalid
+// with no Redis call for an empty name, one with '{' or '}' or a rejected
+// option, ErrClosed after Close, or an error matching ctx.Err() (and the
+// ErrNotObtained or ErrUnavailable an earlier attempt found). It fails open
+// only with WithFailOpen(true). After an error, a background clean-up gives
+// back what its attempts may have taken.
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lease, error) {
 	co, err := l.callOptions(name, opts)
 	if err != nil {

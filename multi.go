@@ -19,17 +19,12 @@ const maxNames = 1000
 var multiAcquireScript = newScript("multi_acquire", true)
 
 // AcquireAll takes the locks called names, all or none, and returns their
-// leases in the order given, each an ordinary Lease as Acquire's; WithWait
-// bounds the whole call (GUARANTEES.md, "Several names at once"). When it
-// returns an error the call holds none of the names: what it took was
-// released before it returned, and what an attempt of unknown outcome may
-// have taken is given back in the background, as after a failed Acquire.
-//
-// It returns ErrInvalid, with no Redis call, for an empty list, more than
-// 1,000 names, a name given twice, a bad name or option, or WithFair;
-// ErrNotObtained as a *BusyError naming the name found busy; otherwise
-// Acquire's errors, or, for names taken one by one, the error of keeping
-// an earlier one alive while it waited (Lease.Extend's).
+// leases in the order given ("Several names at once"); WithWait bounds the
+// whole call. It returns ErrInvalid, with no Redis call, for an empty list,
+// more than 1,000 names, a name given twice, a bad name or option, or WithFair;
+// a *BusyError naming the name found busy; otherwise Acquire's errors, or
+// Lease.Extend's for a name kept alive while it waited. After an error it
+// holds none of the names, as after a failed Acquire.
 func (l *Locker) AcquireAll(ctx context.Context, names []string, opts ...Option) ([]*Lease, error) {
 	co, err := l.setOptions(names, opts)
 	if err != nil {
@@ -43,16 +38,11 @@ func (l *Locker) AcquireAll(ctx context.Context, names []string, opts ...Option)
 	return leases, err
 }
 
-// RunWithLocks runs work holding the locks called names, taken as
-// AcquireAll takes them and renewed as RunWithLock renews one: work's
-// context is cancelled with cause ErrLost as soon as any lease is no
-// longer certainly held, and all are released after work returns, also
-// when it panics.
-//
-// It returns AcquireAll's error, work not having run, unless fail-open ran
-// it on degraded leases; ErrInvalid for a nil work; otherwise work's error,
-// joined with an error matching ErrLost for each lease lost while work ran
-// or found not held when released.
+// RunWithLocks runs work holding the locks called names, taken as AcquireAll
+// takes them, renewed and released as RunWithLock does one; work's context is
+// cancelled with cause ErrLost as soon as any lease is lost. It returns
+// RunWithLock's errors, AcquireAll's instead of Acquire's, with one matching
+// ErrLost for each lease lost.
 func (l *Locker) RunWithLocks(ctx context.Context, names []string,
 	work func(ctx context.Context, leases []*Lease) error, opts ...Option) error {
 	if err := l.usable(); err != nil {

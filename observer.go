@@ -6,11 +6,10 @@ import (
 	"time"
 )
 
-// An Observer is told what a Locker does, for metrics and traces; the module
-// github.com/fencelock/fencelock/otel implements it with OpenTelemetry. Its
-// methods run on the goroutine doing the work, must return quickly and must
-// not call the Locker. A span that Start begins in the context it returns is
-// the parent of the Redis calls' spans and, for RunWithLock, of the work's.
+// An Observer is told what a Locker does, for metrics and traces (module
+// github.com/fencelock/fencelock/otel implements it). Its methods run on the
+// goroutine doing the work, must return quickly and must not call the Locker;
+// the Redis calls, and RunWithLock's work, run in the context Start returns.
 type Observer interface {
 	// Start is called when Acquire, Release or RunWithLock starts.
 	Start(ctx context.Context, op Op, name string) context.Context

@@ -10,97 +10,66 @@ import (
 	"unicode/utf8"
 )
 
-// Options configures a Locker. The zero value of every field means its
-// default; New applies the defaults in one place and rejects values it cannot
-// honour with ErrInvalid. A nil *Options means all defaults.
+// Options configures a Locker: a zero field means its default, a nil *Options
+// all defaults; New rejects the values it cannot honour with ErrInvalid.
 type Options struct {
-	// KeyPrefix is prepended to every lock name: the lock for name is at
-	// KeyPrefix+"{"+name+"}", a hash tag its other keys share ("Acquire,
-	// release and the keys"). It must not contain '{' or '}'. Default "lock:".
+	// KeyPrefix begins every key: a lock is at KeyPrefix+"{"+name+"}". No '{' or '}'; default "lock:".
 	KeyPrefix string
-	// Owner says who this Locker is: stored with its locks, shown by Inspect,
-	// the fencelock command and another Acquire's BusyError; at most 200
+	// Owner names this Locker in its locks, for Inspect and BusyError: at most 200
 	// bytes of printable UTF-8. Default: hostname and pid, "pod-2 (pid 7)".
 	Owner string
-	// TTL is how long Redis keeps a lock that is not extended or released,
-	// from 10ms to 365 days. Default 30s.
+	// TTL is how long Redis keeps a lock not extended, 10ms to 365 days. Default 30s.
 	TTL time.Duration
-
-	// MinRetryBackoff is the first pause between attempts of a waiting
-	// Acquire, doubled after each busy one up to MaxRetryBackoff, jittered
-	// ("Waiting"). At least 1ms; default 8ms.
+	// MinRetryBackoff is a waiting Acquire's first pause, at least 1ms. Default 8ms.
 	MinRetryBackoff time.Duration
-	// MaxRetryBackoff caps that pause, and paces a call in a Redlock's line
-	// ("How Redlock works"). At least MinRetryBackoff; default 256ms.
+	// MaxRetryBackoff caps the pause, at least MinRetryBackoff. Default max(256ms, MinRetryBackoff).
 	MaxRetryBackoff time.Duration
-
-	// ReleaseTimeout bounds the calls that give a lock back (Release, the
-	// clean-up after a failed Acquire), and is how long a released token is
-	// remembered ("Acquire, release and the keys"). Default 5s.
+	// ReleaseTimeout bounds Release and the clean-up after a failed Acquire, and is
+	// how long a released token is remembered. Default 5s.
 	ReleaseTimeout time.Duration
-
-	// FenceRetention is how long a name's fence counter outlives its last
-	// acquisition; it need only outlast the server clock's largest step back
-	// ("Fencing tokens"). Default 1h.
+	// FenceRetention is how long a fence counter outlives its last acquisition. Default 1h.
 	FenceRetention time.Duration
-
-	// RenewInterval is how often the watchdog extends a lease; it must be
-	// shorter than the TTL minus its drift allowance. Default: TTL/3.
+	// RenewInterval is how often the watchdog extends a lease, shorter than the
+	// TTL minus its drift allowance. Default: TTL/3.
 	RenewInterval time.Duration
-	// MaxHold caps how long the watchdog renews one lease, so that a hung
-	// (not crashed) holder cannot keep the lock forever. Default 0: no cap.
+	// MaxHold caps how long the watchdog renews one lease. Default 0: no cap.
 	MaxHold time.Duration
-
-	// Replicas is how many replicas must acknowledge an acquisition or an
-	// extension (WAIT): an acquisition short of them fails with
-	// ErrUnavailable, an extension does not move Deadline ("Replicas and
-	// failover"). Default 0: do not wait.
+	// Replicas is how many replicas must acknowledge (WAIT) each acquisition and
+	// extension ("Replicas and failover"). Default 0: do not wait.
 	Replicas int
-	// ReplicaTimeout bounds each WAIT; it must be shorter than a third of
-	// the TTL. Default 100ms when Replicas is positive.
+	// ReplicaTimeout bounds each WAIT, below a third of the TTL. Default 100ms with Replicas.
 	ReplicaTimeout time.Duration
-	// ReplicaFsync makes the wait WAITAOF (Redis 7.2+, appendonly yes): the
-	// lock must reach the master's and Replicas replicas' append-only files;
-	// an older server fails acquisitions with ErrMisconfigured. Default false.
+	// ReplicaFsync waits with WAITAOF instead (Redis 7.2+, appendonly yes; an
+	// older server fails acquisitions with ErrMisconfigured). Default false.
 	ReplicaFsync bool
-
-	// AttemptTimeout bounds how long an Acquire attempt waits for its reply,
-	// whatever the client's options: past it the attempt counts as Redis
-	// unavailable; a fail-open call's also ends at half the time left before
-	// its deadline. At least 1ms; default 1s ("Deadlines and the watchdog").
+	// AttemptTimeout bounds an Acquire attempt's wait for a reply, at least 1ms. Default 1s.
 	AttemptTimeout time.Duration
-	// FailOpen makes RunWithLock run its work on a degraded Lease when Redis
-	// is unavailable at acquisition (see Degraded runs in the package
-	// documentation). Default false: fail closed, with ErrUnavailable.
+	// FailOpen makes RunWithLock run its work degraded when Redis is unavailable
+	// at acquisition (Degraded runs). Default false: fail closed, ErrUnavailable.
 	FailOpen bool
-
-	// Logger receives events with the lock name, fence and timings: acquired,
-	// not obtained and released at Debug, a failed renewal at Warn, a lost
-	// lease and a fail-open run at Error. Default: discard.
+	// Logger gets acquired, not obtained and released at Debug, a failed renewal
+	// at Warn, a lost lease and a fail-open run at Error. Default: discard.
 	Logger *slog.Logger
 	// Observer, if set, is told of every call, renewal and loss.
 	Observer Observer
-	// OnLost, if set, is called once for each lease lost (also found only as
-	// RunWithLock's work returns), after its context was cancelled, with the
-	// cause (matching ErrLost), on the watchdog's or RunWithLock's goroutine:
-	// it must not block long nor call the lease's Release.
+	// OnLost, if set, is called once per lease lost (also found not held as RunWithLock's
+	// work returned), with a cause matching ErrLost, after its context was cancelled, on
+	// the watchdog's or RunWithLock's goroutine: it must not block long nor call Release.
 	OnLost func(lease *Lease, cause error)
-
-	// Clock is the local time of every deadline, timer and pause of the
-	// library (a ctx's deadline excepted, which is the system's); replace it
-	// only to test a clock that runs fast or slow. Default: the system's.
+	// Clock is the library's local time (not a ctx's deadline), for tests. Default: the system's.
 	Clock Clock
 }
 
 // Clock is a source of local time. Now must never go back, and a timer from
-// NewTimer(d), or reset to d, must not fire before d has passed: every loop
-// of the library waits at each turn on such a timer or on Redis, so no such
-// Clock can make one spin, however its Now runs.
+// NewTimer(d), or reset to d, must not fire before d has passed.
 type Clock interface {
 	Now() time.Time
 	NewTimer(d time.Duration) *time.Timer
 }
 
+// systemClock is the default Clock. Every loop of the library waits at each
+// turn on a Clock's timer or on Redis, so no Clock that keeps Clock's rules
+// can make one spin, however its Now runs.
 type systemClock struct{}
 
 func (systemClock) Now() time.Time                       { return time.Now() }
@@ -225,9 +194,8 @@ func WithOwner(owner string) Option {
 	return func(c callOptions) callOptions { c.owner, c.ownerSet = owner, true; return c }
 }
 
-// WithFailOpen overrides Options.FailOpen for this call, for Acquire too:
-// with open true, an Acquire on an outage returns a degraded Lease and a nil
-// error; with open false, Acquire and RunWithLock return the ErrUnavailable.
+// WithFailOpen overrides Options.FailOpen for this call, Acquire's too: with
+// open true, an Acquire on an outage returns a degraded Lease and a nil error.
 // Without it, Acquire fails closed.
 func WithFailOpen(open bool) Option {
 	return func(c callOptions) callOptions { c.open, c.openSet = open, true; return c }
@@ -274,27 +242,22 @@ func checkOwner(what, owner string) error {
 	return nil
 }
 
-// WithTTL sets the lock's time to live for this call, overriding Options.TTL
-// (same range; Acquire rejects others with ErrInvalid).
+// WithTTL sets the lock's time to live for this call, overriding Options.TTL:
+// Acquire rejects with ErrInvalid a ttl that Options.TTL could not be.
 func WithTTL(ttl time.Duration) Option {
 	return func(c callOptions) callOptions { c.ttl, c.ttlSet = ttl, true; return c }
 }
 
-// WithWait makes Acquire wait up to d for a busy lock instead of trying once,
-// woken by releases ("Waiting"). d bounds the waiting between attempts: an
-// attempt in flight when d ran out is waited for, bounded by ctx, and its
-// lease returned if it got the lock. Zero means try once; a negative d is
-// rejected with ErrInvalid.
+// WithWait makes Acquire wait up to d for a busy lock ("Waiting"); an attempt
+// in flight when d runs out is waited for, bounded by ctx, and its lease
+// returned if it got the lock. Zero means try once; a negative d is ErrInvalid.
 func WithWait(d time.Duration) Option {
 	return func(c callOptions) callOptions { c.wait = d; return c }
 }
 
-// WithFair makes a waiting Acquire (WithWait) wait in line: waiters are
-// served in the order their first attempts reached Redis, and a release hands
-// the lock, fence and all, to the first, which holds it when the message
-// arrives ("How fair waiting works"). A plain Acquire does not jump the line:
-// it finds the lock busy until the line is empty. Without WithWait, WithFair
-// changes nothing; a NewRedlock Locker rejects it with ErrInvalid.
+// WithFair makes a waiting Acquire (WithWait) wait in line for a release to
+// hand it the lock ("How fair waiting works"); without WithWait it changes
+// nothing. A NewRedlock Locker rejects it with ErrInvalid.
 func WithFair() Option {
 	return func(c callOptions) callOptions { c.fair = true; return c }
 }
@@ -347,6 +310,22 @@ func (o *Options) renewInterval(ttl time.Duration) time.Duration {
 func checkRenewInterval(interval, ttl time.Duration) error {
 	if interval != 0 && interval >= ttl-drift(ttl) {
 		return invalidf("RenewInterval %v is not shorter than TTL %v minus its drift allowance", interval, ttl)
+	}
+	return nil
+}
+
+// checkCallTTL checks a ttl given to one call (WithTTL, Extend; what names
+// it) against o: its range, then RenewInterval, then ReplicaTimeout when
+// Replicas is set.
+func (o *Options) checkCallTTL(what string, ttl time.Duration) error {
+	if err := checkTTL(what, ttl); err != nil {
+		return err
+	}
+	if err := checkRenewInterval(o.RenewInterval, ttl); err != nil {
+		return err
+	}
+	if o.Replicas > 0 {
+		return checkReplicaTimeout(o.ReplicaTimeout, ttl, what)
 	}
 	return nil
 }

@@ -7,12 +7,9 @@ import (
 	"time"
 )
 
-// An RWLock is a read-write lock: any number of shared leases or one
-// exclusive lease, never both, each an ordinary Lease, with fences
-// increasing across all of them; a writer that waits stops new readers
-// (GUARANTEES.md, "Read-write locks"). Its keys are apart from the lock of
-// the same name. It is safe for concurrent use; a NewRedlock Locker refuses
-// its calls with ErrInvalid.
+// An RWLock is a read-write lock: shared leases or one exclusive lease, never
+// both, fences increasing across all of them, a waiting writer stopping new
+// readers ("Read-write locks"). It is safe for concurrent use.
 type RWLock struct {
 	l    *Locker
 	name string
@@ -38,12 +35,10 @@ func (l *Locker) RWLock(name string) *RWLock {
 // Name returns the lock's name.
 func (rw *RWLock) Name() string { return rw.name }
 
-// Acquire takes the lock exclusively, as Locker.Acquire takes a lock, and
-// returns its Lease: when no writer holds it and no reader's share lives.
-// While it waits (WithWait), no new reader enters. It returns
-// Locker.Acquire's errors, and ErrInvalid on a NewRedlock Locker or with
-// WithFair; after an error it holds nothing, and the intent that held new
-// readers back while it waited is taken out in the background.
+// Acquire takes the lock exclusively, as Locker.Acquire takes a lock, when no
+// writer holds it and no reader's share lives; while it waits, no new reader
+// enters. It returns Locker.Acquire's errors, holding nothing after one, and
+// ErrInvalid on a NewRedlock Locker or with WithFair.
 func (rw *RWLock) Acquire(ctx context.Context, opts ...Option) (*Lease, error) {
 	opts, err := rw.kind(true, opts)
 	if err != nil {
@@ -53,10 +48,9 @@ func (rw *RWLock) Acquire(ctx context.Context, opts ...Option) (*Lease, error) {
 }
 
 // AcquireShared takes a share of the lock, as Locker.Acquire takes a lock,
-// and returns its Lease: when no writer holds the lock and none waits for
-// it (its BusyError then has TTL -3 and Owner "writers waiting"). It
-// returns Locker.Acquire's errors, holding no share after one, and
-// ErrInvalid on a NewRedlock Locker or with WithFair.
+// when no writer holds or waits for it. It returns Locker.Acquire's errors,
+// holding no share after one, and ErrInvalid on a NewRedlock Locker or with
+// WithFair.
 func (rw *RWLock) AcquireShared(ctx context.Context, opts ...Option) (*Lease, error) {
 	opts, err := rw.kind(false, opts)
 	if err != nil {
@@ -65,9 +59,8 @@ func (rw *RWLock) AcquireShared(ctx context.Context, opts ...Option) (*Lease, er
 	return rw.l.Acquire(ctx, rw.name, opts...)
 }
 
-// RunWithLock runs work holding the lock exclusively, taken as Acquire
-// takes it, renewed while work runs and released when it returns, as
-// Locker.RunWithLock does with a lock, with its errors.
+// RunWithLock runs work holding the lock exclusively, taken as Acquire takes
+// it, as Locker.RunWithLock does with a lock, with its errors.
 func (rw *RWLock) RunWithLock(ctx context.Context, work func(ctx context.Context, lease *Lease) error, opts ...Option) error {
 	opts, err := rw.kind(true, opts)
 	if err != nil {
@@ -77,8 +70,7 @@ func (rw *RWLock) RunWithLock(ctx context.Context, work func(ctx context.Context
 }
 
 // RunWithSharedLock runs work holding a share of the lock, taken as
-// AcquireShared takes it, renewed while work runs and released when it
-// returns, as Locker.RunWithLock does with a lock, with its errors.
+// AcquireShared takes it, as Locker.RunWithLock does with a lock, with its errors.
 func (rw *RWLock) RunWithSharedLock(ctx context.Context, work func(ctx context.Context, lease *Lease) error, opts ...Option) error {
 	opts, err := rw.kind(false, opts)
 	if err != nil {
@@ -242,11 +234,9 @@ func (r *rwReleases) leave(gaveUp *Lease, _ bool) {
 
 var rwInspectScript = newScript("rwlock_inspect", true, "rwlock_prelude")
 
-// Inspect reads the lock without changing it: its writer, its readers and
-// the writers waiting, in one atomic step. It returns ErrInvalid for a bad
-// name or a NewRedlock Locker, ErrUnavailable or ErrMisconfigured when
-// Redis could not answer, or an error matching ctx.Err() when ctx ended
-// first.
+// Inspect reads the lock in one atomic step, changing nothing. It returns
+// ErrInvalid for a bad name or a NewRedlock Locker, ErrUnavailable or
+// ErrMisconfigured, or an error matching ctx.Err().
 func (rw *RWLock) Inspect(ctx context.Context) (RWLockInfo, error) {
 	if err := rw.usable(); err != nil {
 		return RWLockInfo{}, err
@@ -272,15 +262,11 @@ func (rw *RWLock) Inspect(ctx context.Context) (RWLockInfo, error) {
 
 // RWLockInfo is what RWLock.Inspect found.
 type RWLockInfo struct {
-	Name    string
-	Writer  *RWHolder  // the exclusive holder; nil when none
-	Readers []RWHolder // the shared holders, by expiry
-	// WritersWaiting is how many waiting writers' intents live: while one
-	// does, no new reader enters.
-	WritersWaiting int
-	// LastFence is the last fence issued for the RWLock, kept as
-	// LockInfo.LastFence is.
-	LastFence int64
+	Name           string
+	Writer         *RWHolder  // the exclusive holder; nil when none
+	Readers        []RWHolder // the shared holders, by expiry
+	WritersWaiting int        // how many waiting writers' intents live, holding new readers back
+	LastFence      int64      // the last fence issued, kept as LockInfo.LastFence is
 }
 
 // An RWHolder is one holder of an RWLock.

@@ -9,11 +9,9 @@ import (
 	"time"
 )
 
-// A Semaphore lets at most its number of permits hold a name at once. Each
-// Acquire takes one permit as an ordinary Lease (its own token, TTL,
-// Deadline, fence, Extend, Release, watchdog), with the options of a lock's
-// Acquire; GUARANTEES.md ("Semaphores") explains how. It is safe for
-// concurrent use.
+// A Semaphore lets at most its number of permits hold a name at once, each
+// permit an ordinary Lease with fences increasing across all of them
+// ("Semaphores"). It is safe for concurrent use.
 type Semaphore struct {
 	l       *Locker
 	d       *deployment // where the permits are kept
@@ -34,10 +32,9 @@ type Semaphore struct {
 
 var _ ownKeys = (*Semaphore)(nil)
 
-// Semaphore returns the semaphore called name with permits permits, making
-// no Redis call. Its calls fail with ErrInvalid, with no Redis call, for an
-// empty name or one containing '{' or '}', for permits < 1, and on a
-// NewRedlock Locker, whose nodes would each count holders on their own.
+// Semaphore returns the semaphore called name with permits permits, making no
+// Redis call. Its calls fail with ErrInvalid, with no Redis call, for a bad
+// name, permits < 1, and on a NewRedlock Locker ("Semaphores").
 func (l *Locker) Semaphore(name string, permits int) *Semaphore {
 	s := &Semaphore{l: l, name: name, permits: permits, permitsArg: strconv.Itoa(permits)}
 	if s.err = l.usable(); s.err != nil {
@@ -80,11 +77,9 @@ func (l *Locker) Semaphore(name string, permits int) *Semaphore {
 }
 
 // Acquire takes one permit and returns its Lease, as Locker.Acquire takes a
-// lock, with the same options and errors, holding no permit after an error;
-// all permits taken is ErrNotObtained, a *BusyError whose TTL is when the
-// first permit expires. Holders that use another number of permits make it
-// fail with ErrMisconfigured, naming both numbers, until none of them is
-// left.
+// lock, with its options and errors, holding no permit after an error. All
+// permits taken is a *BusyError; holders using another number of permits
+// make it fail with ErrMisconfigured until none of them is left.
 func (s *Semaphore) Acquire(ctx context.Context, opts ...Option) (*Lease, error) {
 	if err := s.usable(); err != nil {
 		return nil, err
@@ -92,11 +87,8 @@ func (s *Semaphore) Acquire(ctx context.Context, opts ...Option) (*Lease, error)
 	return s.l.Acquire(ctx, s.name, s.with(opts)...)
 }
 
-// RunWithLock runs work holding one permit, taken as Acquire takes it,
-// renewed while work runs and given back when it returns, as
-// Locker.RunWithLock does with a lock, with its errors: Acquire's, work not
-// having run, or work's, joined with an error matching ErrLost if the permit
-// was lost.
+// RunWithLock runs work holding one permit, taken as Acquire takes it, as
+// Locker.RunWithLock does with a lock, with its errors.
 func (s *Semaphore) RunWithLock(ctx context.Context, work func(ctx context.Context, lease *Lease) error, opts ...Option) error {
 	if err := s.usable(); err != nil {
 		return err
@@ -266,18 +258,11 @@ func (s *Semaphore) holding(ctx context.Context, lease *Lease) (holding, error) 
 
 // SemaphoreInfo is what Semaphore.Inspect found about a semaphore.
 type SemaphoreInfo struct {
-	Name string
-	// Permits is the number of permits the holders use; the Semaphore's
-	// own when nobody holds one.
-	Permits int
-	// Holders are the permits held, oldest fence first.
-	Holders []HolderInfo
-	// LastFence is the last fence issued for the semaphore, kept as
-	// LockInfo.LastFence is.
-	LastFence int64
-	// Waiters is how many Lockers wait for a permit, counted as
-	// LockInfo.Waiters is.
-	Waiters int
+	Name      string
+	Permits   int          // the number the holders use; the Semaphore's own when none holds one
+	Holders   []HolderInfo // the permits held, oldest fence first
+	LastFence int64        // the last fence issued, kept as LockInfo.LastFence is
+	Waiters   int          // how many Lockers wait for a permit, counted as LockInfo.Waiters is
 }
 
 // HolderInfo is one holder of a semaphore's permit.
@@ -288,11 +273,9 @@ type HolderInfo struct {
 	Fence int64
 }
 
-// Inspect reads the semaphore without changing it: its permits, who holds
-// them with which fence and for how long, the last fence issued, and how
-// many Lockers wait. It returns ErrInvalid as Acquire does, ErrUnavailable
-// or ErrMisconfigured when Redis could not answer, or an error matching
-// ctx.Err() when ctx ended first.
+// Inspect reads the semaphore without changing it (see SemaphoreInfo). It
+// returns ErrInvalid as Acquire does, ErrUnavailable or ErrMisconfigured, or
+// an error matching ctx.Err().
 func (s *Semaphore) Inspect(ctx context.Context) (SemaphoreInfo, error) {
 	if err := s.usable(); err != nil {
 		return SemaphoreInfo{}, err

@@ -11,19 +11,12 @@ import (
 )
 
 // RunWithLock acquires the lock called name as Acquire does, runs work under
-// the lease's watchdog (see Lease.KeepAlive: work's ctx is cancelled with
-// cause ErrLost when the lease is lost), and releases it as Release does, also
-// when work panics (the panic goes on) or calls runtime.Goexit. Pass
-// lease.Fence() to what work writes.
-//
-// It returns Acquire's error without running work, unless it failed open
-// (Options.FailOpen: work's error is then returned); ErrInvalid for a nil
-// work; else work's error, joined on one line with an error matching ErrLost
-// if the lease was lost while work ran or found not held at release (before
-// work's own lease.Release, if any), even if work returned nil. A failed
-// release is logged at Warn level, not returned (the lock expires after its
-// TTL); a lost lease is released in the background, so RunWithLock returns
-// when work does.
+// the lease's watchdog, its ctx cancelled with cause ErrLost if the lease is
+// lost, and releases it when work returns, panics or calls runtime.Goexit. It
+// returns Acquire's error without running work, unless it failed open;
+// ErrInvalid for a nil work; else work's error, joined with one matching
+// ErrLost if the lease was lost while work ran or found not held at release
+// (also when work returned nil).
 func (l *Locker) RunWithLock(ctx context.Context, name string,
 	work func(ctx context.Context, lease *Lease) error, opts ...Option) error {
 	if err := l.usable(); err != nil {
@@ -148,17 +141,11 @@ func joinErr(werr, lost error) error {
 
 // KeepAlive starts the lease's watchdog, if not running yet, and returns a
 // context derived from ctx, cancelled with cause ErrLost when the lease is
-// lost: a renewal, or the caller's Extend, found the lock taken over or
-// deleted, or Deadline passed before a renewal succeeded. The watchdog renews
-// every Options.RenewInterval (default TTL/3), follows the caller's Extend
-// calls, and stops renewing after Options.MaxHold ("Deadlines and the
-// watchdog").
-//
-// It runs until Release (defer it), which cancels the context with a cause
-// matching ErrNotHeld, or until ctx ends (every one's, with several KeepAlive
-// calls): the lease is then released in the background, as a lost one is, and
-// a later Release returns ErrNotHeld. On a nil, lost or released lease, or
-// one found not held, the context is already cancelled with the cause.
+// lost ("Deadlines and the watchdog"). It renews until Release (defer it; the
+// cause then matches ErrNotHeld), or until every KeepAlive call's ctx ended:
+// the lease is then released in the background, and a later Release returns
+// ErrNotHeld. On a nil lease, or one no longer held, the context is already
+// cancelled with the cause.
 func (l *Lease) KeepAlive(ctx context.Context) context.Context {
 	return l.keepAlive(ctx, false)
 }
