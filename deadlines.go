@@ -12,7 +12,8 @@ import (
 // one timer, armed for the earliest deadline, for all of them, where
 // context.WithTimeout takes a timer and four allocations per call. A call
 // that completes takes its context out; an expired one's Done is closed,
-// as a timer context's.
+// as a timer context's. Its time is the real one, not Options.Clock's: a
+// context's deadline is, for go-redis and for every caller that reads it.
 type deadlines struct {
 	mu    sync.Mutex
 	due   dueHeap     // guarded by mu; the contexts not yet ended, earliest first

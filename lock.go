@@ -622,6 +622,9 @@ func (t *tasks) run(j job) {
 // none or stop is closed.
 func (t *tasks) work(j job, stop <-chan struct{}) {
 	defer t.finish()
+	// Real time, not Options.Clock's: Reset, which each job needs, would be
+	// real time on a Clock's timer too, and a new timer a job would cost an
+	// allocation on the hot path; the timer only reclaims the goroutine.
 	idle := time.NewTimer(workerIdle)
 	defer idle.Stop()
 	for {
