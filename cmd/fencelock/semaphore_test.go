@@ -21,11 +21,13 @@ func TestSemaphores(t *testing.T) {
 	client := srv.Client(nil)
 	a := newLocker(t, client, "pod-a (pid 1)", nil)
 	b := newLocker(t, client, "pod-b (pid 2)", nil)
-	x, err := a.Semaphore("api", 2).Acquire(ctx, fencelock.WithTTL(20*time.Second))
+	// Two minutes: the permits must outlive the test's CLI runs, which took
+	// 25s once in CI (a 20s permit expired before release --force freed it).
+	x, err := a.Semaphore("api", 2).Acquire(ctx, fencelock.WithTTL(2*time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
-	y, err := b.Semaphore("api", 2).Acquire(ctx, fencelock.WithTTL(20*time.Second))
+	y, err := b.Semaphore("api", 2).Acquire(ctx, fencelock.WithTTL(2*time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
