@@ -220,6 +220,7 @@ func decodeExtend(s *script, reply any, err error) (int64, error) {
 		return 0, err
 	}
 	code, ok := reply.(int64)
+	ok = ok && code >= -1 && code <= 1
 	switch {
 	case err != nil && (!ok || code == 1):
 		return 0, err // set (or unknown), but too few replicas have it
@@ -392,16 +393,7 @@ func (d *deployment) release(ctx context.Context, lease *Lease, mode string) (in
 // deployment does.
 func (d *deployment) runRelease(ctx context.Context, lease *Lease, mode string, loud bool) (int64, error, error) {
 	loud = loud || (mode == modeRelease && !d.published.Load())
-	markerTTL := d.l.releaseTimeoutMillis
-	if mode != modeRelease {
-		// A late attempt is refused for as long as its lock would live.
-		markerTTL = d.abandonMarkerMillis(lease)
-	}
-	var modeArg any = modeAbandon // a constant: boxing the variable would allocate
-	if mode == modeRelease {
-		modeArg = modeRelease
-	}
-	argv := []any{lease.tokenArg, d.channelArg(lease), modeArg, markerTTL, d.l.retentionMillis}
+	argv := []any{lease.tokenArg, d.channelArg(lease), modeArg(mode), d.markerMillis(lease, mode), d.l.retentionMillis}
 	if loud {
 		argv = append(argv, "1")
 	}
@@ -414,6 +406,16 @@ func (d *deployment) runRelease(ctx context.Context, lease *Lease, mode string, 
 		d.published.Store(true)
 	}
 	return code, perr, err
+}
+
+// markerMillis is how long a release in mode keeps the token's marker:
+// ReleaseTimeout for a release; for an abandon, as long as a late attempt's
+// lock would live, which it refuses.
+func (d *deployment) markerMillis(lease *Lease, mode string) any {
+	if mode == modeRelease {
+		return d.l.releaseTimeoutMillis
+	}
+	return d.abandonMarkerMillis(lease)
 }
 
 // decodeRelease decodes the reply of release.lua and redlock_release.lua: 1,

@@ -31,7 +31,8 @@ var (
 	ErrMisconfigured = errors.New("fencelock: redis refuses the lock's commands")
 	// ErrInvalid means an argument or option was rejected before any Redis call.
 	ErrInvalid = errors.New("fencelock: invalid argument")
-	// ErrLost means a lease was lost while its work ran: exclusion may have been broken.
+	// ErrLost means a lease was lost while its work ran: exclusion may have been broken,
+	// and only the fence protects the data.
 	ErrLost = errors.New("fencelock: lease lost")
 	// ErrClosed means the Locker was closed; it matches no other sentinel.
 	ErrClosed = errors.New("fencelock: locker closed")

@@ -190,7 +190,7 @@ func (a *acquisition) fair() (*Lease, error) {
 				// and join the line again at its end after a pause.
 				a.verdict = err
 				rotate(true)
-				attemptNow, short = false, true
+				attemptNow, short, askAt = false, true, l.clock.Now().Add(retryEvery)
 				return nil, nil
 			default:
 				a.verdict = err // lease.extend's error reads as Acquire's
@@ -228,7 +228,7 @@ func (a *acquisition) fair() (*Lease, error) {
 					return a.giveUp()
 				}
 				rotate(false)
-				attemptNow, short = false, true
+				attemptNow, short, askAt = false, true, l.clock.Now().Add(retryEvery)
 			case at.err != nil:
 				refused := a.failed(at)
 				askAt = l.clock.Now().Add(retryEvery) // in line or not, not at once
@@ -256,7 +256,7 @@ func (a *acquisition) fair() (*Lease, error) {
 		var granted <-chan int64
 		if w != nil {
 			wake, granted = w.wake, g.granted
-			if short && !joined {
+			if short { // not in line: rotate left it
 				wake = nil
 			}
 		}

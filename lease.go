@@ -101,8 +101,9 @@ func (l *Lease) Degraded() bool {
 
 // Deadline returns the local time until which the lock is certainly held,
 // barring a process pause, a failover or clock drift beyond its allowance
-// ("Deadlines and the watchdog"). After Release, or once the lock was found
-// not held, it is in the past; a nil lease's is the zero time.
+// ("Deadlines and the watchdog"; for a lock granted to a fair waiter, "How
+// fair waiting works"). After Release, or once the lock was found not held,
+// it is in the past; a nil lease's is the zero time.
 func (l *Lease) Deadline() time.Time {
 	if l == nil {
 		return time.Time{}
@@ -395,6 +396,15 @@ const (
 	modeRelease = "r"
 	modeAbandon = "a"
 )
+
+// modeArg returns mode boxed for a script's ARGV from its constant: boxing
+// the variable would allocate, once per release.
+func modeArg(mode string) any {
+	if mode == modeRelease {
+		return modeRelease
+	}
+	return modeAbandon
+}
 
 // runRelease runs the release script in mode; perr is set when the lock was
 // deleted but the wake-up could not be published.

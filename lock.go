@@ -389,8 +389,11 @@ func (l *Locker) leaseOf(k kind, name string, ttl time.Duration) *Lease {
 
 // boxed returns *p as an interface value without copying it: its data word
 // points at *p, where boxing a string copies its header to the heap, six
-// allocations per lease (its keys and token). *p must not change once
-// boxed; it lives as long as the value does (a Lease's own fields).
+// allocations per lease (its keys and token). *p must not change while the
+// value is in use: a kind that gives a lease other keys (setKeys) sets its
+// keyArgs with them. *p lives as long as the value does (a Lease's own
+// fields). It relies on an interface's layout, its type then its data word,
+// which TestBoxed checks.
 func boxed(p *string) any {
 	var v any = ""
 	(*[2]unsafe.Pointer)(unsafe.Pointer(&v))[1] = unsafe.Pointer(p)

@@ -51,6 +51,9 @@ func (l *Locker) RunWithLocks(ctx context.Context, names []string,
 	if work == nil {
 		return invalidf("nil work function")
 	}
+	if l.opts.Observer == nil { // without observeRun's closure and the joined names
+		return l.runAll(ctx, names, work, opts)
+	}
 	return l.observeRun(ctx, strings.Join(names, ","), func(ctx context.Context) (*Lease, error) {
 		return nil, l.runAll(ctx, names, work, opts)
 	})

@@ -56,20 +56,21 @@ type Options struct {
 	// work returned), with a cause matching ErrLost, after its context was cancelled, on
 	// the watchdog's or RunWithLock's goroutine: it must not block long nor call Release.
 	OnLost func(lease *Lease, cause error)
-	// Clock is the library's local time (not a ctx's deadline), for tests. Default: the system's.
+	// Clock is the library's local time, for tests (not a ctx's deadline, nor the idle timer
+	// that ends a spare worker goroutine). Default: the system's.
 	Clock Clock
 }
 
 // Clock is a source of local time. Now must never go back, and a timer from
-// NewTimer(d), or reset to d, must not fire before d has passed.
+// NewTimer(d), or reset to d, must not fire before d has passed. Every loop
+// of the library waits at each turn on such a timer or on Redis, so no such
+// Clock can make one spin, however its Now runs.
 type Clock interface {
 	Now() time.Time
 	NewTimer(d time.Duration) *time.Timer
 }
 
-// systemClock is the default Clock. Every loop of the library waits at each
-// turn on a Clock's timer or on Redis, so no Clock that keeps Clock's rules
-// can make one spin, however its Now runs.
+// systemClock is the default Clock.
 type systemClock struct{}
 
 func (systemClock) Now() time.Time                       { return time.Now() }

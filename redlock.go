@@ -254,7 +254,7 @@ func (d *deployment) grant(ctx context.Context, lease *Lease, ttl time.Duration,
 // node must not take the lock.
 func (d *deployment) releaseNode(ctx context.Context, lease *Lease, mode, lineID string) (int64, error, error) {
 	keys := []any{lease.keyArgs[keyLock], lease.keyArgs[keyMarker], lease.keyArgs[keyQueue], lease.keyArgs[keyQueueInfo]}
-	argv := []any{lease.tokenArg, d.channelArg(lease), mode, d.abandonMarkerMillis(lease)}
+	argv := []any{lease.tokenArg, d.channelArg(lease), modeArg(mode), d.abandonMarkerMillis(lease)}
 	if lineID != "" {
 		argv = append(argv, lineID)
 	}

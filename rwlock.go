@@ -37,8 +37,8 @@ func (rw *RWLock) Name() string { return rw.name }
 
 // Acquire takes the lock exclusively, as Locker.Acquire takes a lock, when no
 // writer holds it and no reader's share lives; while it waits, no new reader
-// enters. It returns Locker.Acquire's errors, holding nothing after one, and
-// ErrInvalid on a NewRedlock Locker or with WithFair.
+// enters. It returns Locker.Acquire's errors, cleaning up after one as it
+// does, and ErrInvalid on a NewRedlock Locker or with WithFair.
 func (rw *RWLock) Acquire(ctx context.Context, opts ...Option) (*Lease, error) {
 	opts, err := rw.kind(true, opts)
 	if err != nil {
@@ -49,8 +49,8 @@ func (rw *RWLock) Acquire(ctx context.Context, opts ...Option) (*Lease, error) {
 
 // AcquireShared takes a share of the lock, as Locker.Acquire takes a lock,
 // when no writer holds or waits for it. It returns Locker.Acquire's errors,
-// holding no share after one, and ErrInvalid on a NewRedlock Locker or with
-// WithFair.
+// cleaning up after one as it does, and ErrInvalid on a NewRedlock Locker or
+// with WithFair.
 func (rw *RWLock) AcquireShared(ctx context.Context, opts ...Option) (*Lease, error) {
 	opts, err := rw.kind(false, opts)
 	if err != nil {

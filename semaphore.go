@@ -77,7 +77,8 @@ func (l *Locker) Semaphore(name string, permits int) *Semaphore {
 }
 
 // Acquire takes one permit and returns its Lease, as Locker.Acquire takes a
-// lock, with its options and errors, holding no permit after an error. All
+// lock, with its options and errors (after an error, what its attempts may
+// have taken is given back in the background, as there). All
 // permits taken is a *BusyError; holders using another number of permits
 // make it fail with ErrMisconfigured until none of them is left.
 func (s *Semaphore) Acquire(ctx context.Context, opts ...Option) (*Lease, error) {
@@ -217,11 +218,7 @@ func (s *Semaphore) release(ctx context.Context, lease *Lease, mode string) (int
 // arguments are lease's token, the channel of its wake-ups, mode, the TTL
 // of the token marker it leaves (as release.lua's), then more.
 func releaseKind(ctx context.Context, d *deployment, s *script, keys []any, lease *Lease, channel any, mode string, more ...any) (int64, error, error) {
-	markerTTL := d.l.releaseTimeoutMillis
-	if mode != modeRelease {
-		markerTTL = d.abandonMarkerMillis(lease) // a late attempt is refused for as long as its lease would live
-	}
-	argv := append([]any{lease.tokenArg, channel, mode, markerTTL}, more...)
+	argv := append([]any{lease.tokenArg, channel, modeArg(mode), d.markerMillis(lease, mode)}, more...)
 	reply, err := evalScript(ctx, d.client, s, false, keys, argv).Result()
 	if err != nil {
 		return 0, nil, err

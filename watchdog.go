@@ -16,7 +16,8 @@ import (
 // returns Acquire's error without running work, unless it failed open;
 // ErrInvalid for a nil work; else work's error, joined with one matching
 // ErrLost if the lease was lost while work ran or found not held at release
-// (also when work returned nil).
+// (also when work returned nil). Pass lease.Fence() to what work writes:
+// only the resource's check of it protects the data once a lease is lost.
 func (l *Locker) RunWithLock(ctx context.Context, name string,
 	work func(ctx context.Context, lease *Lease) error, opts ...Option) error {
 	if err := l.usable(); err != nil {
