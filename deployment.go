@@ -131,19 +131,18 @@ func (d *deployment) acquire(ctx context.Context, lease *Lease) attempt {
 		reply, err = d.run(ctx, acquireScript, false, lease.keyArgs[:], lease.tokenArg,
 			d.l.ttlArg(lease.ttl), d.l.retentionMillis, lease.ownerArg)
 	}
-	return d.attempted(lease, reply, err, acquireAttempt)
+	return d.attempted(lease, reply, err, acquireAttempt(reply))
 }
 
 // attempted is the attempt of a run of an acquire script for lease (this
-// deployment's, or a kind's), given the run's reply and error: the reply as
-// decode reads it, unless the run failed. A write happened only when the
-// script says so (or its reply is not understood): any other answer stands
-// whatever WAIT said.
-func (d *deployment) attempted(lease *Lease, reply any, err error, decode func(reply any) attempt) attempt {
+// deployment's, or a kind's), given the run's reply and error and a, the
+// reply as the script's decoder reads it: a, unless the run failed. A write
+// happened only when the script says so (or its reply is not understood):
+// any other answer stands whatever WAIT said.
+func (d *deployment) attempted(lease *Lease, reply any, err error, a attempt) attempt {
 	if err != nil && reply == nil { // the script did not run, or its reply was lost
 		return attempt{err: err}
 	}
-	a := decode(reply)
 	if err != nil && (a.ok || errors.Is(a.err, errReply)) {
 		if isReplicaShort(err) {
 			// Taken, but not on enough replicas to survive a failover:
@@ -406,6 +405,19 @@ func (d *deployment) runRelease(ctx context.Context, lease *Lease, mode string, 
 		d.published.Store(true)
 	}
 	return code, perr, err
+}
+
+// releaseKind runs s, the release script of a keyed kind (a semaphore's
+// or a read-write lock's), which answers as release.lua does, on keys; its
+// arguments are lease's token, the channel of its wake-ups, mode, the TTL
+// of the token marker it leaves (as release.lua's), then more.
+func (d *deployment) releaseKind(ctx context.Context, s *script, keys []any, lease *Lease, channel any, mode string, more ...any) (int64, error, error) {
+	argv := append([]any{lease.tokenArg, channel, modeArg(mode), d.markerMillis(lease, mode)}, more...)
+	reply, err := evalScript(ctx, d.client, s, false, keys, argv).Result()
+	if err != nil {
+		return 0, nil, err
+	}
+	return decodeRelease(reply)
 }
 
 // markerMillis is how long a release in mode keeps the token's marker:

@@ -261,11 +261,8 @@ func (s *set) acquire(ctx context.Context, stand *Lease) attempt {
 		argv = append(argv, m.tokenArg)
 	}
 	reply, err := s.d.run(ctx, multiAcquireScript, false, keys, argv...)
-	var fences []int64 // the locks', when taken
-	a := s.d.attempted(stand, reply, err, func(reply any) (a attempt) {
-		fences, a = decodeAcquireAll(reply, s.names)
-		return a
-	})
+	fences, a := decodeAcquireAll(reply, s.names) // the locks' fences, when taken
+	a = s.d.attempted(stand, reply, err, a)
 	if a.ok {
 		for i, m := range ls {
 			m.fence = fences[i]

@@ -169,7 +169,7 @@ func (k *rwKind) acquire(ctx context.Context, lease *Lease) attempt {
 	}
 	// The scripts answer as acquire.lua, but for rwlock_read.lua's -3: free
 	// of writers, but one waits.
-	a := k.d.attempted(lease, reply, err, acquireAttempt)
+	a := k.d.attempted(lease, reply, err, acquireAttempt(reply))
 	if a.pttl == -3 {
 		a.owner = "writers waiting"
 	}
@@ -188,7 +188,7 @@ var rwReleaseScript = newScript("rwlock_release", true, "rwlock_prelude")
 
 func (k *rwKind) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
 	keys := []any{lease.keyArgs[keyLock], lease.keyArgs[keyMarker], k.rw.readersArg, k.rw.intentsArg, k.rw.writerArg}
-	return releaseKind(ctx, k.d, rwReleaseScript, keys, lease, k.d.channel(k.rw.base), mode)
+	return k.d.releaseKind(ctx, rwReleaseScript, keys, lease, k.d.channel(k.rw.base), mode)
 }
 
 // wakeup wakes a waiting call on every release that may let it in (see

@@ -133,7 +133,7 @@ func (s *Semaphore) acquire(ctx context.Context, lease *Lease) attempt {
 	}
 	reply, err := s.d.run(ctx, semAcquireScript, false, s.allKeys(lease), lease.tokenArg,
 		s.d.l.ttlArg(lease.ttl), s.d.l.retentionMillis, lease.ownerArg, fair, queueEntryMillis, s.permitsArg, s.wakeWindow)
-	return s.d.attempted(lease, reply, err, s.attemptOf)
+	return s.d.attempted(lease, reply, err, s.attemptOf(reply))
 }
 
 // attemptOf is the attempt of semaphore_acquire.lua's reply, as
@@ -210,20 +210,7 @@ func (s *Semaphore) extend(ctx context.Context, lease *Lease, ttl time.Duration,
 var semReleaseScript = newScript("semaphore_release", true, "semaphore_prelude")
 
 func (s *Semaphore) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
-	return releaseKind(ctx, s.d, semReleaseScript, s.allKeys(lease), lease, s.d.channelArg(lease), mode, s.d.l.retentionMillis)
-}
-
-// releaseKind runs s, the release script of a keyed kind (a semaphore's
-// or a read-write lock's), which answers as release.lua does, on keys; its
-// arguments are lease's token, the channel of its wake-ups, mode, the TTL
-// of the token marker it leaves (as release.lua's), then more.
-func releaseKind(ctx context.Context, d *deployment, s *script, keys []any, lease *Lease, channel any, mode string, more ...any) (int64, error, error) {
-	argv := append([]any{lease.tokenArg, channel, modeArg(mode), d.markerMillis(lease, mode)}, more...)
-	reply, err := evalScript(ctx, d.client, s, false, keys, argv).Result()
-	if err != nil {
-		return 0, nil, err
-	}
-	return decodeRelease(reply)
+	return s.d.releaseKind(ctx, semReleaseScript, s.allKeys(lease), lease, s.d.channelArg(lease), mode, s.d.l.retentionMillis)
 }
 
 var semQueueScript = newScript("semaphore_queue", true, "semaphore_prelude")
