@@ -1066,14 +1066,25 @@ func slowRate(ttl time.Duration, frac float64) float64 {
 }
 
 // S6: the lock's local clock runs slow. Inside the drift allowance (the
-// clock loses half of TTL/100+2ms over a TTL) no two sections overlap;
-// beyond it (5% slow) the deadline comes after the server's expiry.
+// clock loses half of TTL/100+2ms over a TTL) every lease's deadline, in real
+// time, comes before the server's expiry, and no holder still believes it
+// holds the lock when it is granted again; beyond it (5% slow) the deadline
+// comes after the server's expiry.
 //
 // Every section holds for 3×TTL with Options.MaxHold at TTL/10, so the
 // watchdog never renews and every lease ends at its local deadline; the work
 // then takes 50ms to stop (it writes nothing meanwhile), so the lock is
 // released only after the server's expiry and each handover pits the
 // deadline against the expiry.
+//
+// Inside the allowance the deadline leaves only about 3.5ms before the
+// expiry, so the unfenced overlaps (counted where the coordinator receives
+// the section's end, one round trip after the worker reported the
+// cancellation) are reported but not asserted: CI measured one where the
+// cancellation came 0.4ms before the next grant and its report arrived after
+// it. What the allowance promises is asserted: the deadline precedes the
+// expiry (exact, whatever the load) and no grant is made while the previous
+// holder believes it holds (as the worker's own clock dates both).
 func testS6(t *testing.T, inside bool) {
 	const ttl = 500 * time.Millisecond
 	drift := ttl/100 + 2*time.Millisecond
@@ -1100,8 +1111,18 @@ func testS6(t *testing.T, inside bool) {
 			"cancelled at least %s before the server's expiry (%d after it); overlaps %d; cancellations after the next grant %d",
 		rate, ms(late), ms(drift), ms(f.ExpiryMin), f.ExpiryLate, f.Overlaps, f.LateCancels))
 	assertSafe(t, f)
-	if inside && f.Overlaps != 0 {
-		t.Errorf("%d overlapping sections with the clock drift inside the allowance, want 0:\n%s", f.Overlaps, describeLosses(f))
+	if !inside {
+		return
+	}
+	for _, l := range f.losses {
+		if s := l.sec; s.Acq != nil && s.Acq.Deadline >= s.at()+ttl.Microseconds() {
+			t.Errorf("worker %d fence %d: the lease's deadline is %s after the server's expiry with the clock drift inside the allowance, want before",
+				s.W, s.Fence, ms(time.Duration(s.Acq.Deadline-s.at())*time.Microsecond-ttl))
+		}
+	}
+	if f.DoubleGrants != 0 {
+		t.Errorf("%d grants while the previous holder still believed it held the lock, with the clock drift inside the allowance, want 0:\n%s",
+			f.DoubleGrants, describeLosses(f))
 	}
 }
 
