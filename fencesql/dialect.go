@@ -19,7 +19,10 @@ const (
 	SQLite
 	// MySQL is MySQL and MariaDB with InnoDB tables; placeholders ?. The
 	// driver must report LastInsertId (go-sql-driver/mysql does), with or
-	// without its clientFoundRows option.
+	// without its clientFoundRows option. Advance and Once report through
+	// LAST_INSERT_ID(expr), so they set the session's LAST_INSERT_ID():
+	// read an insert's id before calling them, or use the driver's
+	// LastInsertId of that insert.
 	MySQL
 )
 
@@ -52,8 +55,10 @@ func (d Dialect) statements(table string) statements {
 	switch d {
 	case Postgres:
 		t, k := `"`+table+`"`, `"`+keys+`"`
-		// now() is the transaction's start, in microseconds since the epoch.
-		now := `(extract(epoch FROM now()) * 1000000)::bigint`
+		// The statement's start, in microseconds since the epoch: now()
+		// would be the transaction's, and a key recorded late in a long
+		// transaction would be pruned early by that much.
+		now := `(extract(epoch FROM statement_timestamp()) * 1000000)::bigint`
 		return statements{
 			create: []string{
 				`CREATE TABLE IF NOT EXISTS ` + t + ` (resource TEXT PRIMARY KEY, fence BIGINT NOT NULL)`,
@@ -81,9 +86,11 @@ func (d Dialect) statements(table string) statements {
 				`CREATE INDEX IF NOT EXISTS "` + keys + `_created" ON ` + k + ` (created_us)`,
 			},
 			// A writer holds the database's write lock until it ends, so
-			// competing holders serialise on the whole database. 0 rows: stale.
-			advance: `INSERT INTO ` + t + ` (resource, fence) VALUES (?, ?) ` +
-				`ON CONFLICT (resource) DO UPDATE SET fence = excluded.fence WHERE ` + t + `.fence <= excluded.fence`,
+			// competing holders serialise on the whole database. 0 rows:
+			// stale. The alias keeps excluded the upsert's row even in a
+			// table named excluded (SQLite resolves a table name first).
+			advance: `INSERT INTO ` + t + ` AS g (resource, fence) VALUES (?, ?) ` +
+				`ON CONFLICT (resource) DO UPDATE SET fence = excluded.fence WHERE g.fence <= excluded.fence`,
 			read:  `SELECT fence FROM ` + t + ` WHERE resource = ?`,
 			once:  `INSERT INTO ` + k + ` (idem_key, created_us) VALUES (?, ` + now + `) ON CONFLICT (idem_key) DO NOTHING`,
 			prune: `DELETE FROM ` + k + ` WHERE created_us < ` + now + ` - ?`,

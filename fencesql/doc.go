@@ -28,9 +28,10 @@
 //	table_keys  (idem_key TEXT PRIMARY KEY, created_us BIGINT NOT NULL), indexed on created_us
 //
 // fence is the greatest fence recorded for the resource; created_us is
-// when the key was recorded, in microseconds since the Unix epoch by the
-// database's clock (PostgreSQL: the transaction's start). On MySQL the
-// text columns are VARBINARY(255), compared byte for byte.
+// when Once's statement ran, in microseconds since the Unix epoch by the
+// database's clock; a key is visible to others only from its commit, so
+// Prune's olderThan counts from up to a transaction's length before. On
+// MySQL the text columns are VARBINARY(255), compared byte for byte.
 //
 // # Transactions
 //

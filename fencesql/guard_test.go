@@ -243,3 +243,40 @@ func TestCreateTableIdempotent(t *testing.T) {
 		}
 	})
 }
+
+// TestAdvanceTableNamedExcluded: a guard table may be named excluded,
+// which SQLite would otherwise take for the upsert's row in the table's
+// place (every stale fence accepted).
+func TestAdvanceTableNamedExcluded(t *testing.T) {
+	eachDatabase(t, func(t *testing.T, d database) {
+		ctx := t.Context()
+		g, err := fencesql.NewGuard(d.dialect, "excluded")
+		if err != nil {
+			t.Fatal(err)
+		}
+		drop := func() {
+			for _, tb := range []string{"excluded", "excluded_keys"} {
+				if _, err := d.db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tb); err != nil {
+					t.Errorf("drop %s: %v", tb, err)
+				}
+			}
+		}
+		drop()
+		t.Cleanup(drop)
+		if err := g.CreateTable(ctx, d.db); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range []struct {
+			fence int64
+			stale bool
+		}{{5, false}, {3, true}, {5, false}, {6, false}, {4, true}} {
+			err := g.Advance(ctx, d.db, "r", s.fence)
+			if errors.Is(err, fencesql.ErrStale) != s.stale || (err != nil && !s.stale) {
+				t.Errorf("Advance(r, %d): %v, want stale %v", s.fence, err, s.stale)
+			}
+		}
+		if got := d.recordedFence(t, "excluded", "r"); got != 6 {
+			t.Errorf("recorded fence %d, want 6", got)
+		}
+	})
+}

@@ -181,3 +181,40 @@ func TestPrune(t *testing.T) {
 		}
 	})
 }
+
+// TestOnceRecordsStatementTime: a key's time is when Once ran, not when
+// its transaction began, so a key recorded late in a long transaction is
+// not pruned early (PostgreSQL's now() is the transaction's start).
+func TestOnceRecordsStatementTime(t *testing.T) {
+	eachDatabase(t, func(t *testing.T, d database) {
+		g, table := newGuard(t, d)
+		ctx := t.Context()
+		tx, err := d.db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		// Start the transaction on the server (a BEGIN alone may be lazy).
+		if _, err := tx.ExecContext(ctx, "SELECT 1"); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(1500 * time.Millisecond)
+		before := time.Now()
+		if err := g.Once(ctx, tx, "late"); err != nil {
+			t.Fatal(err)
+		}
+		var created int64
+		if err := tx.QueryRowContext(ctx, d.q("SELECT created_us FROM "+table+"_keys WHERE idem_key = ?"), "late").Scan(&created); err != nil {
+			t.Fatal(err)
+		}
+		if lag := before.Sub(time.UnixMicro(created)); lag > 500*time.Millisecond {
+			t.Errorf("key recorded %v before its Once ran, want when it ran", lag)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := g.Prune(ctx, d.db, time.Second); err != nil || n != 0 {
+			t.Errorf("Prune(1s) right after the commit = %d, %v; want 0", n, err)
+		}
+	})
+}
