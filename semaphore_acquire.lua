@@ -69,13 +69,21 @@ if n > 0 then
 	end
 end
 
--- busy: join the line, or ask the next release to wake this caller (the
--- info has the holders' expiry: it lives while n > 0)
+-- busy: join the line, or ask the releases of the wake window to wake this
+-- caller, never shortening a window another waiter asked for (the info
+-- lives while n > 0; with n 0, behind the line, for the window)
 local function wait()
 	if ARGV[5] == '1' then
 		join(KEYS[4], KEYS[5], token, now, nowMs, ARGV[6], ARGV[2] .. ' ' .. ARGV[7] .. ' ' .. ARGV[4])
-	elseif n > 0 then
-		redis.call('HSET', KEYS[6], 'w', nowMs + tonumber(ARGV[8]))
+		return
+	end
+	local upto = nowMs + tonumber(ARGV[8])
+	local w = tonumber(redis.call('HGET', KEYS[6], 'w'))
+	if not w or w < upto then
+		redis.call('HSET', KEYS[6], 'w', upto)
+		if n == 0 then
+			keepFor(KEYS[6], ARGV[8])
+		end
 	end
 end
 

@@ -4,7 +4,8 @@
 -- the server time (ms) at which each one's permit expires; its info is a
 -- hash of each holder's token to "<fence> <owner>", with the field 'n' (the
 -- permits its holders use) and 'w' (the server time in ms until which a
--- plain waiter may wait for a release).
+-- plain waiter may wait for a release: the latest any asked for). The info
+-- lives as long as the holders; with none, only 'w', for its window.
 
 -- keepFor makes key live at least ms more milliseconds; it never shortens
 -- its life, which lasts as long as the longest-lived holder's permit.

@@ -53,6 +53,7 @@ end
 local waiting = tonumber(redis.call('HGET', KEYS[6], 'w'))
 local permits = tonumber(redis.call('HGET', KEYS[6], 'n'))
 local n = prune(KEYS[1], KEYS[6], nowMs, true)
+local emptied = n == 0 -- the info went with the last holder, 'w' with it
 local reply = 1
 local function tell(message)
 	local r = publish(ARGV[2], message)
@@ -82,7 +83,12 @@ if redis.call('EXISTS', KEYS[4]) == 1 then
 		end
 	end
 end
-if waiting and waiting >= nowMs and (not permits or n < permits) then
-	tell('released')
+if waiting and waiting >= nowMs then
+	if emptied and n > 0 then
+		redis.call('HSET', KEYS[6], 'w', waiting) -- for the grants' releases
+	end
+	if not permits or n < permits then
+		tell('released')
+	end
 end
 return reply

@@ -576,3 +576,75 @@ func TestSemaphoreEachReleaseWakesAWaiter(t *testing.T) {
 		require.NoError(t, lease.Release(ctx))
 	}
 }
+
+// TestSemaphoreShortWindowKeepsLongerWait: a busy attempt of a Locker that
+// polls often does not cut short the wake-up window of a waiter that polls
+// rarely (each busy attempt once set 'w' to its own window).
+func TestSemaphoreShortWindowKeepsLongerWait(t *testing.T) {
+	e := newEnv(t, nil)
+	name := uniqueName(t)
+	holder, err := e.locker(t, nil).Semaphore(name, 1).Acquire(ctx, WithTTL(time.Minute))
+	require.NoError(t, err)
+
+	slow := e.locker(t, slowPolling).Semaphore(name, 1) // the backoff alone would wait 20s
+	got := semAcquireInBackground(t, slow, WithWait(time.Minute))
+	require.Eventually(t, func() bool { return shardSubscribers(t, e.srv, semKey(name, "")) == 1 },
+		10*time.Second, time.Millisecond, "the waiter's subscription")
+	time.Sleep(50 * time.Millisecond) // its confirmation's attempt found the permit held
+
+	// A default Locker's try-once attempt: its window is about a second.
+	_, err = e.locker(t, nil).Semaphore(name, 1).Acquire(ctx)
+	require.ErrorIs(t, err, ErrNotObtained)
+	time.Sleep(1500 * time.Millisecond) // past that window, within the waiter's
+
+	released := time.Now()
+	require.NoError(t, holder.Release(ctx))
+	select {
+	case r := <-got:
+		require.NoError(t, r.err)
+		assert.Less(t, r.at.Sub(released), 5*time.Second, "woken by the release, not the 20s backoff")
+		require.NoError(t, r.lease.Release(ctx))
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter was not woken by the release")
+	}
+}
+
+// TestSemaphoreGrantKeepsPlainWaitersWindow: a release that frees the last
+// permit and grants it to a fair waiter keeps the plain waiters' wake-up
+// window, so the fair holder's release wakes them (the info hash, 'w'
+// with it, was dropped with the last holder and rebuilt for the grant).
+func TestSemaphoreGrantKeepsPlainWaitersWindow(t *testing.T) {
+	e := newEnv(t, nil)
+	name := uniqueName(t)
+	holder, err := e.locker(t, nil).Semaphore(name, 1).Acquire(ctx, WithTTL(time.Minute))
+	require.NoError(t, err)
+
+	plain := e.locker(t, slowPolling).Semaphore(name, 1) // the backoff alone would wait 20s
+	gotPlain := semAcquireInBackground(t, plain, WithWait(time.Minute))
+	require.Eventually(t, func() bool { return shardSubscribers(t, e.srv, semKey(name, "")) == 1 },
+		10*time.Second, time.Millisecond, "the plain waiter's subscription")
+	time.Sleep(50 * time.Millisecond) // its confirmation's attempt found the permit held
+
+	fair := e.locker(t, nil).Semaphore(name, 1)
+	gotFair := semAcquireInBackground(t, fair, WithFair(), WithWait(time.Minute), WithTTL(time.Minute))
+	require.Eventually(t, func() bool {
+		n, err := e.admin.ZCard(ctx, semKey(name, ":q")).Result()
+		require.NoError(t, err)
+		return n == 1
+	}, 10*time.Second, time.Millisecond, "the fair waiter in line")
+
+	require.NoError(t, holder.Release(ctx)) // granted to the fair waiter
+	r := <-gotFair
+	require.NoError(t, r.err)
+	released := time.Now()
+	require.NoError(t, r.lease.Release(ctx))
+	select {
+	case p := <-gotPlain:
+		require.NoError(t, p.err)
+		assert.Less(t, p.at.Sub(released), 5*time.Second, "woken by the fair holder's release, not the 20s backoff")
+		require.NoError(t, p.lease.Release(ctx))
+	case <-time.After(10 * time.Second):
+		t.Fatal("the plain waiter was not woken by the fair holder's release")
+	}
+	requireAllExpire(t, e.admin, name)
+}
