@@ -648,3 +648,44 @@ func TestSemaphoreGrantKeepsPlainWaitersWindow(t *testing.T) {
 	}
 	requireAllExpire(t, e.admin, name)
 }
+
+// TestSemaphoreBehindTheLineGetsAWindow: a plain caller told that a permit
+// is free but fair waiters are in line first (-3), with no holder, asks the
+// next releases to wake it as a busy one does.
+func TestSemaphoreBehindTheLineGetsAWindow(t *testing.T) {
+	e := newEnv(t, nil)
+	name := uniqueName(t)
+	// A fair waiter in line (its entry written as semaphore_acquire.lua's
+	// join writes one: "<expiry ms> <ttl> <permits> <owner>"), no holder.
+	now, err := e.admin.Time(ctx).Result()
+	require.NoError(t, err)
+	nowMs := now.UnixMilli()
+	require.NoError(t, e.admin.ZAdd(ctx, semKey(name, ":q"), redis.Z{Score: float64(nowMs), Member: "ahead"}).Err())
+	require.NoError(t, e.admin.HSet(ctx, semKey(name, ":qi"), "ahead", fmt.Sprintf("%d 60000 1 x", nowMs+60000)).Err())
+	for _, k := range []string{":q", ":qi"} {
+		require.NoError(t, e.admin.PExpire(ctx, semKey(name, k), time.Minute).Err())
+	}
+
+	plain := e.locker(t, slowPolling).Semaphore(name, 1) // the backoff alone would wait 20s
+	got := semAcquireInBackground(t, plain, WithWait(time.Minute))
+	require.Eventually(t, func() bool { return shardSubscribers(t, e.srv, semKey(name, "")) == 1 },
+		10*time.Second, time.Millisecond, "the waiter's subscription")
+	time.Sleep(50 * time.Millisecond) // its confirmation's attempt found the line ahead
+	requireAllExpire(t, e.admin, name)
+
+	// The waiter ahead takes its permit and gives it back (here: it leaves
+	// the line, and another caller takes and releases the permit).
+	require.NoError(t, e.admin.Del(ctx, semKey(name, ":q"), semKey(name, ":qi")).Err())
+	other, err := e.locker(t, nil).Semaphore(name, 1).Acquire(ctx)
+	require.NoError(t, err)
+	released := time.Now()
+	require.NoError(t, other.Release(ctx))
+	select {
+	case r := <-got:
+		require.NoError(t, r.err)
+		assert.Less(t, r.at.Sub(released), 5*time.Second, "woken by the release, not the 20s backoff")
+		require.NoError(t, r.lease.Release(ctx))
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter was not woken by the release")
+	}
+}
