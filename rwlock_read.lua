@@ -17,9 +17,11 @@
 -- writer's PTTL and owner, or, with pttl -3, the lock is free of writers
 -- but one waits; or {2} for a retired token.
 --
--- A reader's entry in the index expires no earlier than its key (TIME,
--- read after the script started, is no earlier than the time its key's
--- expiry counts from), so that a writer never enters while a share lives.
+-- A reader's entry in the index expires no earlier than its key, so that a
+-- writer never enters while a share lives: on Redis 7 TIME, read after the
+-- script started, is no earlier than the time its key's expiry counts
+-- from; Redis 6.2 counts a SET's PX from the SET itself, which may fall in
+-- the millisecond after TIME's, so the entry's expiry has 1 ms more.
 
 if retired(KEYS[2]) then
 	return {2}
@@ -30,7 +32,7 @@ local now = clock()
 local nowMs = millis(now)
 if holds(held, token) then
 	redis.call('PEXPIRE', KEYS[1], ARGV[2])
-	keep(KEYS[4], held, nowMs + tonumber(ARGV[2]), nowMs)
+	keep(KEYS[4], held, nowMs + tonumber(ARGV[2]) + 1, nowMs)
 	return {1, string.match(held, '^(%d+)', #token + 2)}
 end
 
@@ -45,5 +47,5 @@ end
 local fence = issueFence(KEYS[3], now, ARGV[3])
 local value = token .. ' ' .. fence .. ' ' .. ARGV[4]
 redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
-keep(KEYS[4], value, nowMs + tonumber(ARGV[2]), nowMs)
+keep(KEYS[4], value, nowMs + tonumber(ARGV[2]) + 1, nowMs)
 return {1, fence}
