@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -618,4 +621,106 @@ func TestACL(t *testing.T) {
 	if strings.Contains(r.stdout, "permissions") || strings.Contains(r.stdout, "config") || r.stderr != "" {
 		t.Fatalf("doctor as the advice's user reports refusals:\n%s%s", r.stdout, r.stderr)
 	}
+}
+
+// TestReleaseForceChangedHands: a lock that changes hands between the
+// command's read and its delete is not deleted: the stuck holder gave it
+// back and a healthy one took it, and the operator chose the stuck one.
+// A proxy in front of the server runs the hand-over just before it
+// forwards the command's script call.
+func TestReleaseForceChangedHands(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	client := srv.Client(nil)
+	stuck := newLocker(t, client, "stuck-pod", nil)
+	healthy := newLocker(t, client, "healthy-pod", nil)
+	lease := acquire(t, stuck, "job")
+	var newcomer *fencelock.Lease
+	addr := scriptProxy(t, srv.Addr, func() {
+		if err := lease.Release(ctx); err != nil {
+			t.Errorf("the stuck holder's release: %v", err)
+		}
+		newcomer = acquire(t, healthy, "job")
+	})
+
+	fl(t, "release", "--url", "redis://"+addr, "--force", "--yes", "job").want(t, exitFailed).
+		wantErr(t, `changed hands after it was read (lock "job" held by stuck-pod`)
+	if newcomer == nil {
+		t.Fatal("the proxy saw no script call")
+	}
+	if info, err := healthy.Inspect(ctx, "job"); err != nil || !info.Held || info.Fence != newcomer.Fence() {
+		t.Fatalf("the newcomer's lock after the forced release: %+v, %v; want it held", info, err)
+	}
+	if err := newcomer.Release(ctx); err != nil {
+		t.Fatalf("the newcomer's release: %v", err)
+	}
+}
+
+// scriptProxy relays connections to upstream and runs before once, just
+// before it forwards the first script call (EVALSHA or EVAL) it sees.
+func scriptProxy(t *testing.T, upstream string, before func()) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		once  sync.Once
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	track := func(c net.Conn) {
+		mu.Lock()
+		conns = append(conns, c)
+		mu.Unlock()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", upstream)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			track(c)
+			track(s)
+			wg.Add(2)
+			go func() { defer wg.Done(); _, _ = io.Copy(c, s) }()
+			go func() {
+				defer wg.Done()
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := c.Read(buf)
+					if n > 0 {
+						if up := bytes.ToUpper(buf[:n]); bytes.Contains(up, []byte("EVALSHA")) || bytes.Contains(up, []byte("\r\nEVAL\r\n")) {
+							once.Do(before)
+						}
+						if _, werr := s.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						_ = s.Close()
+						return
+					}
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().String()
 }

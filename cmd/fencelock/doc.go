@@ -168,7 +168,8 @@
 // The lock's value is read, shown, and deleted by a Lua script of the
 // command's own (force_release.lua) only if the lock still holds that
 // value, so what is printed is what was deleted; if the lock changed hands
-// in between, it reads again (5 times at most). The script leaves the
+// in between, nothing is deleted and it exits 1: the new holder is not the
+// one the operator chose. The script leaves the
 // fence counter, so the next holder's fence is greater than the deleted
 // one; retires the deleted holder's token (its marker key, as the library
 // writes for an Acquire that gave up), so that a late copy of that

@@ -23,7 +23,8 @@ this is the operator's override, so it needs --force, and it deletes only
 with --yes. Without --yes it prints what it would delete and exits 1.
 
 The delete is atomic: the lock is deleted only if it still holds what was
-read, and the deleted holder's owner and fence are printed. The fence
+read, and the deleted holder's owner and fence are printed; if it changed
+hands after the read, nothing is deleted and it exits 1. The fence
 counter stays, so the next holder's fence is greater than the deleted one;
 the holder's token is retired, so it cannot take the lock again; its
 waiters are woken, as by a release. The holder finds out at its next
@@ -59,10 +60,6 @@ var (
 // retired: the library's default ReleaseTimeout.
 const markerMillis = 5000
 
-// forceTries bounds how often release tries again when the lock changed
-// hands between the read and the delete.
-const forceTries = 5
-
 func runRelease(ctx context.Context, e *env, args []string) error {
 	var cf connFlags
 	fs := newFlagSet("release", &cf)
@@ -92,46 +89,42 @@ func runRelease(ctx context.Context, e *env, args []string) error {
 	}
 
 	key := s.key(name)
-	for try := range forceTries {
-		value, pttl, err := s.read(ctx, key)
-		if err != nil {
-			return redisError("release", &cf, err)
-		}
-		if value == "" {
-			if try > 0 {
-				return failf("release: lock %q was released meanwhile: nothing to delete", name)
-			}
-			return failf("release: lock %q is not held: nothing to delete", name)
-		}
-		token, fence, owner := parseValue(value)
-		left := fmtTTL(pttl) + " left"
-		if pttl < 0 {
-			left = "no expiry"
-		}
-		what := fmt.Sprintf("lock %q held by %s, fence %d, %s", name, holder(owner), fence, left)
-		if !*yes {
-			fmt.Fprintf(e.stdout, "would delete %s\n", what)
-			return failf("release: not deleted: add --yes to delete it")
-		}
-		reply, err := forceReleaseScript.Run(ctx, s.client,
-			[]string{key, key + ":t:" + token}, value, s.channel(key), markerMillis).Slice()
-		if err != nil {
-			return redisError("release", &cf, err)
-		}
-		deleted, perr, err := decodeForce(reply)
-		if err != nil {
-			return failf("release: %v", err)
-		}
-		if !deleted {
-			continue // it changed hands between the read and the delete
-		}
-		fmt.Fprintf(e.stdout, "deleted %s\n", what)
-		if perr != "" {
-			e.warn("release: deleted, but the wake-up could not be published (%s): waiters try again after their backoff", oneLine(perr))
-		}
-		return nil
+	value, pttl, err := s.read(ctx, key)
+	if err != nil {
+		return redisError("release", &cf, err)
 	}
-	return failf("release: lock %q changed hands %d times while being deleted; try again", name, forceTries)
+	if value == "" {
+		return failf("release: lock %q is not held: nothing to delete", name)
+	}
+	token, fence, owner := parseValue(value)
+	left := fmtTTL(pttl) + " left"
+	if pttl < 0 {
+		left = "no expiry"
+	}
+	what := fmt.Sprintf("lock %q held by %s, fence %d, %s", name, holder(owner), fence, left)
+	if !*yes {
+		fmt.Fprintf(e.stdout, "would delete %s\n", what)
+		return failf("release: not deleted: add --yes to delete it")
+	}
+	reply, err := forceReleaseScript.Run(ctx, s.client,
+		[]string{key, key + ":t:" + token}, value, s.channel(key), markerMillis).Slice()
+	if err != nil {
+		return redisError("release", &cf, err)
+	}
+	deleted, perr, err := decodeForce(reply)
+	if err != nil {
+		return failf("release: %v", err)
+	}
+	if !deleted {
+		// Released, or released and taken again, since the read: the new
+		// holder is not the one the operator chose to delete.
+		return failf("release: lock %q changed hands after it was read (%s): not deleted; inspect it and run release again", name, what)
+	}
+	fmt.Fprintf(e.stdout, "deleted %s\n", what)
+	if perr != "" {
+		e.warn("release: deleted, but the wake-up could not be published (%s): waiters try again after their backoff", oneLine(perr))
+	}
+	return nil
 }
 
 // read returns the lock's value ("" when it is not held) and its TTL, in
