@@ -23,8 +23,10 @@
 -- Returns
 --   {1, fence}        the lock is ours: newly taken, or already held with
 --                     this token (a retry after a lost reply, or a grant at
---                     a release while this waiter was in the queue), with
---                     the fence issued to this token; fences are decimal
+--                     a release while this waiter was in the queue; its
+--                     expiry made at least ttl from now, never earlier: an
+--                     Extend may have come first), with the fence issued
+--                     to this token; fences are decimal
 --                     strings, as Lua numbers are doubles and would round
 --                     them beyond 2^53
 --   {0, pttl, owner}  another token holds it (pttl as PTTL reports it), or,
@@ -53,7 +55,7 @@ if seen > 0 then
 end
 local held = redis.call('GET', KEYS[1])
 if holds(held, token) then
-	redis.call('PEXPIRE', KEYS[1], ARGV[2])
+	keepFor(KEYS[1], ARGV[2])
 	if queued then
 		drop(KEYS[4], KEYS[5], token)
 	end

@@ -148,3 +148,78 @@ func TestManyNamesLeaveNothingBehind(t *testing.T) {
 		"before: %d bytes; once expired: %d bytes", elapsed.Round(time.Millisecond), peakKeys, retention, peak, before, after)
 	assert.Less(t, after-before, int64(256<<10), "memory back at its baseline (within 256 KiB)")
 }
+
+// TestResendNeverShortensALease: a request of a lease's token that comes
+// again after an Extend to a longer TTL (a late copy of its acquire, or a
+// retry whose first copy was applied) leaves the longer expiry: it made
+// the lease's server expiry earlier than its deadline.
+func TestResendNeverShortensALease(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, nil)
+	const short = 2 * time.Second
+	resend := func(t *testing.T, lease *Lease) {
+		t.Helper()
+		lease.mu.Lock()
+		extended := lease.ttl
+		lease.ttl = short // as the first copy was sent
+		lease.mu.Unlock()
+		a := lease.kind.acquire(ctx, lease)
+		lease.mu.Lock()
+		lease.ttl = extended
+		lease.mu.Unlock()
+		require.NoError(t, a.err)
+		require.True(t, a.ok, "the token holds it")
+	}
+	check := func(t *testing.T, lease *Lease) {
+		t.Helper()
+		require.NoError(t, lease.Extend(ctx, time.Minute))
+		resend(t, lease)
+		ttl, err := lease.TTL(ctx)
+		require.NoError(t, err)
+		assert.Greater(t, ttl, 50*time.Second, "the server's expiry after the resend")
+		require.NoError(t, lease.Release(ctx))
+	}
+	t.Run("lock", func(t *testing.T) {
+		lease, err := l.Acquire(ctx, uniqueName(t), WithTTL(short))
+		require.NoError(t, err)
+		check(t, lease)
+	})
+	t.Run("semaphore", func(t *testing.T) {
+		lease, err := l.Semaphore(uniqueName(t), 2).Acquire(ctx, WithTTL(short))
+		require.NoError(t, err)
+		check(t, lease)
+	})
+	t.Run("shared", func(t *testing.T) {
+		lease, err := l.RWLock(uniqueName(t)).AcquireShared(ctx, WithTTL(short))
+		require.NoError(t, err)
+		check(t, lease)
+	})
+	t.Run("exclusive", func(t *testing.T) {
+		lease, err := l.RWLock(uniqueName(t)).Acquire(ctx, WithTTL(short))
+		require.NoError(t, err)
+		check(t, lease)
+	})
+	t.Run("all", func(t *testing.T) {
+		names := []string{uniqueName(t) + "-a", uniqueName(t) + "-b"}
+		leases, err := l.AcquireAll(ctx, names, WithTTL(short))
+		require.NoError(t, err)
+		for _, lease := range leases {
+			require.NoError(t, lease.Extend(ctx, time.Minute))
+		}
+		// The set's script again, for the same tokens, with the first TTL.
+		var keys []any
+		argv := []any{l.ttlArg(short), l.retentionMillis, leases[0].ownerArg}
+		for _, lease := range leases {
+			keys = append(keys, lease.keyArgs[:]...)
+			argv = append(argv, lease.tokenArg)
+		}
+		_, err = l.b.(*deployment).run(ctx, multiAcquireScript, false, keys, argv...)
+		require.NoError(t, err)
+		for _, lease := range leases {
+			ttl, err := lease.TTL(ctx)
+			require.NoError(t, err)
+			assert.Greater(t, ttl, 50*time.Second, "%s's expiry after the resend", lease.Name())
+			require.NoError(t, lease.Release(ctx))
+		}
+	})
+}

@@ -62,7 +62,7 @@ local reply = {1}
 for i = 1, n do
 	local k = 5 * i - 5
 	if ours[i] then
-		redis.call('PEXPIRE', KEYS[k + 1], ARGV[1])
+		keepFor(KEYS[k + 1], ARGV[1])
 		reply[i + 1] = ours[i]
 	else
 		local fence = issueFence(KEYS[k + 3], now, ARGV[2])

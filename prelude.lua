@@ -54,6 +54,18 @@ local function issueFence(counter, now, retention)
 	return now
 end
 
+-- keepFor makes key live at least ms more milliseconds, and reports
+-- whether it had less: it never shortens a life. A holder's key is reset
+-- with it when a request of its token comes again (a retry after a lost
+-- reply, or a late copy): an Extend to a longer TTL may have come first.
+local function keepFor(key, ms)
+	if redis.call('PTTL', key) < tonumber(ms) then
+		redis.call('PEXPIRE', key, ms)
+		return true
+	end
+	return false
+end
+
 -- retire writes a token's marker (its lock's KEYS[2] in the scripts,
 -- lock:{name}:t:<token> for a lock), kept ms milliseconds, once a release
 -- or an abandoned Acquire is done with the lease: the token is retired from

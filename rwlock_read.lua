@@ -31,8 +31,9 @@ local held = redis.call('GET', KEYS[1])
 local now = clock()
 local nowMs = millis(now)
 if holds(held, token) then
-	redis.call('PEXPIRE', KEYS[1], ARGV[2])
-	keep(KEYS[4], held, nowMs + tonumber(ARGV[2]) + 1, nowMs)
+	if keepFor(KEYS[1], ARGV[2]) then
+		keep(KEYS[4], held, nowMs + tonumber(ARGV[2]) + 1, nowMs)
+	end
 	return {1, string.match(held, '^(%d+)', #token + 2)}
 end
 

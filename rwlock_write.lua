@@ -27,7 +27,7 @@ end
 local token = ARGV[1]
 local held = redis.call('GET', KEYS[1])
 if holds(held, token) then
-	redis.call('PEXPIRE', KEYS[1], ARGV[2])
+	keepFor(KEYS[1], ARGV[2])
 	redis.call('ZREM', KEYS[5], token)
 	return {1, string.match(held, '^(%d+)', #token + 2)}
 end

@@ -34,8 +34,8 @@
 --   {1, fence}              a permit is ours: newly taken, or held by this
 --                           token already (a retry after a lost reply, or
 --                           a grant at a release while it was in line),
---                           its expiry reset to ttl; the fence as a
---                           decimal string
+--                           its expiry made at least ttl from now (never
+--                           earlier); the fence as a decimal string
 --   {0, pttl, n, owner}     all n permits are held; the first to expire,
 --                           owner's, in pttl ms. pttl -3: a permit is free,
 --                           but fair waiters are in line first. A fair
@@ -54,7 +54,7 @@ local nowMs = millis(now)
 local expiry = redis.call('ZSCORE', KEYS[1], token)
 local held = expiry and tonumber(expiry) >= nowMs and redis.call('HGET', KEYS[6], token)
 if held then
-	redis.call('ZADD', KEYS[1], nowMs + tonumber(ARGV[2]), token)
+	redis.call('ZADD', KEYS[1], 'GT', nowMs + tonumber(ARGV[2]), token) -- never earlier: see keepFor
 	keepFor(KEYS[1], ARGV[2])
 	keepFor(KEYS[6], ARGV[2])
 	drop(KEYS[4], KEYS[5], token)

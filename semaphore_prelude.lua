@@ -7,14 +7,6 @@
 -- plain waiter may wait for a release: the latest any asked for). The info
 -- lives as long as the holders; with none, only 'w', for its window.
 
--- keepFor makes key live at least ms more milliseconds; it never shortens
--- its life, which lasts as long as the longest-lived holder's permit.
-local function keepFor(key, ms)
-	if redis.call('PTTL', key) < tonumber(ms) then
-		redis.call('PEXPIRE', key, ms)
-	end
-end
-
 -- prune drops the holders whose permits expired before nowMs, and their
 -- info, and returns how many holders are left; with none left, the info
 -- goes too (a new number of permits is accepted then), once a holder was
