@@ -426,17 +426,30 @@ type queueResult struct {
 // (the release hands it on to the next in line) or an attempt of unknown
 // outcome took it; the token is retired, as for any Acquire that gave up.
 // See giveBack for how long it tries.
+//
+// It leaves the queue again after the token is retired: a late copy of an
+// attempt that arrived between the first leave and the retirement joined
+// the queue again (the retirement refuses the later ones), and a release
+// may have granted it the lock since, which is given back too.
 func (l *Locker) leaveQueue(lease *Lease) {
 	ttl := lease.ttl
 	l.giveBack(lease, "leaving the fair queue", func(ctx context.Context) (bool, error) {
-		if _, err := l.queue(ctx, lease, ttl, queueLeave); err != nil {
-			return false, callError(lease.name, err)
+		var deleted bool
+		for pass := range 2 {
+			r, err := l.queue(ctx, lease, ttl, queueLeave)
+			if err != nil {
+				return deleted, callError(lease.name, err)
+			}
+			if pass == 1 && r.state != queueGranted {
+				break // out of line, and retired: nothing more can join
+			}
+			code, perr, err := lease.runRelease(ctx, modeAbandon)
+			if err != nil {
+				return deleted, callError(lease.name, err)
+			}
+			l.warnPublish(lease.name, perr)
+			deleted = deleted || code == 1
 		}
-		code, perr, err := lease.runRelease(ctx, modeAbandon)
-		if err != nil {
-			return false, callError(lease.name, err)
-		}
-		l.warnPublish(lease.name, perr)
-		return code == 1, nil
+		return deleted, nil
 	})
 }

@@ -1134,3 +1134,93 @@ func TestFairGrantFoundByKeepAliveCountsFromIt(t *testing.T) {
 	assert.True(t, r.lease.Deadline().Before(expiry), "before the server's expiry")
 	require.NoError(t, r.lease.Release(ctx))
 }
+
+// TestFairLateJoinWhileLeaving: a late copy of a fair waiter's join that
+// reaches Redis while the waiter that gave up leaves the line (after it
+// left, before its token was retired) puts it back in line; it is taken
+// out again, and the next release does not grant the lock to the waiter
+// that is gone (it was held for its TTL by nobody).
+func TestFairLateJoinWhileLeaving(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, &Options{ReleaseTimeout: 500 * time.Millisecond})
+	name := uniqueName(t)
+	holder, err := l.Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+
+	var mu sync.Mutex
+	var joinArgs []any
+	late := make(chan struct{})
+	e.hook.set(nil, func(_ context.Context, cmd redis.Cmder) error {
+		switch scriptName(cmd) {
+		case "acquire":
+			mu.Lock()
+			if joinArgs == nil {
+				joinArgs = append([]any(nil), cmd.Args()...)
+			}
+			mu.Unlock()
+		case "queue":
+			if cmd.Args()[7] == "d" {
+				mu.Lock()
+				a := joinArgs
+				joinArgs = []any{} // once
+				mu.Unlock()
+				if len(a) > 0 { // the delayed copy of the first attempt arrives now
+					_, err := e.admin.Do(ctx, a...).Result()
+					assert.NoError(t, err)
+					close(late)
+				}
+			}
+		}
+		return nil
+	})
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Acquire(wctx, name, WithFair(), WithWait(time.Minute), WithTTL(time.Minute))
+		done <- err
+	}()
+	gone := waitQueued(t, e.admin, name, 1)[0]
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+	<-late
+	// Out of line well before its entry would expire (2s, queueEntryTTL).
+	require.Eventually(t, func() bool { return len(queued(t, e.admin, name)) == 0 },
+		time.Second, time.Millisecond, "the waiter that gave up is out of line")
+	require.NoError(t, holder.Release(ctx))
+	tok, _ := holderOf(t, e.admin, name)
+	assert.NotEqual(t, gone, tok, "the lock granted to a waiter that gave up")
+}
+
+// TestFairGiveBackWakesWaiters: a fair waiter granted the lock that gave up
+// before it heard of the grant gives the lock back, and that wakes the
+// plain waiters (the give-back published nothing: they slept out their
+// backoff with the lock free).
+func TestFairGiveBackWakesWaiters(t *testing.T) {
+	e := newFairEnv(t, slowPolling, nil) // a plain waiter's backoff alone would be 20s
+	name := uniqueName(t)
+	holder, err := e.near.Acquire(ctx, name, WithTTL(time.Minute))
+	require.NoError(t, err)
+	wctx, cancel := context.WithCancel(ctx)
+	fair := make(chan error, 1)
+	go func() {
+		_, err := e.far.Acquire(wctx, name, WithFair(), WithWait(time.Minute), WithTTL(time.Minute))
+		fair <- err
+	}()
+	waitQueued(t, e.admin, name, 1)
+	plain := acquireInBackground(t, e.near, name, WithWait(time.Minute))
+	require.Eventually(t, func() bool { return shardSubscribers(t, e.srv, "lock:{"+name+"}") == 2 },
+		10*time.Second, time.Millisecond, "both waiters subscribed")
+	time.Sleep(100 * time.Millisecond) // the plain waiter's confirmation attempt found the lock held
+	require.NoError(t, holder.Release(ctx)) // granted to the fair waiter
+	cancel()
+	<-fair
+	start := time.Now()
+	select {
+	case r := <-plain:
+		require.NoError(t, r.err)
+		assert.Less(t, time.Since(start), 5*time.Second, "woken by the give-back, not the 20s backoff")
+		require.NoError(t, r.lease.Release(ctx))
+	case <-time.After(10 * time.Second):
+		t.Fatal("the plain waiter was not woken by the give-back")
+	}
+}

@@ -25,8 +25,9 @@
 -- kept alive), the lock is granted to the first one in the same step: set
 -- to its token with its TTL and owner, with a fence issued as acquire.lua
 -- issues them, and "granted <token> <fence>" is published; the waiter holds
--- the lock when the message arrives. Otherwise "released" is published
--- (except for 'a': an abandoned attempt's lock wakes nobody).
+-- the lock when the message arrives. Otherwise "released" is published,
+-- for 'a' too: an attempt given up, or a fair waiter that left the line
+-- after a grant, held the lock, and waiters saw it busy.
 --
 -- "released" is published only when someone may be waiting: not when no
 -- connection subscribes to the channel on this node (PUBSUB SHARDNUMSUB,
@@ -73,9 +74,6 @@ if redis.call('EXISTS', KEYS[4]) == 1 then
 	end
 end
 if message == 'released' then
-	if ARGV[3] == 'a' then
-		return code
-	end
 	if ARGV[6] ~= '1' then
 		local ok, subscribed = pcall(redis.call, 'PUBSUB', 'SHARDNUMSUB', ARGV[2])
 		if ok and subscribed[2] == 0 then
