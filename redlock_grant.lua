@@ -50,7 +50,7 @@
 --
 -- Returns
 --   {1, fence, time}  the lock is ours (taken now, or already: a resent
---                     request), with the fence stored with it here and
+--                     request, which never shortens its expiry), with the fence stored with it here and
 --                     this node's TIME in microseconds, both decimal
 --                     strings (Lua numbers are doubles); the time dates the
 --                     grant for diagnostics (the chaos suite's checker)
@@ -87,7 +87,12 @@ if held then
 		end
 		return {0, redis.call('PTTL', KEYS[1]), ownerOf(held)}
 	end
-	redis.call('PEXPIRE', KEYS[1], ARGV[2])
+	-- Already ours (a resent or late request): only ever lengthened, as
+	-- an Extend may have reached this node first.
+	local pttl = redis.call('PTTL', KEYS[1])
+	if pttl >= 0 and pttl < tonumber(ARGV[2]) then
+		redis.call('PEXPIRE', KEYS[1], ARGV[2])
+	end
 	return {1, string.match(held, '^%S+ (%S+)'), (clock())}
 end
 

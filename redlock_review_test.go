@@ -121,3 +121,30 @@ func TestRedlockInspectUndecidedIsUnavailable(t *testing.T) {
 	e.srvs[4].Resume()
 	_ = lease.Release(ctx)
 }
+
+// A grant for a lease that reaches a node after the lease's Extend (a resent
+// or late first-round request) finds the lock the lease's there: it must not
+// shorten the extended expiry back to the attempt's TTL.
+func TestRedlockLateGrantNeverShortensTheLock(t *testing.T) {
+	e := newRedlockEnv(t, 3, nil)
+	l := e.locker(t, nil)
+	lease, err := l.Acquire(ctx, uniqueName(t), WithTTL(2*time.Second))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return e.holders(t, lease.Key(), lease.Token()) == 3 },
+		time.Second, time.Millisecond, "held on every node")
+	require.NoError(t, lease.Extend(ctx, time.Minute))
+	require.Eventually(t, func() bool {
+		pttl, err := e.admins[2].PTTL(ctx, lease.Key()).Result()
+		return err == nil && pttl > 50*time.Second
+	}, time.Second, time.Millisecond, "extended on node 2")
+
+	q := l.b.(*quorum)
+	g := q.nodes[2].grant(ctx, lease, 2*time.Second, 0, "", q.entryTTL)
+	require.NoError(t, g.err)
+	require.True(t, g.ok, "the lease's own lock")
+	assert.Equal(t, lease.Fence(), g.fence)
+	pttl, err := e.admins[2].PTTL(ctx, lease.Key()).Result()
+	require.NoError(t, err)
+	assert.Greater(t, pttl, 50*time.Second, "the late grant kept the extended expiry")
+	require.NoError(t, lease.Release(ctx))
+}
