@@ -144,7 +144,9 @@ func (d *deployment) subscribers(ctx context.Context, channel string) (int, erro
 }
 
 // inspect reads the lock on every node and reports the holding a quorum
-// agrees on.
+// agrees on. It is unavailable when the nodes that answered in time cannot
+// tell: a quorum answered, but the lock's holding on the others could still
+// make one.
 func (q *quorum) inspect(ctx context.Context, key, fenceKey string, waiters bool) (holding, error) {
 	type read struct {
 		h   holding
@@ -160,8 +162,18 @@ func (q *quorum) inspect(ctx context.Context, key, fenceKey string, waiters bool
 		errs     []error
 		byToken  = map[string][]holding{}
 		counters []int64
+		most     int // the most reads of one token
 	)
-	// Decided when a quorum answered, or cannot (see collect).
+	// Decided when a quorum holds the lock for one token, or no token can
+	// have a quorum any more, given the nodes yet to answer, and a quorum's
+	// counters were read (for LastFence); or when too many nodes failed for
+	// a quorum to answer (see collect). A quorum of answers is not enough:
+	// the first ones may be the nodes that do not hold the lock, and a
+	// holder a little slower than they are is no hung minority.
+	decided := func() bool {
+		pending := len(q.nodes) - len(counters) - len(errs)
+		return most >= q.n || (len(counters) >= q.n && most+pending < q.n) || len(errs) > len(q.nodes)-q.n
+	}
 	reads.collect(func(r read) bool {
 		if r.err != nil {
 			errs = append(errs, r.err)
@@ -170,11 +182,12 @@ func (q *quorum) inspect(ctx context.Context, key, fenceKey string, waiters bool
 			out.waiters = max(out.waiters, r.h.waiters)
 			if token, _, _ := parseValue(r.h.value); r.h.value != "" {
 				byToken[token] = append(byToken[token], r.h)
+				most = max(most, len(byToken[token]))
 			}
 		}
-		return len(counters) >= q.n || len(errs) > len(q.nodes)-q.n
+		return decided()
 	})
-	if len(counters) < q.n { // errors, or nodes that did not answer in time
+	if len(counters) < q.n || !decided() { // errors, or nodes that did not answer in time
 		if err := ctx.Err(); err != nil {
 			return holding{}, err
 		}
@@ -182,8 +195,12 @@ func (q *quorum) inspect(ctx context.Context, key, fenceKey string, waiters bool
 		if len(errs) > 0 {
 			class = classify(errors.Join(errs...))
 		}
-		return holding{}, &quorumError{class: class, errs: errs,
-			msg: fmt.Sprintf("%d of %d nodes answered, %d needed", len(counters), len(q.nodes), q.n)}
+		msg := fmt.Sprintf("%d of %d nodes answered, %d needed", len(counters), len(q.nodes), q.n)
+		if len(counters) >= q.n {
+			msg = fmt.Sprintf("%d of %d nodes answered, too few to know whether a quorum holds the lock (%d of them for one token, %d needed)",
+				len(counters), len(q.nodes), most, q.n)
+		}
+		return holding{}, &quorumError{class: class, errs: errs, msg: msg}
 	}
 	// The q-th largest counter: a quorum's counters are at least the last
 	// fence issued, and an attempt may have counted a minority further.

@@ -682,11 +682,22 @@ func (q *quorum) extend(ctx context.Context, lease *Lease, ttl time.Duration, re
 	// is free ("How Redlock works"): before the deadline the lease still
 	// holds a quorum, so no one else can hold one. Detached: every node is
 	// extended, also after the quorum has answered.
-	repair := q.l.clock.Now().Before(lease.Deadline())
+	//
+	// A repair never stores a fence older than a node has seen: the node
+	// refuses it (as taken meanwhile) where its counter is beyond the
+	// lease's fence (redlock_grant.lua), so a repair that reaches it after
+	// the deadline, once another lease was granted and released there,
+	// does not put the lock back with a stale fence. That check, on the
+	// node, is the rule; the deadline, read again right before each
+	// repair, only spares the calls that cannot be of use. A legitimate
+	// repair refused so (the counter raised by another Locker's attempt
+	// that got no quorum, or by this lease's own late grant) costs that
+	// node only: the lease still holds its quorum on the others. A node
+	// restarted empty has no counter and is repaired.
 	fence := lease.fence
 	exts := each(ctx, q, ttl-drift(ttl), true, func(ctx context.Context, i int, d *deployment) nodeReply {
 		code, err := d.extend(ctx, lease, ttl, renewal)
-		if err == nil && code == 0 && repair {
+		if err == nil && code == 0 && q.l.clock.Now().Before(lease.Deadline()) {
 			if g := d.grant(ctx, lease, ttl, fence, "", q.entryTTL); g.ok {
 				code = 1
 			} else if g.err == nil {

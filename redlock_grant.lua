@@ -3,6 +3,18 @@
 -- puts the lock back on a node that lost it while the lease holds a quorum
 -- (a repair, with the lease's fence).
 --
+-- A repair never stores a fence older than this node has seen: it is
+-- refused (busy, {0, -2, ''}) where the node's counter is beyond the
+-- lease's fence. The lock then expired here and a newer attempt counted on
+-- since, so the lease may hold no quorum any more (a request that reached
+-- the node after the lease's deadline; the lock lost on every node, then
+-- granted to another and released). A counter that is absent (the node
+-- restarted empty, or it expired) allows the repair. One raised by an
+-- attempt that got no quorum (another Locker's, given up), or by this
+-- lease's own grant that came after its quorum's (quorum.settle), refuses
+-- it too, though the lease holds the lock: that is safe, the lease still
+-- holds its quorum on the other nodes, only without this one.
+--
 -- KEYS[1]  lock key, whose value is "<token> <fence> <owner>"
 -- KEYS[2]  token marker, lock:{name}:t:<token> (see redlock_release.lua)
 -- KEYS[3]  fence counter, lock:{name}:fence
@@ -14,7 +26,8 @@
 -- ARGV[3]  fence            "0" for an attempt: the counter is counted on
 --                           and its new value stored with the lock; for a
 --                           repair, the lease's fence, stored with the lock
---                           and raised into the counter (max)
+--                           and raised into the counter (max); refused
+--                           when the counter is beyond it
 -- ARGV[4]  owner            who takes the lock, stored with it
 -- ARGV[5]  fence retention  milliseconds the counter is kept
 -- ARGV[6]  line id          "" for none; on the line's node (the quorum's
@@ -37,11 +50,13 @@
 --
 -- Returns
 --   {1, fence, time}  the lock is ours (taken now, or already: a resent
---                     request), with the fence stored with it here and
+--                     request, which never shortens its expiry), with the fence stored with it here and
 --                     this node's TIME in microseconds, both decimal
 --                     strings (Lua numbers are doubles); the time dates the
 --                     grant for diagnostics (the chaos suite's checker)
 --   {0, pttl, owner}  another token holds it (owner as it stored it)
+--   {0, -2, ''}       a repair, refused: the lock is free here, but this
+--                     node's counter is beyond the lease's fence
 --   {0, pttl, owner, ahead}
 --                     the same, with a line id: the attempt's call is in
 --                     line, with this many entries ahead of it
@@ -72,7 +87,12 @@ if held then
 		end
 		return {0, redis.call('PTTL', KEYS[1]), ownerOf(held)}
 	end
-	redis.call('PEXPIRE', KEYS[1], ARGV[2])
+	-- Already ours (a resent or late request): only ever lengthened, as
+	-- an Extend may have reached this node first.
+	local pttl = redis.call('PTTL', KEYS[1])
+	if pttl >= 0 and pttl < tonumber(ARGV[2]) then
+		redis.call('PEXPIRE', KEYS[1], ARGV[2])
+	end
 	return {1, string.match(held, '^%S+ (%S+)'), (clock())}
 end
 
@@ -93,6 +113,9 @@ if fence == '0' then
 	end
 else
 	local c = redis.call('GET', KEYS[3])
+	if c and below(fence, c) then
+		return {0, -2, ''} -- a newer grant happened here
+	end
 	if not c or below(c, fence) then
 		redis.call('SET', KEYS[3], fence, 'PX', ARGV[5])
 	end
