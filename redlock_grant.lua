@@ -50,8 +50,9 @@
 --
 -- Returns
 --   {1, fence, time}  the lock is ours (taken now, or already: a resent
---                     request, which never shortens its expiry), with the fence stored with it here and
---                     this node's TIME in microseconds, both decimal
+--                     request, which never shortens its expiry), with the
+--                     fence stored with it here and this node's TIME in
+--                     microseconds, both decimal
 --                     strings (Lua numbers are doubles); the time dates the
 --                     grant for diagnostics (the chaos suite's checker)
 --   {0, pttl, owner}  another token holds it (owner as it stored it)
@@ -87,12 +88,7 @@ if held then
 		end
 		return {0, redis.call('PTTL', KEYS[1]), ownerOf(held)}
 	end
-	-- Already ours (a resent or late request): only ever lengthened, as
-	-- an Extend may have reached this node first.
-	local pttl = redis.call('PTTL', KEYS[1])
-	if pttl >= 0 and pttl < tonumber(ARGV[2]) then
-		redis.call('PEXPIRE', KEYS[1], ARGV[2])
-	end
+	keepFor(KEYS[1], ARGV[2]) -- already ours: a resent or late request
 	return {1, string.match(held, '^%S+ (%S+)'), (clock())}
 end
 
