@@ -1210,7 +1210,7 @@ func TestFairGiveBackWakesWaiters(t *testing.T) {
 	plain := acquireInBackground(t, e.near, name, WithWait(time.Minute))
 	require.Eventually(t, func() bool { return shardSubscribers(t, e.srv, "lock:{"+name+"}") == 2 },
 		10*time.Second, time.Millisecond, "both waiters subscribed")
-	time.Sleep(100 * time.Millisecond) // the plain waiter's confirmation attempt found the lock held
+	time.Sleep(100 * time.Millisecond)      // the plain waiter's confirmation attempt found the lock held
 	require.NoError(t, holder.Release(ctx)) // granted to the fair waiter
 	cancel()
 	<-fair
