@@ -12,7 +12,8 @@ type aclRule struct {
 	needs string   // what fails without it
 	sev   Severity // of Check's finding without it
 	// try is the command with which Check tries the rule, {key} and
-	// {channel} standing for a test lock's; "" when Check's test lock,
+	// {channel} standing for a test lock's and {db} for the client's
+	// database; "" when Check's test lock,
 	// subscription or server checks try it. creates: try makes its key if
 	// there is none.
 	try     string
@@ -26,6 +27,7 @@ type aclRule struct {
 const (
 	onlyReplicas = "Options.Replicas"
 	onlyFsync    = "Options.ReplicaFsync"
+	onlyDB       = "a database other than 0" // Options.DB of a go-redis Client or Ring
 	onlyCluster  = "a Cluster client"
 )
 
@@ -69,18 +71,25 @@ var aclRules = []aclRule{
 	{rule: "+del", sev: SeverityCritical, needs: "the scripts", try: "DEL {key}"},
 	{rule: "+wait", only: onlyReplicas, sev: SeverityCritical, needs: "acknowledgements by replicas", try: "WAIT 0 0"},
 	{rule: "+waitaof", only: onlyFsync, sev: SeverityCritical, needs: "acknowledgements by replicas", try: "WAITAOF 0 0 0"},
+	// go-redis selects the database when it sets up a connection: without
+	// +select every command fails.
+	{rule: "+select", only: onlyDB, sev: SeverityCritical, needs: "go-redis's connections to the database", try: "SELECT {db}"},
 	{rule: "+cluster|slots", only: onlyCluster, sev: SeverityCritical, needs: "go-redis finding the cluster's slots"},
 }
 
 // aclAdvice is the NOPERM advice: every rule, those needed always first,
 // then in parentheses those for Redis 6 and those needed only with an
-// option or a kind of client.
+// option or a kind of client, one "with" for each condition.
 func aclAdvice() string {
-	var always, redis6, only []string
+	var always, redis6, conds []string
+	only := map[string][]string{}
 	for _, r := range aclRules {
 		switch {
 		case r.only != "":
-			only = append(only, "with "+r.only+" "+r.rule)
+			if only[r.only] == nil {
+				conds = append(conds, r.only)
+			}
+			only[r.only] = append(only[r.only], r.rule)
 		default:
 			always = append(always, r.rule)
 		}
@@ -88,6 +97,10 @@ func aclAdvice() string {
 			redis6 = append(redis6, r.redis6+" for "+r.rule)
 		}
 	}
+	var with []string
+	for _, c := range conds {
+		with = append(with, "with "+c+" "+strings.Join(only[c], " "))
+	}
 	return "the ACL user needs " + strings.Join(always, " ") +
-		" (Redis 6: " + strings.Join(redis6, ", ") + "; " + strings.Join(only, ", ") + ")"
+		" (Redis 6: " + strings.Join(redis6, ", ") + "; " + strings.Join(with, ", ") + ")"
 }

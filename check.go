@@ -309,7 +309,9 @@ func (c *checker) permissions(ctx context.Context, d *deployment, node string) {
 	lease := c.l.newLease(name, time.Second)
 	defer c.cleanUp(ctx, d, lease)
 	channel := d.channel(lease.keys[keyLock])
-	c.tryRules(ctx, d, node, lease.keys[keyLock]+":acl", channel)
+	if !c.tryRules(ctx, d, node, lease.keys[keyLock]+":acl", channel) {
+		return
+	}
 	a := d.acquire(ctx, lease)
 	var replicas *replicaError
 	switch {
@@ -387,12 +389,23 @@ func (c *checker) cleanUp(ctx context.Context, d *deployment, lease *Lease) {
 
 // tryRules sends the command of each of aclRules that has one, on key
 // and channel, and reports those the ACL refuses (NOPERM): other errors
-// (a key of another type, say) come after the ACL's verdict.
-func (c *checker) tryRules(ctx context.Context, d *deployment, node, key, channel string) {
+// (a key of another type, say) come after the ACL's verdict. It reports
+// false when the client's connections cannot be set up, which refuses
+// every command: nothing else is worth trying.
+func (c *checker) tryRules(ctx context.Context, d *deployment, node, key, channel string) bool {
 	o := &c.l.opts
+	db := clientDB(d.base)
+	for _, r := range aclRules {
+		// go-redis selects the database as it sets up a connection.
+		if r.only == onlyDB && db != 0 {
+			if err := d.client.Do(ctx, tryArgs(r.try, key, channel, db)...).Err(); c.refused(node, r.try, err) {
+				return false
+			}
+		}
+	}
 	keySet := false // SET made the test key, with a TTL: the writes after it fail on its type
 	for _, r := range aclRules {
-		if r.only == onlyReplicas && o.Replicas == 0 || r.only == onlyFsync && !o.ReplicaFsync {
+		if r.only == onlyReplicas && o.Replicas == 0 || r.only == onlyFsync && !o.ReplicaFsync || r.only == onlyDB {
 			continue
 		}
 		if r.only == onlyCluster {
@@ -408,13 +421,13 @@ func (c *checker) tryRules(ctx context.Context, d *deployment, node, key, channe
 		if try == "" || r.creates && !keySet { // without the key, try would make one with no TTL
 			continue
 		}
-		err := d.client.Do(ctx, tryArgs(try, key, channel)...).Err()
+		err := d.client.Do(ctx, tryArgs(try, key, channel, db)...).Err()
 		if r.rule == "+set" {
 			keySet = err == nil
 		}
 		if err != nil && r.try6 != "" && isUnknownCommand(err) {
 			try = r.try6
-			err = d.client.Do(ctx, tryArgs(try, key, channel)...).Err()
+			err = d.client.Do(ctx, tryArgs(try, key, channel, db)...).Err()
 		}
 		c.refused(node, try, err)
 	}
@@ -429,13 +442,14 @@ func (c *checker) tryRules(ctx context.Context, d *deployment, node, key, channe
 		}
 	}
 	c.refused(node, "MULTI, GET, EXEC", err)
+	return true
 }
 
 // refused reports err of the command named by what when it is the ACL's
-// refusal, with the rule that would permit it.
-func (c *checker) refused(node, what string, err error) {
+// refusal, with the rule that would permit it, and whether it was.
+func (c *checker) refused(node, what string, err error) bool {
 	if err == nil || !strings.Contains(err.Error(), "NOPERM") { // EXEC: "EXECABORT ... because of: NOPERM ..."
-		return
+		return false
 	}
 	f := Finding{Severity: SeverityWarning, Check: "permissions", Node: node,
 		Seen: what + " refused: " + oneLine(err.Error()),
@@ -448,16 +462,31 @@ func (c *checker) refused(node, what string, err error) {
 		}
 	}
 	c.add(f)
+	return true
 }
 
-// tryArgs splits a command of aclRules into arguments, with key and
-// channel in place of {key} and {channel}.
-func tryArgs(try, key, channel string) []any {
+// tryArgs splits a command of aclRules into arguments, with key, channel
+// and db in place of {key}, {channel} and {db}.
+func tryArgs(try, key, channel string, db int) []any {
 	var args []any
+	r := strings.NewReplacer("{key}", key, "{channel}", channel, "{db}", strconv.Itoa(db))
 	for _, a := range strings.Fields(try) {
-		args = append(args, strings.NewReplacer("{key}", key, "{channel}", channel).Replace(a))
+		args = append(args, r.Replace(a))
 	}
 	return args
+}
+
+// clientDB returns the database the client's connections select (go-redis
+// sends SELECT when they are set up): Options.DB of a Client or Ring, 0 for
+// a Cluster, which has only database 0.
+func clientDB(c redis.UniversalClient) int {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().DB
+	case *redis.Ring:
+		return c.Options().DB
+	}
+	return 0
 }
 
 // independence reports Redlock nodes that are one server, or replicas of
