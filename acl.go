@@ -74,7 +74,14 @@ var aclRules = []aclRule{
 	// go-redis selects the database when it sets up a connection: without
 	// +select every command fails.
 	{rule: "+select", only: onlyDB, sev: SeverityCritical, needs: "go-redis's connections to the database", try: "SELECT {db}"},
-	{rule: "+cluster|slots", only: onlyCluster, sev: SeverityCritical, needs: "go-redis finding the cluster's slots"},
+	// What go-redis's ClusterClient sends of its own. Check tries these on
+	// every master; try is followed by PING on its connection, which spends
+	// the flag ASKING sets for the next command.
+	{rule: "+cluster|slots", only: onlyCluster, sev: SeverityCritical, needs: "go-redis finding the cluster's slots", try: "CLUSTER SLOTS"},
+	{rule: "+asking", only: onlyCluster, sev: SeverityCritical,
+		needs: "go-redis following ASK while a slot migrates (the lock fails as misconfigured instead of retrying)", try: "ASKING"},
+	{rule: "+command", only: onlyCluster, sev: SeverityWarning,
+		needs: "go-redis's command info (it logs the refusal at nearly every command, and routes without it)", try: "COMMAND COUNT"},
 }
 
 // aclAdvice is the NOPERM advice: every rule, those needed always first,

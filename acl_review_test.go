@@ -1,6 +1,7 @@
 package fencelock
 
 import (
+	"context"
 	"regexp"
 	"strings"
 	"testing"
@@ -87,4 +88,78 @@ func toAny(ss []string) []any {
 		out[i] = s
 	}
 	return out
+}
+
+// clusterUser creates the ACL user with rules on every master of c and
+// returns a cluster client logged in as that user.
+func clusterUser(t *testing.T, c *redistest.Cluster, user string, rules []string) *redis.ClusterClient {
+	t.Helper()
+	for _, m := range c.Masters {
+		_, err := m.Do(append([]any{"ACL", "SETUSER", user, "reset", "on", ">pw"}, toAny(rules)...)...)
+		require.NoError(t, err)
+	}
+	return c.Client(&redis.ClusterOptions{Username: user, Password: "pw"})
+}
+
+func without(rules []string, rule string) []string {
+	var out []string
+	for _, r := range rules {
+		if r != rule {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// TestACLAdviceOnACluster: a user made from the advice, with what it says
+// a Cluster client needs, takes a lock while its slot migrates (go-redis
+// answers ASK with ASKING) and is not refused COMMAND (go-redis's command
+// info); Check finds nothing to grant it, and names ASKING and COMMAND
+// for a user without them.
+func TestACLAdviceOnACluster(t *testing.T) {
+	t.Parallel()
+	c := redistest.StartClusterN(t, 3, 0)
+	rules := adviceRulesWith(t, "lock:", onlyCluster)
+	require.Subset(t, rules, []string{"+cluster|slots", "+asking", "+command"})
+	client := clusterUser(t, c, "app", rules)
+	l := checkLocker(t, client, nil)
+	assert.Empty(t, findings(t, l)["permissions"], "Check as the advice's user")
+
+	for _, rule := range []string{"+asking", "+command"} {
+		by := findings(t, checkLocker(t, clusterUser(t, c, "no"+rule[1:], without(rules, rule)), nil))
+		var fixes []string
+		for _, f := range by["permissions"] {
+			fixes = append(fixes, f.Fix)
+		}
+		assert.Contains(t, fixes, "grant the ACL user "+rule, "Check as a user without %s", rule)
+	}
+
+	// The lock's slot migrating to another master: its keys are on neither,
+	// so the source answers ASK.
+	name := uniqueName(t)
+	admin := c.Client(nil)
+	slot := int(admin.ClusterKeySlot(ctx, "lock:{"+name+"}").Val())
+	from := c.MasterOf(slot)
+	to := c.Masters[0]
+	if to == from {
+		to = c.Masters[1]
+	}
+	_, err := to.Do("CLUSTER", "SETSLOT", slot, "IMPORTING", c.NodeID(from))
+	require.NoError(t, err)
+	_, err = from.Do("CLUSTER", "SETSLOT", slot, "MIGRATING", c.NodeID(to))
+	require.NoError(t, err)
+	actx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	held, err := l.Acquire(actx, name)
+	cancel()
+	if err != nil { // TRYAGAIN: the script's keys are not all on the importing node
+		t.Logf("Acquire during the migration: %v", err)
+		assert.NotErrorIs(t, err, ErrMisconfigured)
+		assert.NotContains(t, err.Error(), "NOPERM")
+	} else {
+		require.NoError(t, held.Release(ctx))
+	}
+	c.MigrateSlot(slot, to)
+	held, err = l.Acquire(ctx, name)
+	require.NoError(t, err, "Acquire after the migration")
+	require.NoError(t, held.Release(ctx))
 }

@@ -409,11 +409,8 @@ func (c *checker) tryRules(ctx context.Context, d *deployment, node, key, channe
 			continue
 		}
 		if r.only == onlyCluster {
-			if cl, ok := d.base.(*redis.ClusterClient); ok {
-				// go-redis finds the slots with CLUSTER SLOTS (its
-				// ClusterSlots method is deprecated for our use: try the
-				// command go-redis sends).
-				c.refused(node, "CLUSTER SLOTS", cl.Do(ctx, "cluster", "slots").Err())
+			if cl, ok := d.base.(*redis.ClusterClient); ok && r.try != "" {
+				c.refused(node, r.try, tryOnMaster(ctx, cl, key, tryArgs(r.try, key, channel, db)))
 			}
 			continue
 		}
@@ -445,6 +442,24 @@ func (c *checker) tryRules(ctx context.Context, d *deployment, node, key, channe
 	return true
 }
 
+// tryOnMaster sends args, then PING, on one connection to the master that
+// serves key, and returns the error of args: what go-redis's ClusterClient
+// sends of its own (ASKING, say, whose flag would otherwise hold for the
+// connection's next command, a lock's).
+func tryOnMaster(ctx context.Context, cl *redis.ClusterClient, key string, args []any) error {
+	m, err := cl.MasterForKey(ctx, key)
+	if err != nil {
+		return err
+	}
+	var cmd *redis.Cmd
+	_, _ = m.Pipelined(ctx, func(p redis.Pipeliner) error {
+		cmd = p.Do(ctx, args...)
+		p.Ping(ctx)
+		return nil
+	})
+	return cmd.Err()
+}
+
 // refused reports err of the command named by what when it is the ACL's
 // refusal, with the rule that would permit it, and whether it was.
 func (c *checker) refused(node, what string, err error) bool {
@@ -456,7 +471,9 @@ func (c *checker) refused(node, what string, err error) bool {
 		Fix:  "grant the ACL user " + strings.ReplaceAll(aclAdvice(), "<KeyPrefix>", c.l.opts.KeyPrefix)}
 	for _, r := range aclRules {
 		for _, rule := range []string{r.rule, r.redis6} {
-			if rule != "" && strings.Contains(err.Error(), "'"+strings.TrimPrefix(rule, "+")+"'") {
+			name := "'" + strings.TrimPrefix(rule, "+")
+			// A subcommand's refusal names it: 'command|count' for +command.
+			if rule != "" && (strings.Contains(err.Error(), name+"'") || strings.Contains(err.Error(), name+"|")) {
 				f.Severity, f.Means, f.Fix = r.sev, r.needs+" fail without "+rule, "grant the ACL user "+rule
 			}
 		}
