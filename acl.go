@@ -7,7 +7,7 @@ import "strings"
 // Check tries each. A test reads the scripts for their commands and fails
 // on a command missing here.
 type aclRule struct {
-	rule  string   // as ACL SETUSER takes it; <KeyPrefix> is Options.KeyPrefix
+	rule  string   // as ACL SETUSER takes it; <KeyPrefix> is aclGlob(Options.KeyPrefix)
 	only  string   // "": always needed; else with what (see aclOnly)
 	needs string   // what fails without it
 	sev   Severity // of Check's finding without it
@@ -86,8 +86,34 @@ var aclRules = []aclRule{
 
 // aclAdvice is the NOPERM advice: every rule, those needed always first,
 // then in parentheses those for Redis 6 and those needed only with an
-// option or a kind of client, one "with" for each condition.
+// option or a kind of client, one "with" for each condition; then how
+// to write <KeyPrefix>.
 func aclAdvice() string {
+	return aclRulesText() + "; <KeyPrefix> is Options.KeyPrefix with a backslash before each * ? [ ] or \\ in it"
+}
+
+// aclAdviceFor is the advice for Options.KeyPrefix prefix.
+func aclAdviceFor(prefix string) string {
+	return strings.ReplaceAll(aclRulesText(), "<KeyPrefix>", aclGlob(prefix))
+}
+
+// aclGlob escapes the glob characters of prefix (* ? [ ] \), which Redis
+// reads in a key or channel pattern, with a backslash: the pattern
+// aclGlob(prefix)+"*" matches the keys that begin with prefix, and only
+// those.
+func aclGlob(prefix string) string {
+	var b strings.Builder
+	for _, r := range prefix {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// aclRulesText lists the rules, with <KeyPrefix>.
+func aclRulesText() string {
 	var always, redis6, conds []string
 	only := map[string][]string{}
 	for _, r := range aclRules {

@@ -163,3 +163,73 @@ func TestACLAdviceOnACluster(t *testing.T) {
 	require.NoError(t, err, "Acquire after the migration")
 	require.NoError(t, held.Release(ctx))
 }
+
+// TestACLAdviceEscapesKeyPrefix: a KeyPrefix with glob characters is
+// escaped in the key and channel patterns of Check's fixes, which a user
+// can be made from.
+func TestACLAdviceEscapesKeyPrefix(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	const prefix = "svc[1]:"
+	opts := &Options{KeyPrefix: prefix, MinRetryBackoff: patient.MinRetryBackoff, MaxRetryBackoff: patient.MaxRetryBackoff}
+
+	// A user with every command and no key or channel: Check's fix for the
+	// refused keys is the whole advice, for this KeyPrefix.
+	_, err := srv.Do("ACL", "SETUSER", "nokeys", "reset", "on", ">pw", "+@all")
+	require.NoError(t, err)
+	var fix string
+	for _, f := range findings(t, checkLocker(t, srv.Client(&redis.Options{Username: "nokeys", Password: "pw"}), opts))["permissions"] {
+		if strings.Contains(f.Seen, "SET {key}") {
+			fix = f.Fix
+		}
+	}
+	require.NotEmpty(t, fix, "Check reports the refused keys")
+	fix = regexp.MustCompile(`\([^)]*\)`).ReplaceAllString(fix, "")
+	var rules []any
+	for _, f := range strings.Fields(fix) {
+		if strings.ContainsAny(f[:1], "+-~&") {
+			rules = append(rules, f)
+		}
+	}
+	assert.Contains(t, rules, `~svc\[1\]:*`)
+	assert.Contains(t, rules, `&svc\[1\]:*`)
+	_, err = srv.Do(append([]any{"ACL", "SETUSER", "app", "reset", "on", ">pw"}, rules...)...)
+	require.NoError(t, err)
+
+	l := checkLocker(t, srv.Client(&redis.Options{Username: "app", Password: "pw"}), opts)
+	name := uniqueName(t)
+	held, err := l.Acquire(ctx, name)
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(held.Key(), prefix), held.Key())
+	got := acquireInBackground(t, l, name, WithWait(time.Minute))
+	requireWaiting(t, srv, held.Key())
+	released := time.Now()
+	require.NoError(t, held.Release(ctx))
+	next := requireAcquired(t, got, 5*time.Second, "woken by the release").lease
+	assert.Less(t, time.Since(released), 3*time.Second, "woken by the release, not by polling")
+	require.NoError(t, next.Release(ctx))
+	assert.Empty(t, findings(t, l)["permissions"], "Check as the user made from the fix")
+
+	// The channel fixes escape it too.
+	_, err = srv.Do("ACL", "SETUSER", "nochannels", "reset", "on", ">pw", "+@all", `~svc\[1\]:*`)
+	require.NoError(t, err)
+	fs := findings(t, checkLocker(t, srv.Client(&redis.Options{Username: "nochannels", Password: "pw"}), opts))["permissions"]
+	require.Len(t, fs, 2, "publish and subscribe")
+	for _, f := range fs {
+		assert.True(t, strings.HasSuffix(f.Fix, `: &svc\[1\]:*`), f.Fix)
+	}
+}
+
+func TestACLGlobEscape(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"lock:":    "lock:",
+		"svc[1]:":  `svc\[1\]:`,
+		"a*b?c":    `a\*b\?c`,
+		`back\sl`:  `back\\sl`,
+		"":         "",
+		"{tag}:x-": "{tag}:x-",
+	} {
+		assert.Equal(t, want, aclGlob(in), "%q", in)
+	}
+}

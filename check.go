@@ -337,7 +337,7 @@ func (c *checker) permissions(ctx context.Context, d *deployment, node string) {
 			c.add(Finding{Severity: SeverityWarning, Check: "permissions", Node: node,
 				Seen:  "a release could not publish its wake-up: " + oneLine(perr.Error()),
 				Means: "waiters are not woken by releases: they poll (backoff, the holder's TTL)",
-				Fix:   "let the ACL user publish on the lock channels: &" + c.l.opts.KeyPrefix + "*"})
+				Fix:   "let the ACL user publish on the lock channels: &" + aclGlob(c.l.opts.KeyPrefix) + "*"})
 		}
 	}
 	// Subscribing, as waiters do.
@@ -355,7 +355,7 @@ func (c *checker) permissions(ctx context.Context, d *deployment, node string) {
 		c.add(Finding{Severity: SeverityWarning, Check: "permissions", Node: node,
 			Seen:  "subscribing to a lock channel failed: " + oneLine(err.Error()),
 			Means: "waiters are not woken by releases: they poll (backoff, the holder's TTL)",
-			Fix:   "let the ACL user subscribe to the lock channels: &" + c.l.opts.KeyPrefix + "*"})
+			Fix:   "let the ACL user subscribe to the lock channels: &" + aclGlob(c.l.opts.KeyPrefix) + "*"})
 		return
 	}
 	if err != nil {
@@ -468,7 +468,7 @@ func (c *checker) refused(node, what string, err error) bool {
 	}
 	f := Finding{Severity: SeverityWarning, Check: "permissions", Node: node,
 		Seen: what + " refused: " + oneLine(err.Error()),
-		Fix:  "grant the ACL user " + strings.ReplaceAll(aclAdvice(), "<KeyPrefix>", c.l.opts.KeyPrefix)}
+		Fix:  "grant the ACL user " + aclAdviceFor(c.l.opts.KeyPrefix)}
 	for _, r := range aclRules {
 		for _, rule := range []string{r.rule, r.redis6} {
 			name := "'" + strings.TrimPrefix(rule, "+")
