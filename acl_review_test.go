@@ -233,3 +233,30 @@ func TestACLGlobEscape(t *testing.T) {
 		assert.Equal(t, want, aclGlob(in), "%q", in)
 	}
 }
+
+// TestCheckClusterPermissionsOnEveryMaster: ACLs are each node's own. A
+// master whose user lacks a rule is named, on every run, whichever master
+// Check's first test key falls on; the others are not.
+func TestCheckClusterPermissionsOnEveryMaster(t *testing.T) {
+	t.Parallel()
+	c := redistest.StartClusterN(t, 3, 0)
+	rules := adviceRulesWith(t, "lock:", onlyCluster)
+	client := clusterUser(t, c, "app", rules)
+	weak := c.Masters[2]
+	_, err := weak.Do(append([]any{"ACL", "SETUSER", "app", "reset", "on", ">pw"}, toAny(without(without(rules, "+hget"), "+time"))...)...)
+	require.NoError(t, err)
+
+	for range 3 { // a test key on the weak master by chance would not do
+		fs := findings(t, checkLocker(t, client, nil))["permissions"]
+		seen := map[string]bool{}
+		for _, f := range fs {
+			assert.Equal(t, weak.Addr, f.Node, "only the weak master is refused: %s", f)
+			seen[strings.Fields(f.Seen)[0]] = true
+		}
+		assert.True(t, seen["HGET"], "HGET refused on the weak master")
+		assert.True(t, seen["TIME"], "TIME refused on the weak master")
+	}
+	keys, err := c.Client(nil).DBSize(ctx).Result()
+	require.NoError(t, err)
+	assert.Zero(t, keys, "Check leaves no key on any master")
+}

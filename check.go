@@ -60,8 +60,11 @@ func (f Finding) String() string {
 // Check inspects the deployment (every node of a Redlock, master of a Cluster,
 // shard of a Ring) for what weakens the lock, most severe first (docs/operating.md,
 // "A deployment check"), trying each command the library sends on a lock
-// "fencelock-check:<random>" whose keys it deletes. It returns an error only for a
-// zero Locker (ErrInvalid), or when ctx ends (its error, with the findings).
+// "fencelock-check:<random>" whose keys it deletes. ACLs are each server's own:
+// on a Cluster it tries them on every master, with a lock in a slot the master
+// serves; on a Ring, on the shard of its one test lock only. It returns an error
+// only for a zero Locker (ErrInvalid), or when ctx ends (its error, with the
+// findings).
 func (l *Locker) Check(ctx context.Context) ([]Finding, error) {
 	if err := l.usable(); err != nil {
 		return nil, err
@@ -116,9 +119,48 @@ func (c *checker) deployment(ctx context.Context, d *deployment, node string) {
 		}
 		c.server(ctx, d, s, name)
 	}
-	if c.roundTrip(ctx, d, node) { // unreachable: reported by the server checks, and nothing to try
-		c.permissions(ctx, d, node)
+	if !c.roundTrip(ctx, d, node) { // unreachable: reported by the server checks, and nothing to try
+		return
 	}
+	base := "fencelock-check:" + c.l.newLease("x", time.Second).token
+	cl, ok := d.base.(*redis.ClusterClient)
+	if !ok {
+		c.permissions(ctx, d, nil, node, base)
+		return
+	}
+	// ACLs are each node's own: try them on every master, each with a test
+	// lock in one of its slots.
+	for _, m := range servers {
+		where := m.Options().Addr
+		if node != "" {
+			where = node + " (" + where + ")"
+		}
+		if name, ok := c.nameOn(ctx, cl, m, base); ok {
+			c.permissions(ctx, d, m, where, name)
+		} else {
+			c.add(Finding{Severity: SeverityInfo, Check: "permissions", Node: where,
+				Seen:  "no test lock name found whose keys the master serves",
+				Means: "Check did not try the ACL there (with a hash tag in KeyPrefix, no lock is there either)"})
+		}
+	}
+}
+
+// nameOn returns the name of a test lock, base with a suffix, whose keys
+// the Cluster's master m serves, as the client sees the slots.
+func (c *checker) nameOn(ctx context.Context, cl *redis.ClusterClient, m *redis.Client, base string) (string, bool) {
+	addr := m.Options().Addr
+	for i := range 1 << 16 { // a master with one slot of 16384 is found 98 times in 100
+		name := base + ":" + strconv.Itoa(i)
+		key, _ := c.l.keys(name)
+		s, err := cl.MasterForKey(ctx, key)
+		if err != nil {
+			return "", false
+		}
+		if s.Options().Addr == addr {
+			return name, true
+		}
+	}
+	return "", false
 }
 
 // serversOf returns a client for each server that holds locks: the masters
@@ -302,14 +344,15 @@ func (c *checker) roundTrip(ctx context.Context, d *deployment, node string) boo
 }
 
 // permissions tries each command of aclRules on a test key, takes and
-// releases a lock, and publishes and subscribes on its channel, as the
-// library does.
-func (c *checker) permissions(ctx context.Context, d *deployment, node string) {
-	name := "fencelock-check:" + c.l.newLease("x", time.Second).token
+// releases the test lock name, and publishes and subscribes on its
+// channel, as the library does. On a Cluster, master is the master that
+// serves name's keys, which the commands without a key are sent to;
+// otherwise nil.
+func (c *checker) permissions(ctx context.Context, d *deployment, master *redis.Client, node, name string) {
 	lease := c.l.newLease(name, time.Second)
 	defer c.cleanUp(ctx, d, lease)
 	channel := d.channel(lease.keys[keyLock])
-	if !c.tryRules(ctx, d, node, lease.keys[keyLock]+":acl", channel) {
+	if !c.tryRules(ctx, d, master, node, lease.keys[keyLock]+":acl", channel) {
 		return
 	}
 	a := d.acquire(ctx, lease)
@@ -389,16 +432,22 @@ func (c *checker) cleanUp(ctx context.Context, d *deployment, lease *Lease) {
 
 // tryRules sends the command of each of aclRules that has one, on key
 // and channel, and reports those the ACL refuses (NOPERM): other errors
-// (a key of another type, say) come after the ACL's verdict. It reports
-// false when the client's connections cannot be set up, which refuses
-// every command: nothing else is worth trying.
-func (c *checker) tryRules(ctx context.Context, d *deployment, node, key, channel string) bool {
+// (a key of another type, say) come after the ACL's verdict. It sends
+// them through d's client, or to master, a Cluster's master that serves
+// key, when not nil. It reports false when the client's connections
+// cannot be set up, which refuses every command: nothing else is worth
+// trying.
+func (c *checker) tryRules(ctx context.Context, d *deployment, master *redis.Client, node, key, channel string) bool {
 	o := &c.l.opts
 	db := clientDB(d.base)
+	via := d.client
+	if master != nil {
+		via = master
+	}
 	for _, r := range aclRules {
 		// go-redis selects the database as it sets up a connection.
 		if r.only == onlyDB && db != 0 {
-			if err := d.client.Do(ctx, tryArgs(r.try, key, channel, db)...).Err(); c.refused(node, r.try, err) {
+			if err := via.Do(ctx, tryArgs(r.try, key, channel, db)...).Err(); c.refused(node, r.try, err) {
 				return false
 			}
 		}
@@ -409,8 +458,8 @@ func (c *checker) tryRules(ctx context.Context, d *deployment, node, key, channe
 			continue
 		}
 		if r.only == onlyCluster {
-			if cl, ok := d.base.(*redis.ClusterClient); ok && r.try != "" {
-				c.refused(node, r.try, tryOnMaster(ctx, cl, key, tryArgs(r.try, key, channel, db)))
+			if master != nil && r.try != "" {
+				c.refused(node, r.try, tryThenPing(ctx, master, tryArgs(r.try, key, channel, db)))
 			}
 			continue
 		}
@@ -418,18 +467,18 @@ func (c *checker) tryRules(ctx context.Context, d *deployment, node, key, channe
 		if try == "" || r.creates && !keySet { // without the key, try would make one with no TTL
 			continue
 		}
-		err := d.client.Do(ctx, tryArgs(try, key, channel, db)...).Err()
+		err := via.Do(ctx, tryArgs(try, key, channel, db)...).Err()
 		if r.rule == "+set" {
 			keySet = err == nil
 		}
 		if err != nil && r.try6 != "" && isUnknownCommand(err) {
 			try = r.try6
-			err = d.client.Do(ctx, tryArgs(try, key, channel, db)...).Err()
+			err = via.Do(ctx, tryArgs(try, key, channel, db)...).Err()
 		}
 		c.refused(node, try, err)
 	}
 	// The fencelock command reads a lock in a transaction.
-	cmds, err := d.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	cmds, err := via.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.Get(ctx, key)
 		return nil
 	})
@@ -442,15 +491,11 @@ func (c *checker) tryRules(ctx context.Context, d *deployment, node, key, channe
 	return true
 }
 
-// tryOnMaster sends args, then PING, on one connection to the master that
-// serves key, and returns the error of args: what go-redis's ClusterClient
+// tryThenPing sends args, then PING, on one connection to the Cluster's
+// master m, and returns the error of args: what go-redis's ClusterClient
 // sends of its own (ASKING, say, whose flag would otherwise hold for the
 // connection's next command, a lock's).
-func tryOnMaster(ctx context.Context, cl *redis.ClusterClient, key string, args []any) error {
-	m, err := cl.MasterForKey(ctx, key)
-	if err != nil {
-		return err
-	}
+func tryThenPing(ctx context.Context, m *redis.Client, args []any) error {
 	var cmd *redis.Cmd
 	_, _ = m.Pipelined(ctx, func(p redis.Pipeliner) error {
 		cmd = p.Do(ctx, args...)
