@@ -7,12 +7,13 @@ import "strings"
 // Check tries each. A test reads the scripts for their commands and fails
 // on a command missing here.
 type aclRule struct {
-	rule  string   // as ACL SETUSER takes it; <KeyPrefix> is Options.KeyPrefix
+	rule  string   // as ACL SETUSER takes it; <KeyPrefix> is aclGlob(Options.KeyPrefix)
 	only  string   // "": always needed; else with what (see aclOnly)
 	needs string   // what fails without it
 	sev   Severity // of Check's finding without it
 	// try is the command with which Check tries the rule, {key} and
-	// {channel} standing for a test lock's; "" when Check's test lock,
+	// {channel} standing for a test lock's and {db} for the client's
+	// database; "" when Check's test lock,
 	// subscription or server checks try it. creates: try makes its key if
 	// there is none.
 	try     string
@@ -26,6 +27,7 @@ type aclRule struct {
 const (
 	onlyReplicas = "Options.Replicas"
 	onlyFsync    = "Options.ReplicaFsync"
+	onlyDB       = "a database other than 0" // Options.DB of a go-redis Client or Ring
 	onlyCluster  = "a Cluster client"
 )
 
@@ -69,18 +71,58 @@ var aclRules = []aclRule{
 	{rule: "+del", sev: SeverityCritical, needs: "the scripts", try: "DEL {key}"},
 	{rule: "+wait", only: onlyReplicas, sev: SeverityCritical, needs: "acknowledgements by replicas", try: "WAIT 0 0"},
 	{rule: "+waitaof", only: onlyFsync, sev: SeverityCritical, needs: "acknowledgements by replicas", try: "WAITAOF 0 0 0"},
-	{rule: "+cluster|slots", only: onlyCluster, sev: SeverityCritical, needs: "go-redis finding the cluster's slots"},
+	// go-redis selects the database when it sets up a connection: without
+	// +select every command fails.
+	{rule: "+select", only: onlyDB, sev: SeverityCritical, needs: "go-redis's connections to the database", try: "SELECT {db}"},
+	// What go-redis's ClusterClient sends of its own. Check tries these on
+	// every master; try is followed by PING on its connection, which spends
+	// the flag ASKING sets for the next command.
+	{rule: "+cluster|slots", only: onlyCluster, sev: SeverityCritical, needs: "go-redis finding the cluster's slots", try: "CLUSTER SLOTS"},
+	{rule: "+asking", only: onlyCluster, sev: SeverityCritical,
+		needs: "go-redis following ASK while a slot migrates (the lock fails as misconfigured instead of retrying)", try: "ASKING"},
+	{rule: "+command", only: onlyCluster, sev: SeverityWarning,
+		needs: "go-redis's command info (it logs the refusal at nearly every command, and routes without it)", try: "COMMAND COUNT"},
 }
 
 // aclAdvice is the NOPERM advice: every rule, those needed always first,
 // then in parentheses those for Redis 6 and those needed only with an
-// option or a kind of client.
+// option or a kind of client, one "with" for each condition; then how
+// to write <KeyPrefix>.
 func aclAdvice() string {
-	var always, redis6, only []string
+	return aclRulesText() + "; <KeyPrefix> is Options.KeyPrefix with a backslash before each * ? [ ] or \\ in it"
+}
+
+// aclAdviceFor is the advice for Options.KeyPrefix prefix.
+func aclAdviceFor(prefix string) string {
+	return strings.ReplaceAll(aclRulesText(), "<KeyPrefix>", aclGlob(prefix))
+}
+
+// aclGlob escapes the glob characters of prefix (* ? [ ] \), which Redis
+// reads in a key or channel pattern, with a backslash: the pattern
+// aclGlob(prefix)+"*" matches the keys that begin with prefix, and only
+// those.
+func aclGlob(prefix string) string {
+	var b strings.Builder
+	for _, r := range prefix {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// aclRulesText lists the rules, with <KeyPrefix>.
+func aclRulesText() string {
+	var always, redis6, conds []string
+	only := map[string][]string{}
 	for _, r := range aclRules {
 		switch {
 		case r.only != "":
-			only = append(only, "with "+r.only+" "+r.rule)
+			if only[r.only] == nil {
+				conds = append(conds, r.only)
+			}
+			only[r.only] = append(only[r.only], r.rule)
 		default:
 			always = append(always, r.rule)
 		}
@@ -88,6 +130,10 @@ func aclAdvice() string {
 			redis6 = append(redis6, r.redis6+" for "+r.rule)
 		}
 	}
+	var with []string
+	for _, c := range conds {
+		with = append(with, "with "+c+" "+strings.Join(only[c], " "))
+	}
 	return "the ACL user needs " + strings.Join(always, " ") +
-		" (Redis 6: " + strings.Join(redis6, ", ") + "; " + strings.Join(only, ", ") + ")"
+		" (Redis 6: " + strings.Join(redis6, ", ") + "; " + strings.Join(with, ", ") + ")"
 }

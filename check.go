@@ -60,8 +60,11 @@ func (f Finding) String() string {
 // Check inspects the deployment (every node of a Redlock, master of a Cluster,
 // shard of a Ring) for what weakens the lock, most severe first (docs/operating.md,
 // "A deployment check"), trying each command the library sends on a lock
-// "fencelock-check:<random>" whose keys it deletes. It returns an error only for a
-// zero Locker (ErrInvalid), or when ctx ends (its error, with the findings).
+// "fencelock-check:<random>" whose keys it deletes. ACLs are each server's own:
+// on a Cluster it tries them on every master, with a lock in a slot the master
+// serves; on a Ring, on the shard of its one test lock only. It returns an error
+// only for a zero Locker (ErrInvalid), or when ctx ends (its error, with the
+// findings).
 func (l *Locker) Check(ctx context.Context) ([]Finding, error) {
 	if err := l.usable(); err != nil {
 		return nil, err
@@ -116,9 +119,48 @@ func (c *checker) deployment(ctx context.Context, d *deployment, node string) {
 		}
 		c.server(ctx, d, s, name)
 	}
-	if c.roundTrip(ctx, d, node) { // unreachable: reported by the server checks, and nothing to try
-		c.permissions(ctx, d, node)
+	if !c.roundTrip(ctx, d, node) { // unreachable: reported by the server checks, and nothing to try
+		return
 	}
+	base := "fencelock-check:" + c.l.newLease("x", time.Second).token
+	cl, ok := d.base.(*redis.ClusterClient)
+	if !ok {
+		c.permissions(ctx, d, nil, node, base)
+		return
+	}
+	// ACLs are each node's own: try them on every master, each with a test
+	// lock in one of its slots.
+	for _, m := range servers {
+		where := m.Options().Addr
+		if node != "" {
+			where = node + " (" + where + ")"
+		}
+		if name, ok := c.nameOn(ctx, cl, m, base); ok {
+			c.permissions(ctx, d, m, where, name)
+		} else {
+			c.add(Finding{Severity: SeverityInfo, Check: "permissions", Node: where,
+				Seen:  "no test lock name found whose keys the master serves",
+				Means: "Check did not try the ACL there (with a hash tag in KeyPrefix, no lock is there either)"})
+		}
+	}
+}
+
+// nameOn returns the name of a test lock, base with a suffix, whose keys
+// the Cluster's master m serves, as the client sees the slots.
+func (c *checker) nameOn(ctx context.Context, cl *redis.ClusterClient, m *redis.Client, base string) (string, bool) {
+	addr := m.Options().Addr
+	for i := range 1 << 16 { // a master with one slot of 16384 is found 98 times in 100
+		name := base + ":" + strconv.Itoa(i)
+		key, _ := c.l.keys(name)
+		s, err := cl.MasterForKey(ctx, key)
+		if err != nil {
+			return "", false
+		}
+		if s.Options().Addr == addr {
+			return name, true
+		}
+	}
+	return "", false
 }
 
 // serversOf returns a client for each server that holds locks: the masters
@@ -302,14 +344,17 @@ func (c *checker) roundTrip(ctx context.Context, d *deployment, node string) boo
 }
 
 // permissions tries each command of aclRules on a test key, takes and
-// releases a lock, and publishes and subscribes on its channel, as the
-// library does.
-func (c *checker) permissions(ctx context.Context, d *deployment, node string) {
-	name := "fencelock-check:" + c.l.newLease("x", time.Second).token
+// releases the test lock name, and publishes and subscribes on its
+// channel, as the library does. On a Cluster, master is the master that
+// serves name's keys, which the commands without a key are sent to;
+// otherwise nil.
+func (c *checker) permissions(ctx context.Context, d *deployment, master *redis.Client, node, name string) {
 	lease := c.l.newLease(name, time.Second)
 	defer c.cleanUp(ctx, d, lease)
 	channel := d.channel(lease.keys[keyLock])
-	c.tryRules(ctx, d, node, lease.keys[keyLock]+":acl", channel)
+	if !c.tryRules(ctx, d, master, node, lease.keys[keyLock]+":acl", channel) {
+		return
+	}
 	a := d.acquire(ctx, lease)
 	var replicas *replicaError
 	switch {
@@ -335,7 +380,7 @@ func (c *checker) permissions(ctx context.Context, d *deployment, node string) {
 			c.add(Finding{Severity: SeverityWarning, Check: "permissions", Node: node,
 				Seen:  "a release could not publish its wake-up: " + oneLine(perr.Error()),
 				Means: "waiters are not woken by releases: they poll (backoff, the holder's TTL)",
-				Fix:   "let the ACL user publish on the lock channels: &" + c.l.opts.KeyPrefix + "*"})
+				Fix:   "let the ACL user publish on the lock channels: &" + aclGlob(c.l.opts.KeyPrefix) + "*"})
 		}
 	}
 	// Subscribing, as waiters do.
@@ -353,7 +398,7 @@ func (c *checker) permissions(ctx context.Context, d *deployment, node string) {
 		c.add(Finding{Severity: SeverityWarning, Check: "permissions", Node: node,
 			Seen:  "subscribing to a lock channel failed: " + oneLine(err.Error()),
 			Means: "waiters are not woken by releases: they poll (backoff, the holder's TTL)",
-			Fix:   "let the ACL user subscribe to the lock channels: &" + c.l.opts.KeyPrefix + "*"})
+			Fix:   "let the ACL user subscribe to the lock channels: &" + aclGlob(c.l.opts.KeyPrefix) + "*"})
 		return
 	}
 	if err != nil {
@@ -387,20 +432,34 @@ func (c *checker) cleanUp(ctx context.Context, d *deployment, lease *Lease) {
 
 // tryRules sends the command of each of aclRules that has one, on key
 // and channel, and reports those the ACL refuses (NOPERM): other errors
-// (a key of another type, say) come after the ACL's verdict.
-func (c *checker) tryRules(ctx context.Context, d *deployment, node, key, channel string) {
+// (a key of another type, say) come after the ACL's verdict. It sends
+// them through d's client, or to master, a Cluster's master that serves
+// key, when not nil. It reports false when the client's connections
+// cannot be set up, which refuses every command: nothing else is worth
+// trying.
+func (c *checker) tryRules(ctx context.Context, d *deployment, master *redis.Client, node, key, channel string) bool {
 	o := &c.l.opts
+	db := clientDB(d.base)
+	via := d.client
+	if master != nil {
+		via = master
+	}
+	for _, r := range aclRules {
+		// go-redis selects the database as it sets up a connection.
+		if r.only == onlyDB && db != 0 {
+			if err := via.Do(ctx, tryArgs(r.try, key, channel, db)...).Err(); c.refused(node, r.try, err) {
+				return false
+			}
+		}
+	}
 	keySet := false // SET made the test key, with a TTL: the writes after it fail on its type
 	for _, r := range aclRules {
-		if r.only == onlyReplicas && o.Replicas == 0 || r.only == onlyFsync && !o.ReplicaFsync {
+		if r.only == onlyReplicas && o.Replicas == 0 || r.only == onlyFsync && !o.ReplicaFsync || r.only == onlyDB {
 			continue
 		}
 		if r.only == onlyCluster {
-			if cl, ok := d.base.(*redis.ClusterClient); ok {
-				// go-redis finds the slots with CLUSTER SLOTS (its
-				// ClusterSlots method is deprecated for our use: try the
-				// command go-redis sends).
-				c.refused(node, "CLUSTER SLOTS", cl.Do(ctx, "cluster", "slots").Err())
+			if master != nil && r.try != "" {
+				c.refused(node, r.try, tryThenPing(ctx, master, tryArgs(r.try, key, channel, db)))
 			}
 			continue
 		}
@@ -408,18 +467,18 @@ func (c *checker) tryRules(ctx context.Context, d *deployment, node, key, channe
 		if try == "" || r.creates && !keySet { // without the key, try would make one with no TTL
 			continue
 		}
-		err := d.client.Do(ctx, tryArgs(try, key, channel)...).Err()
+		err := via.Do(ctx, tryArgs(try, key, channel, db)...).Err()
 		if r.rule == "+set" {
 			keySet = err == nil
 		}
 		if err != nil && r.try6 != "" && isUnknownCommand(err) {
 			try = r.try6
-			err = d.client.Do(ctx, tryArgs(try, key, channel)...).Err()
+			err = via.Do(ctx, tryArgs(try, key, channel, db)...).Err()
 		}
 		c.refused(node, try, err)
 	}
 	// The fencelock command reads a lock in a transaction.
-	cmds, err := d.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	cmds, err := via.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.Get(ctx, key)
 		return nil
 	})
@@ -429,35 +488,67 @@ func (c *checker) tryRules(ctx context.Context, d *deployment, node, key, channe
 		}
 	}
 	c.refused(node, "MULTI, GET, EXEC", err)
+	return true
+}
+
+// tryThenPing sends args, then PING, on one connection to the Cluster's
+// master m, and returns the error of args: what go-redis's ClusterClient
+// sends of its own (ASKING, say, whose flag would otherwise hold for the
+// connection's next command, a lock's).
+func tryThenPing(ctx context.Context, m *redis.Client, args []any) error {
+	var cmd *redis.Cmd
+	_, _ = m.Pipelined(ctx, func(p redis.Pipeliner) error {
+		cmd = p.Do(ctx, args...)
+		p.Ping(ctx)
+		return nil
+	})
+	return cmd.Err()
 }
 
 // refused reports err of the command named by what when it is the ACL's
-// refusal, with the rule that would permit it.
-func (c *checker) refused(node, what string, err error) {
+// refusal, with the rule that would permit it, and whether it was.
+func (c *checker) refused(node, what string, err error) bool {
 	if err == nil || !strings.Contains(err.Error(), "NOPERM") { // EXEC: "EXECABORT ... because of: NOPERM ..."
-		return
+		return false
 	}
 	f := Finding{Severity: SeverityWarning, Check: "permissions", Node: node,
 		Seen: what + " refused: " + oneLine(err.Error()),
-		Fix:  "grant the ACL user " + strings.ReplaceAll(aclAdvice(), "<KeyPrefix>", c.l.opts.KeyPrefix)}
+		Fix:  "grant the ACL user " + aclAdviceFor(c.l.opts.KeyPrefix)}
 	for _, r := range aclRules {
 		for _, rule := range []string{r.rule, r.redis6} {
-			if rule != "" && strings.Contains(err.Error(), "'"+strings.TrimPrefix(rule, "+")+"'") {
+			name := "'" + strings.TrimPrefix(rule, "+")
+			// A subcommand's refusal names it: 'command|count' for +command.
+			if rule != "" && (strings.Contains(err.Error(), name+"'") || strings.Contains(err.Error(), name+"|")) {
 				f.Severity, f.Means, f.Fix = r.sev, r.needs+" fail without "+rule, "grant the ACL user "+rule
 			}
 		}
 	}
 	c.add(f)
+	return true
 }
 
-// tryArgs splits a command of aclRules into arguments, with key and
-// channel in place of {key} and {channel}.
-func tryArgs(try, key, channel string) []any {
+// tryArgs splits a command of aclRules into arguments, with key, channel
+// and db in place of {key}, {channel} and {db}.
+func tryArgs(try, key, channel string, db int) []any {
 	var args []any
+	r := strings.NewReplacer("{key}", key, "{channel}", channel, "{db}", strconv.Itoa(db))
 	for _, a := range strings.Fields(try) {
-		args = append(args, strings.NewReplacer("{key}", key, "{channel}", channel).Replace(a))
+		args = append(args, r.Replace(a))
 	}
 	return args
+}
+
+// clientDB returns the database the client's connections select (go-redis
+// sends SELECT when they are set up): Options.DB of a Client or Ring, 0 for
+// a Cluster, which has only database 0.
+func clientDB(c redis.UniversalClient) int {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().DB
+	case *redis.Ring:
+		return c.Options().DB
+	}
+	return 0
 }
 
 // independence reports Redlock nodes that are one server, or replicas of

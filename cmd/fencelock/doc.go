@@ -198,8 +198,8 @@
 // services' Options.TTL and Options.Replicas, which the round-trip and
 // replicas checks compare against; without --ttl, the report says that the
 // round trip was judged against the library's default TTL, 30s. It takes and releases a test lock,
-// "fencelock-check:<random>", and deletes its keys. It exits 1 when a
-// finding is critical.
+// "fencelock-check:<random>" (on a Cluster one on each master, whose ACL
+// is its own), and deletes its keys. It exits 1 when a finding is critical.
 //
 // # JSON
 //

@@ -20,8 +20,9 @@ settings that weaken the lock's guarantees, and says what each means and
 how to fix it, most severe first: a maxmemory-policy that evicts lock keys,
 persistence off, fewer replicas than --replicas, no sharded pub/sub, ACL
 permissions the lock needs, the round trip against the TTL's drift
-allowance. It takes and releases a test lock, "fencelock-check:<random>",
-and deletes its keys.
+allowance. It takes and releases a test lock, "fencelock-check:<random>"
+(on a Cluster one on each master, whose ACL is its own), and deletes its
+keys.
 
 It exits 1 when a finding is critical: the lock's guarantees do not hold
 there, or it cannot be taken at all.
