@@ -3,6 +3,7 @@ package fencelock
 import (
 	"context"
 	"net"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -59,4 +60,57 @@ func TestFailedAcquireOtherDialRefusedIsCleanedUp(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	pttl, _ := e.srv.Do("PTTL", key)
 	assert.Equal(t, int64(-2), pttl, "no orphan lock")
+}
+
+// releaseGate is an Observer whose Start of a Release runs before, once.
+type releaseGate struct {
+	once   sync.Once
+	before func()
+}
+
+func (g *releaseGate) Start(ctx context.Context, op Op, _ string) context.Context {
+	if op == OpRelease {
+		g.once.Do(g.before)
+	}
+	return ctx
+}
+func (*releaseGate) End(context.Context, Event)    {}
+func (*releaseGate) Notify(context.Context, Event) {}
+
+// TestRunWithLockLossReportedOnce: a renewal that finds the lock gone
+// after the work returned, as its release starts, makes the watchdog report
+// the loss; the release, which then finds the lease not held, reports it
+// no second time. OnLost is called once per lease.
+func TestRunWithLockLossReportedOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	renewing, reply := make(chan struct{}), make(chan struct{})
+	var renewOnce sync.Once
+	e.hook.set(nil, func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == "extend" {
+			renewOnce.Do(func() { close(renewing); <-reply }) // its reply held until the release starts
+		}
+		return nil
+	})
+	var losses atomic.Int32
+	reported := make(chan struct{}, 2)
+	gate := &releaseGate{before: func() {
+		close(reply)
+		select { // the watchdog reports the loss before Release stops it
+		case <-reported:
+		case <-time.After(5 * time.Second):
+		}
+	}}
+	l := e.locker(t, &Options{TTL: 5 * time.Second, RenewInterval: 50 * time.Millisecond, Observer: gate,
+		OnLost: func(*Lease, error) { losses.Add(1); reported <- struct{}{} }})
+	name := uniqueName(t)
+	err := l.RunWithLock(ctx, name, func(ctx context.Context, lease *Lease) error {
+		key, _ := l.keys(name)
+		_, derr := e.srv.Do("DEL", key) // lost: the next renewal finds it gone
+		require.NoError(t, derr)
+		<-renewing
+		return nil
+	})
+	require.ErrorIs(t, err, ErrLost)
+	assert.Equal(t, int32(1), losses.Load(), "OnLost once for one loss")
 }
