@@ -2,6 +2,7 @@ package fencelock
 
 import (
 	"context"
+	"math"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -113,4 +114,22 @@ func TestRunWithLockLossReportedOnce(t *testing.T) {
 	})
 	require.ErrorIs(t, err, ErrLost)
 	assert.Equal(t, int32(1), losses.Load(), "OnLost once for one loss")
+}
+
+// TestOptionsReleaseTimeoutBounded: New rejects a ReleaseTimeout longer than
+// the longest TTL (it is a marker's PX, and Close's wait), naming the option
+// and the bound; at the bound, Release works.
+func TestOptionsReleaseTimeoutBounded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	for _, d := range []time.Duration{math.MaxInt64, maxTTL + time.Millisecond} {
+		_, err := New(e.client, &Options{ReleaseTimeout: d})
+		require.ErrorIs(t, err, ErrInvalid, "%v", d)
+		assert.Contains(t, err.Error(), "ReleaseTimeout")
+		assert.Contains(t, err.Error(), "longer than the maximum "+maxTTL.String())
+	}
+	l := e.locker(t, &Options{ReleaseTimeout: maxTTL})
+	lease, err := l.Acquire(ctx, uniqueName(t))
+	require.NoError(t, err)
+	require.NoError(t, lease.Release(ctx))
 }
