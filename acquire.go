@@ -299,9 +299,10 @@ func (a *acquisition) plain(wake wakeup) (*Lease, error) {
 // try runs one attempt of an Acquire for lease, bounded by ctx, by Close,
 // and by AttemptTimeout (see Options; open: the call fails open). With done
 // false, ctx ended or Close was called before the attempt gave a verdict:
-// it may still be in flight, on a goroutine the Locker tracks. An attempt
-// that outlived AttemptTimeout alone is a verdict: a *noReplyError, which
-// names the cause when a dial failed while it ran.
+// it may still be in flight, on a goroutine the Locker tracks, or have
+// taken the lock as Close was called. An attempt that outlived
+// AttemptTimeout alone is a verdict: a *noReplyError, which names the cause
+// when a dial failed while it ran.
 func (l *Locker) try(ctx context.Context, lease *Lease, open bool) (a attempt, done bool) {
 	timeout, half := l.opts.AttemptTimeout, false
 	if dl, ok := ctx.Deadline(); ok && open {
@@ -320,6 +321,12 @@ func (l *Locker) try(ctx context.Context, lease *Lease, open bool) (a attempt, d
 		}
 	} else {
 		a, done = call(l, actx.Done(), l.closed, func() attempt { return lease.kind.acquire(actx, lease) }, nil)
+	}
+	if done && a.ok && l.isClosed() {
+		// Close was called while it ran (on the caller's goroutine, or
+		// within call's grace): no lease after Close; the caller gives
+		// back the lock it took, as one it may have taken.
+		return a, false
 	}
 	if done && (a.err == nil || (classify(a.err) != classNoVerdict && (ctxErr(actx) == nil || !isTimeout(a.err)))) {
 		return a, true

@@ -133,3 +133,39 @@ func TestOptionsReleaseTimeoutBounded(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, lease.Release(ctx))
 }
+
+// TestCloseDuringAttemptOnCallersGoroutine: with ContextTimeoutEnabled, an
+// Acquire(context.Background()) runs its attempt on its caller's goroutine.
+// Close is called while it hangs on a paused server; the attempt takes the
+// lock once the server resumes, and Acquire gives it back and returns
+// ErrClosed: no lease after Close, nothing left held.
+func TestCloseDuringAttemptOnCallersGoroutine(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, &redis.Options{ContextTimeoutEnabled: true})
+	l := e.locker(t, &Options{AttemptTimeout: 5 * time.Second, ReleaseTimeout: time.Second})
+	name := uniqueName(t)
+	warm, err := l.Acquire(ctx, name+".warm") // the scripts loaded
+	require.NoError(t, err)
+	require.NoError(t, warm.Release(ctx))
+	pause(t, e.srv)
+
+	type result struct {
+		lease *Lease
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		lease, err := l.Acquire(context.Background(), name)
+		done <- result{lease, err}
+	}()
+	time.Sleep(50 * time.Millisecond)
+	resumed := time.AfterFunc(250*time.Millisecond, e.srv.Resume) // 300ms after the Acquire began
+	defer resumed.Stop()
+	require.NoError(t, l.Close())
+	r := <-done
+	require.ErrorIs(t, r.err, ErrClosed)
+	assert.Nil(t, r.lease)
+	key, _ := l.keys(name)
+	assert.Eventually(t, func() bool { return !keyExists(t, e.srv, key) }, 3*time.Second, 10*time.Millisecond,
+		"the lock the attempt took is given back")
+}
