@@ -299,9 +299,10 @@ func (a *acquisition) plain(wake wakeup) (*Lease, error) {
 // try runs one attempt of an Acquire for lease, bounded by ctx, by Close,
 // and by AttemptTimeout (see Options; open: the call fails open). With done
 // false, ctx ended or Close was called before the attempt gave a verdict:
-// it may still be in flight, on a goroutine the Locker tracks. An attempt
-// that outlived AttemptTimeout alone is a verdict: a *noReplyError, which
-// names the cause when a dial failed since dials (the count before it).
+// it may still be in flight, on a goroutine the Locker tracks, or have
+// taken the lock as Close was called. An attempt that outlived
+// AttemptTimeout alone is a verdict: a *noReplyError, which names the cause
+// when a dial failed while it ran.
 func (l *Locker) try(ctx context.Context, lease *Lease, open bool) (a attempt, done bool) {
 	timeout, half := l.opts.AttemptTimeout, false
 	if dl, ok := ctx.Deadline(); ok && open {
@@ -321,6 +322,12 @@ func (l *Locker) try(ctx context.Context, lease *Lease, open bool) (a attempt, d
 	} else {
 		a, done = call(l, actx.Done(), l.closed, func() attempt { return lease.kind.acquire(actx, lease) }, nil)
 	}
+	if done && a.ok && l.isClosed() {
+		// Close was called while it ran (on the caller's goroutine, or
+		// within call's grace): no lease after Close; the caller gives
+		// back the lock it took, as one it may have taken.
+		return a, false
+	}
 	if done && (a.err == nil || (classify(a.err) != classNoVerdict && (ctxErr(actx) == nil || !isTimeout(a.err)))) {
 		return a, true
 	}
@@ -328,11 +335,13 @@ func (l *Locker) try(ctx context.Context, lease *Lease, open bool) (a attempt, d
 		return a, false
 	}
 	e := &noReplyError{timeout: timeout, half: half, cause: l.dialErrorSince(failures)}
-	// Dials failed and none succeeded while the attempt ran: on one
-	// deployment the server refuses connections, and the attempt's script
-	// was not sent (see notSent for the one exception). A quorum's nodes
+	// A failed dial of the client is no evidence about this attempt's own
+	// request, which may have gone on a connection already open while
+	// another call failed to dial. It was not sent only when it had no
+	// connection to go on: the client has none, and none was made while
+	// the attempt ran (see notSent for the one exception). A quorum's nodes
 	// may have had it on connections already open.
-	e.unsent = e.cause != nil && l.dials.Load() == dials && !l.traits.stops
+	e.unsent = e.cause != nil && !l.traits.stops && l.connless(dials)
 	return attempt{err: e}, true
 }
 

@@ -123,6 +123,24 @@ func (l *Locker) dialErrorSince(seen int64) error {
 	return nil
 }
 
+// connless reports whether a request of the Locker's client could have
+// gone on no connection: on one deployment, the client has none open, and
+// no dial succeeded since the count was dials (a connection is counted as
+// made before it carries a request). Only on a failed attempt's path: it
+// allocates.
+func (l *Locker) connless(dials int64) bool {
+	d, ok := l.b.(*deployment)
+	if !ok {
+		return false
+	}
+	s := d.base.PoolStats() // its AutoPipeliner's batches go on the same pools
+	n := s.TotalConns
+	if s.PipelineStats != nil {
+		n += s.PipelineStats.TotalConns
+	}
+	return n == 0 && l.dials.Load() == dials // the count after the pool's: a dial meanwhile shows
+}
+
 // Close ends the Locker's acquisitions: Acquire and RunWithLock then return
 // ErrClosed with no Redis call, as a waiting Acquire, or one with an attempt in
 // flight, does at once. Close waits for the background work for at most

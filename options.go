@@ -25,7 +25,7 @@ type Options struct {
 	// MaxRetryBackoff caps the pause, at least MinRetryBackoff. Default max(256ms, MinRetryBackoff).
 	MaxRetryBackoff time.Duration
 	// ReleaseTimeout bounds Release and the clean-up after a failed Acquire, and is
-	// how long a released token is remembered. Default 5s.
+	// how long a released token is remembered, at most 365 days. Default 5s.
 	ReleaseTimeout time.Duration
 	// FenceRetention is how long a fence counter outlives its last acquisition. Default 1h.
 	FenceRetention time.Duration
@@ -124,6 +124,9 @@ func (o *Options) withDefaults() (Options, error) {
 	orDefault(&out.ReleaseTimeout, defaultReleaseTimeout)
 	if out.ReleaseTimeout < 0 {
 		return out, invalidf("ReleaseTimeout %v is negative", out.ReleaseTimeout)
+	}
+	if out.ReleaseTimeout > maxTTL { // a released token's marker PX, and Close's wait
+		return out, invalidf("ReleaseTimeout %v is longer than the maximum %v", out.ReleaseTimeout, maxTTL)
 	}
 	orDefault(&out.AttemptTimeout, defaultAttemptTimeout)
 	if err := checkDuration("AttemptTimeout", out.AttemptTimeout, time.Millisecond, maxTTL); err != nil {

@@ -120,6 +120,12 @@ func (l *Locker) settle(ctx context.Context, lease *Lease) error {
 	case releasedByWork:
 		return nil
 	case errors.Is(rerr, ErrNotHeld):
+		if lost := lease.lostCause(); lost != nil {
+			// A renewal found it not held as the release began, and the
+			// watchdog reported it: Release stopped the watchdog, which
+			// reports no more, before it returned.
+			return lost
+		}
 		// Lost while the work ran, between two renewals.
 		lost := &opError{msg: ErrLost.Error() + ": not held when released after the work: " + rerr.Error(),
 			errs: []error{ErrLost, rerr}}
