@@ -117,7 +117,7 @@ func runLs(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 	case e.tty:
-		if len(held) > 0 || len(sems) == 0 {
+		if len(held) > 0 || len(sems) == 0 && len(rwlocks) == 0 {
 			printTable(e.stdout, held, s.key(pattern))
 		}
 		if len(sems) > 0 {

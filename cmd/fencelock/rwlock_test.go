@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,5 +85,27 @@ func TestRWLocks(t *testing.T) {
 		if err := lease.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestLsTerminalRWLocksOnly: on a terminal, ls with read-write locks only
+// lists them, without saying that no lock is held.
+func TestLsTerminalRWLocksOnly(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	l := newLocker(t, srv.Client(nil), "pod-r", nil)
+	share, err := l.RWLock("catalogue").AcquireShared(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer share.Release(ctx)
+	var stdout, stderr bytes.Buffer
+	e := &env{stdout: &stdout, stderr: &stderr, tty: true, getenv: func(string) string { return "" }}
+	if code := run(ctx, []string{"ls", "--url", urlOf(srv)}, e); code != exitOK {
+		t.Fatalf("ls: exit %d, stderr %q", code, stderr.String())
+	}
+	out := stdout.String()
+	if strings.Contains(out, "no lock held") || !strings.Contains(out, "RWLOCK") || !strings.Contains(out, "catalogue") {
+		t.Errorf("ls on a terminal with a read-write lock only:\n%s", out)
 	}
 }
