@@ -236,7 +236,7 @@ func (s *compatSide) messages(ctx context.Context, t *testing.T) func() []string
 // TestScriptsWireCompatible runs the scripts of commit 5fbfc5a and today's
 // side by side on one server, one lock name each: every step must answer
 // the same, leave the same keys, values and TTLs and publish the same
-// messages; and a holder through one version's scripts must exclude an
+// messages (or, where more says, more of the same payloads); and a holder through one version's scripts must exclude an
 // acquirer through the other's, with fences increasing across them.
 func TestScriptsWireCompatible(t *testing.T) {
 	srv := redistest.Start(t)
@@ -247,6 +247,12 @@ func TestScriptsWireCompatible(t *testing.T) {
 	heard := []func() []string{sides[0].messages(ctx, t), sides[1].messages(ctx, t)}
 
 	const ahead = "5000000000000000" // a counter ahead of the clock, in µs: fences count on from it
+	// What today's scripts publish besides 5fbfc5a's, by step: messages an
+	// old waiter takes as it takes the same message of a release (it
+	// tries again). A give-back wakes the waiters as a release does:
+	// 5fbfc5a's published nothing, and its waiters slept out their backoff
+	// with the lock free.
+	more := map[string][]string{"abandon of a held lock": {"lock:{N} released"}}
 	steps := []struct {
 		name string
 		do   func(s *compatSide) (any, error)
@@ -315,7 +321,7 @@ func TestScriptsWireCompatible(t *testing.T) {
 		}
 		assert.Equal(t, replies[0], replies[1], "%s: replies (old, new)", step.name)
 		assert.Equal(t, dumps[0], dumps[1], "%s: keys (old, new)", step.name)
-		assert.Equal(t, msgs[0], msgs[1], "%s: messages (old, new)", step.name)
+		assert.Equal(t, append(msgs[0], more[step.name]...), msgs[1], "%s: messages (old, new)", step.name)
 	}
 
 	// One lock, taken and released in turn through the old and new scripts.
