@@ -1210,10 +1210,13 @@ func TestFairGiveBackWakesWaiters(t *testing.T) {
 	plain := acquireInBackground(t, e.near, name, WithWait(time.Minute))
 	require.Eventually(t, func() bool { return shardSubscribers(t, e.srv, "lock:{"+name+"}") == 2 },
 		10*time.Second, time.Millisecond, "both waiters subscribed")
-	time.Sleep(100 * time.Millisecond)      // the plain waiter's confirmation attempt found the lock held
+	time.Sleep(100 * time.Millisecond) // the plain waiter's confirmation attempt found the lock held
+	// The grant's message to the fair waiter comes 300ms late: it gives
+	// up before it hears of the grant.
+	e.proxy.SetLatency(300 * time.Millisecond)
 	require.NoError(t, holder.Release(ctx)) // granted to the fair waiter
 	cancel()
-	<-fair
+	require.ErrorIs(t, <-fair, context.Canceled, "the fair waiter gave up")
 	start := time.Now()
 	select {
 	case r := <-plain:
