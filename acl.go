@@ -1,13 +1,17 @@
 package fencelock
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/fencelock/fencelock/internal/glob"
+)
 
 // An aclRule is one rule of the ACL that a Redis user of the lock needs.
 // aclRules are all of them, in one place: the NOPERM advice lists them and
 // Check tries each. A test reads the scripts for their commands and fails
 // on a command missing here.
 type aclRule struct {
-	rule  string   // as ACL SETUSER takes it; <KeyPrefix> is aclGlob(Options.KeyPrefix)
+	rule  string   // as ACL SETUSER takes it; <KeyPrefix> is Options.KeyPrefix, glob-escaped
 	only  string   // "": always needed; else with what (see aclOnly)
 	needs string   // what fails without it
 	sev   Severity // of Check's finding without it
@@ -94,22 +98,7 @@ func aclAdvice() string {
 
 // aclAdviceFor is the advice for Options.KeyPrefix prefix.
 func aclAdviceFor(prefix string) string {
-	return strings.ReplaceAll(aclRulesText(), "<KeyPrefix>", aclGlob(prefix))
-}
-
-// aclGlob escapes the glob characters of prefix (* ? [ ] \), which Redis
-// reads in a key or channel pattern, with a backslash: the pattern
-// aclGlob(prefix)+"*" matches the keys that begin with prefix, and only
-// those.
-func aclGlob(prefix string) string {
-	var b strings.Builder
-	for _, r := range prefix {
-		if strings.ContainsRune(`*?[]\`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
+	return strings.ReplaceAll(aclRulesText(), "<KeyPrefix>", glob.Escape(prefix))
 }
 
 // aclRulesText lists the rules, with <KeyPrefix>.

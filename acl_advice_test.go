@@ -220,20 +220,6 @@ func TestACLAdviceEscapesKeyPrefix(t *testing.T) {
 	}
 }
 
-func TestACLGlobEscape(t *testing.T) {
-	t.Parallel()
-	for in, want := range map[string]string{
-		"lock:":    "lock:",
-		"svc[1]:":  `svc\[1\]:`,
-		"a*b?c":    `a\*b\?c`,
-		`back\sl`:  `back\\sl`,
-		"":         "",
-		"{tag}:x-": "{tag}:x-",
-	} {
-		assert.Equal(t, want, aclGlob(in), "%q", in)
-	}
-}
-
 // TestCheckClusterPermissionsOnEveryMaster: ACLs are each node's own. A
 // master whose user lacks a rule is named, on every run, whichever master
 // Check's first test key falls on; the others are not.

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/fencelock/fencelock/internal/glob"
 )
 
 // Severity says how much a Finding matters for the lock's guarantees.
@@ -380,7 +382,7 @@ func (c *checker) permissions(ctx context.Context, d *deployment, master *redis.
 			c.add(Finding{Severity: SeverityWarning, Check: "permissions", Node: node,
 				Seen:  "a release could not publish its wake-up: " + oneLine(perr.Error()),
 				Means: "waiters are not woken by releases: they poll (backoff, the holder's TTL)",
-				Fix:   "let the ACL user publish on the lock channels: &" + aclGlob(c.l.opts.KeyPrefix) + "*"})
+				Fix:   "let the ACL user publish on the lock channels: &" + glob.Escape(c.l.opts.KeyPrefix) + "*"})
 		}
 	}
 	// Subscribing, as waiters do.
@@ -398,7 +400,7 @@ func (c *checker) permissions(ctx context.Context, d *deployment, master *redis.
 		c.add(Finding{Severity: SeverityWarning, Check: "permissions", Node: node,
 			Seen:  "subscribing to a lock channel failed: " + oneLine(err.Error()),
 			Means: "waiters are not woken by releases: they poll (backoff, the holder's TTL)",
-			Fix:   "let the ACL user subscribe to the lock channels: &" + aclGlob(c.l.opts.KeyPrefix) + "*"})
+			Fix:   "let the ACL user subscribe to the lock channels: &" + glob.Escape(c.l.opts.KeyPrefix) + "*"})
 		return
 	}
 	if err != nil {

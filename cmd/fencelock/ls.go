@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/glob"
 )
 
 var lsCommand = &command{
@@ -164,7 +165,7 @@ func printTable(w io.Writer, locks []fencelock.LockInfo, match string) {
 // scan returns the names of the lock keys that match pattern, sorted, from
 // SCAN on every master.
 func (s *session) scan(ctx context.Context, pattern string) ([]string, error) {
-	return s.scanMatching(ctx, globEscape(s.prefix)+"{"+pattern+"}", s.nameOf)
+	return s.scanMatching(ctx, glob.Escape(s.prefix)+"{"+pattern+"}", s.nameOf)
 }
 
 // scanMatching returns the names that nameOf finds in the keys matching
@@ -230,18 +231,6 @@ func (s *session) nameOf(key string) (string, bool) {
 		return "", false
 	}
 	return name, true
-}
-
-// globEscape escapes the characters that SCAN's MATCH treats as a glob.
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
 }
 
 // inspectAll inspects the named locks, a few at a time, and returns their

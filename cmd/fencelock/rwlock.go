@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/glob"
 )
 
 // Read-write locks (fencelock.RWLock) in ls and inspect: found by their
@@ -47,7 +48,7 @@ func rwInUse(info fencelock.RWLockInfo) bool {
 // scanRWLocks returns the names of the read-write locks that match
 // pattern, sorted.
 func (s *session) scanRWLocks(ctx context.Context, pattern string) ([]string, error) {
-	return s.scanMatching(ctx, globEscape(s.prefix)+"{"+pattern+"}:rw:[wr]", s.rwNameOf)
+	return s.scanMatching(ctx, glob.Escape(s.prefix)+"{"+pattern+"}:rw:[wr]", s.rwNameOf)
 }
 
 // rwNameOf returns the name of a read-write lock's writer key or readers'

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/glob"
 )
 
 // What ls, inspect and release --force show and do of semaphores
@@ -62,7 +63,7 @@ func (s *session) inspectSemaphore(ctx context.Context, name string) (fencelock.
 // have holders, sorted by name, and the errors of those that could not be
 // read.
 func (s *session) semaphores(ctx context.Context, pattern string) ([]fencelock.SemaphoreInfo, []error, error) {
-	names, err := s.scanMatching(ctx, globEscape(s.prefix)+"{"+pattern+"}"+globEscape(semSuffix), func(k string) (string, bool) {
+	names, err := s.scanMatching(ctx, glob.Escape(s.prefix)+"{"+pattern+"}"+glob.Escape(semSuffix), func(k string) (string, bool) {
 		lockKey, ok := strings.CutSuffix(k, semSuffix)
 		if !ok {
 			return "", false

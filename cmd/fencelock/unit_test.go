@@ -237,9 +237,6 @@ func TestNameOf(t *testing.T) {
 			t.Errorf("nameOf(%q) = %q, %v; want %q", key, got, ok, want)
 		}
 	}
-	if got, want := globEscape(`a*b?c[d]e\f`), `a\*b\?c\[d\]e\\f`; got != want {
-		t.Errorf("globEscape = %q, want %q", got, want)
-	}
 }
 
 func TestTableOnTerminal(t *testing.T) {
