@@ -54,8 +54,8 @@ func (l *Locker) RunWithLocks(ctx context.Context, names []string,
 	if l.opts.Observer == nil { // without observeRun's closure and the joined names
 		return l.runAll(ctx, names, work, opts)
 	}
-	return l.observeRun(ctx, strings.Join(names, ","), func(ctx context.Context) (*Lease, error) {
-		return nil, l.runAll(ctx, names, work, opts)
+	return l.observeRun(ctx, strings.Join(names, ","), func(ctx context.Context, _ **Lease) error {
+		return l.runAll(ctx, names, work, opts)
 	})
 }
 

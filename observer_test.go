@@ -3,6 +3,7 @@ package fencelock
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -106,6 +107,48 @@ func TestObserverRunWithLock(t *testing.T) {
 		assert.Equal(t, fence, n.Fence)
 	}
 	assert.Equal(t, []string{"run"}, rec.ctxOps[OpRenew], "renewals are events of the run")
+}
+
+// A run whose work panics or calls runtime.Goexit still ends its OpRun
+// (a tracer's span would stay open forever), after the lease's release.
+func TestObserverRunEndsWhenWorkPanics(t *testing.T) {
+	e := newEnv(t, nil)
+	for _, how := range []string{"panic", "goexit"} {
+		t.Run(how, func(t *testing.T) {
+			rec := &recorder{}
+			l := e.locker(t, &Options{TTL: time.Second, Observer: rec})
+			name := uniqueName(t)
+			var fence int64
+			done := make(chan any)
+			go func() {
+				defer func() { done <- recover() }()
+				_ = l.RunWithLock(ctx, name, func(ctx context.Context, lease *Lease) error {
+					fence = lease.Fence()
+					if how == "panic" {
+						panic("work failed")
+					}
+					runtime.Goexit()
+					return nil
+				})
+			}()
+			p := <-done
+			if how == "panic" {
+				assert.Equal(t, "work failed", p, "the panic goes on to the caller")
+			}
+			_, ends, _ := rec.snapshot()
+			require.Len(t, ends, 3, "acquire, release and run")
+			run := ends[len(ends)-1]
+			assert.Equal(t, OpRun, run.Op)
+			assert.Equal(t, name, run.Name)
+			assert.Equal(t, fence, run.Fence)
+			assert.Equal(t, OutcomeFailed, run.Outcome)
+			assert.ErrorContains(t, run.Err, "panicked or called runtime.Goexit")
+			assert.Equal(t, OpRelease, ends[len(ends)-2].Op, "the lease was released before the run ended")
+			info, err := l.Inspect(ctx, name)
+			require.NoError(t, err)
+			assert.False(t, info.Held)
+		})
+	}
 }
 
 func TestObserverBusyWaitAndLoss(t *testing.T) {

@@ -29,32 +29,36 @@ func (l *Locker) RunWithLock(ctx context.Context, name string,
 	if l.opts.Observer == nil { // without observeRun's closures
 		return l.run(ctx, name, work, opts)
 	}
-	return l.observeRun(ctx, name, func(ctx context.Context) (lease *Lease, err error) {
-		err = l.run(ctx, name, func(ctx context.Context, got *Lease) error {
-			lease = got
+	return l.observeRun(ctx, name, func(ctx context.Context, lease **Lease) error {
+		return l.run(ctx, name, func(ctx context.Context, got *Lease) error {
+			*lease = got
 			return work(ctx, got)
 		}, opts)
-		return lease, err
 	})
 }
 
+// errAborted is the error of an OpRun whose work panicked or called
+// runtime.Goexit; the panic goes on to RunWithLock's caller.
+var errAborted = errors.New("fencelock: the work panicked or called runtime.Goexit")
+
 // observeRun runs run, the body of a RunWithLock or RunWithLocks, between
 // the Observer's Start and End of one OpRun called name (several names
-// joined with commas); the End names the lease run returns, if any.
-func (l *Locker) observeRun(ctx context.Context, name string, run func(ctx context.Context) (*Lease, error)) error {
+// joined with commas); the End names the lease run stores in *lease, if any.
+// The End comes also when run panics or calls runtime.Goexit.
+func (l *Locker) observeRun(ctx context.Context, name string, run func(ctx context.Context, lease **Lease) error) error {
 	obs := l.opts.Observer
-	if obs == nil {
-		_, err := run(ctx)
-		return err
-	}
 	ctx = obs.Start(ctx, OpRun, name)
 	start := l.clock.Now()
-	lease, err := run(ctx)
-	e := Event{Op: OpRun, Name: name, Lease: lease, Outcome: OutcomeOf(err), Err: err, Duration: l.clock.Now().Sub(start)}
-	if lease != nil {
-		e.Fence = lease.fence
-	}
-	obs.End(ctx, e)
+	var lease *Lease
+	err := errAborted // unless run returns
+	defer func() {
+		e := Event{Op: OpRun, Name: name, Lease: lease, Outcome: OutcomeOf(err), Err: err, Duration: l.clock.Now().Sub(start)}
+		if lease != nil {
+			e.Fence = lease.fence
+		}
+		obs.End(ctx, e)
+	}()
+	err = run(ctx, &lease)
 	return err
 }
 
