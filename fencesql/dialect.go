@@ -118,10 +118,11 @@ func (d Dialect) statements(table string) statements {
 			advance: "INSERT INTO " + t + " (resource, fence) VALUES (?, ?) " +
 				"ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(GREATEST(fence, VALUES(fence)))",
 			read: "SELECT fence FROM " + t + " WHERE resource = ?",
-			// The same way: insert id 0 for a new key, the key's time
-			// (never 0) for a duplicate, whose row is left as it was.
+			// The same way: insert id 0 for a new key, 1 for a duplicate,
+			// whose row is left as it was (whatever its time: a time of 0
+			// as the insert id would read as a new key).
 			once: "INSERT INTO " + k + " (idem_key, created_us) VALUES (?, " + now + ") " +
-				"ON DUPLICATE KEY UPDATE created_us = LAST_INSERT_ID(created_us)",
+				"ON DUPLICATE KEY UPDATE created_us = IF(LAST_INSERT_ID(1), created_us, created_us)",
 			prune: "DELETE FROM " + k + " WHERE created_us < " + now + " - ?",
 		}
 	}
@@ -185,5 +186,5 @@ func (d Dialect) inserted(res sql.Result) (bool, error) {
 	case id > 0:
 		return false, nil
 	}
-	return false, fmt.Errorf("insert id %d with %d rows affected, want 0 for a new key or its time (is LastInsertId supported?)", id, n)
+	return false, fmt.Errorf("insert id %d with %d rows affected, want 0 for a new key or 1 for a recorded one (is LastInsertId supported?)", id, n)
 }

@@ -3,6 +3,7 @@ package fencesql_test
 import (
 	"database/sql"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -217,4 +218,27 @@ func TestOnceRecordsStatementTime(t *testing.T) {
 			t.Errorf("Prune(1s) right after the commit = %d, %v; want 0", n, err)
 		}
 	})
+}
+
+// TestOnceMySQLKeyTimeNotPositive: a key whose recorded time is 0 or
+// negative (a row written by hand, a clock before 1970) is still done, whether
+// the driver counts rows found or rows changed: the MySQL dialect does not
+// read the duplicate's time as its answer.
+func TestOnceMySQLKeyTimeNotPositive(t *testing.T) {
+	for _, dsn := range []string{mysqlDSN, mysqlDSN + "?clientFoundRows=true"} {
+		t.Run(dsn, func(t *testing.T) {
+			d := openReal(t, "mariadb", fencesql.MySQL, "mysql", dsn, "FENCELOCK_REQUIRE_MYSQL")
+			g, table := newGuard(t, d)
+			ctx := t.Context()
+			for _, created := range []int64{0, -5} {
+				key := fmt.Sprint("k", created)
+				if _, err := d.db.ExecContext(ctx, "INSERT INTO "+table+"_keys (idem_key, created_us) VALUES (?, ?)", key, created); err != nil {
+					t.Fatal(err)
+				}
+				if err := g.Once(ctx, d.db, key); !errors.Is(err, fencesql.ErrDone) {
+					t.Errorf("Once(%q) recorded at %d: %v, want ErrDone", key, created, err)
+				}
+			}
+		})
+	}
 }
