@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -91,10 +92,11 @@ type run struct {
 // and skips the run if it returns an error: the error of fencelock's
 // Locker.Acquire (ErrNotObtained when another scheduler holds the lock,
 // ErrUnavailable, ErrMisconfigured, ErrInvalid for a name containing '{' or
-// '}', or ctx's error), or an error matching ErrNotObtained, without a Redis
-// call, while a previous run of the same job on this Locker has not returned
-// yet (after losing its lock, it may still be running). gocron passes the
-// error to an AfterLockError listener.
+// '}', or ctx's error); without a Redis call, an error matching ErrInvalid
+// for gocron's default name of a Locker.Task job (see Task), or one
+// matching ErrNotObtained while a previous run of the same job on this
+// Locker has not returned yet (after losing its lock, it may still be
+// running). gocron passes the error to an AfterLockError listener.
 //
 // Lock tries once: a scheduler that finds the lock taken skips the tick. It
 // returns when Redis answers, ctx is cancelled, or the go-redis client gives
@@ -103,6 +105,10 @@ type run struct {
 func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	if l == nil || l.locker == nil {
 		return nil, fmt.Errorf("fencegocron: Locker not created with NewLocker: %w", fencelock.ErrInvalid)
+	}
+	if key == taskName {
+		return nil, fmt.Errorf("fencegocron: job %q is a Locker.Task job without a name: give it gocron.WithName, "+
+			"or all such jobs share one lock: %w", key, fencelock.ErrInvalid)
 	}
 	r := &run{l: l, ctx: ctx, name: key}
 	registered := mapKey(ctx)
@@ -286,13 +292,26 @@ func (l *Locker) Close() error {
 // The task must run under this Locker (gocron.WithDistributedLocker or
 // gocron.WithDistributedJobLocker) and with the context gocron gives it, not
 // one passed to gocron.NewTask. Otherwise it finds no lock for its run, does
-// not call work, and returns an error matching fencelock.ErrInvalid. A nil
-// work panics.
+// not call work, and returns an error matching fencelock.ErrInvalid. Its job
+// needs a gocron.WithName: gocron's default name would be the same for every
+// Task job, which would then share one lock, so Lock refuses it and the run
+// is skipped. A nil work panics.
 func (l *Locker) Task(work func(ctx context.Context, lease *fencelock.Lease) error) gocron.Task {
 	if work == nil {
 		panic("fencegocron: nil work function")
 	}
-	return gocron.NewTask(func(ctx context.Context) error {
+	return gocron.NewTask(taskFunc(l, work))
+}
+
+// taskFunc returns the function of Task's gocron task. gocron names a job
+// without gocron.WithName after its task's function; inlined, this closure
+// would be named after each caller, with a number that changes with the
+// caller's code (from one build of a service to the next), so taskFunc is
+// never inlined and the closure has one name, taskName, which Lock refuses.
+//
+//go:noinline
+func taskFunc(l *Locker, work func(ctx context.Context, lease *fencelock.Lease) error) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
 		r := l.current(ctx)
 		if r == nil {
 			return errNoLock
@@ -307,8 +326,13 @@ func (l *Locker) Task(work func(ctx context.Context, lease *fencelock.Lease) err
 		default:
 			return fmt.Errorf("%w; %w", werr, lost)
 		}
-	})
+	}
 }
+
+// taskName is gocron's default name for a job whose task Task made: the
+// name of taskFunc's closure, computed as gocron does (addOrUpdateJob in
+// gocron v2's scheduler.go).
+var taskName = runtime.FuncForPC(reflect.ValueOf(taskFunc(nil, nil)).Pointer()).Name()
 
 // errNoLock is what a Task returns when its run holds no lock of the Locker.
 var errNoLock = fmt.Errorf("fencegocron: the task's run holds no lock of this Locker (schedule the job "+
