@@ -22,16 +22,20 @@
 // skips the run when Lock fails, and calls the returned Lock's Unlock when
 // the run ends. Lock takes the lock called by the job's name and starts its
 // watchdog (fencelock's Lease.KeepAlive), which renews it while the job
-// runs; Unlock releases it.
+// runs; Unlock releases it. gocron cancels the job's context at shutdown
+// (or when the job is removed) while the job function may still run: the
+// lock stays held until it returns.
 //
 // gocron hands the job function a context of its own: one per job, not per
 // run, cancelled only when the job is removed or the scheduler shuts down.
 // A Locker cannot replace it, and must not cancel it (that would remove the
 // job from the scheduler). So a plain gocron task is not told when its lock
 // is lost. A task made with Locker.Task is: it runs on a context of its own
-// run, cancelled with cause fencelock.ErrLost as soon as the lock is no longer
-// certainly held, and receives the run's Lease, whose Fence the job passes
-// to what it writes. Locker.Task finds its run's lease through the context
+// run, cancelled with cause fencelock.ErrLost as soon as the lock is no
+// longer certainly held, and with gocron's cause when the job's context
+// ends (the lock stays held until the task returns), and receives the run's
+// Lease, whose Fence the job passes to what it writes. Locker.Task finds its
+// run's lease through the context
 // gocron passed to both Lock and the task, so it works only with the
 // Locker the scheduler (WithDistributedLocker) or the job
 // (WithDistributedJobLocker) was given, and only when the task gets

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -69,28 +70,33 @@ func NewLocker(locker *fencelock.Locker, opts ...Option) *Locker {
 	return l
 }
 
-// run is one run of a job, from Lock to Unlock. Lock sets lease, work and
-// acquired under Locker.mu before it returns the run; they do not change
-// after.
+// run is one run of a job, from Lock to Unlock. Lock sets lease, kept,
+// work, endWork and acquired under Locker.mu before it returns the run; they
+// do not change after.
 type run struct {
 	l        *Locker
 	ctx      context.Context // the job's context, as gocron passed it to Lock
 	name     string
 	lease    *fencelock.Lease // nil until acquired
-	work     context.Context  // the lease's KeepAlive context: cancelled with ErrLost when lost
+	kept     context.Context  // the lease's KeepAlive context: cancelled with ErrLost when lost, not when ctx ends
+	work     context.Context  // the Task's context: kept's, also cancelled with ctx's cause when ctx ends
+	endWork  func()           // cancels work and stops watching ctx; Unlock calls it
 	acquired time.Time        // when Acquire returned
 	unlocked sync.Once
 }
 
 // Lock takes the lock called key (gocron passes the job's name) and starts
-// its watchdog, which renews it until Unlock. gocron calls it before each
-// run of the job, with the job's context, and skips the run if it returns
-// an error: the error of fencelock's Locker.Acquire (ErrNotObtained when
-// another scheduler holds the lock, ErrUnavailable, ErrMisconfigured,
-// ErrInvalid for a name containing '{' or '}', or ctx's error), or an error
-// matching ErrNotObtained, without a Redis call, while a previous run of the
-// same job on this Locker has not returned yet (after losing its lock, it may
-// still be running). gocron passes the error to an AfterLockError listener.
+// its watchdog, which renews it until Unlock, also after ctx ended (gocron
+// cancels the job's context at shutdown or removal while the job may still
+// run). gocron calls it before each run of the job, with the job's context,
+// and skips the run if it returns an error: the error of fencelock's
+// Locker.Acquire (ErrNotObtained when another scheduler holds the lock,
+// ErrUnavailable, ErrMisconfigured, ErrInvalid for a name containing '{' or
+// '}', or ctx's error); without a Redis call, an error matching ErrInvalid
+// for gocron's default name of a Locker.Task job (see Task), or one
+// matching ErrNotObtained while a previous run of the same job on this
+// Locker has not returned yet (after losing its lock, it may still be
+// running). gocron passes the error to an AfterLockError listener.
 //
 // Lock tries once: a scheduler that finds the lock taken skips the tick. It
 // returns when Redis answers, ctx is cancelled, or the go-redis client gives
@@ -99,6 +105,10 @@ type run struct {
 func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	if l == nil || l.locker == nil {
 		return nil, fmt.Errorf("fencegocron: Locker not created with NewLocker: %w", fencelock.ErrInvalid)
+	}
+	if key == taskName {
+		return nil, fmt.Errorf("fencegocron: job %q is a Locker.Task job without a name: give it gocron.WithName, "+
+			"or all such jobs share one lock: %w", key, fencelock.ErrInvalid)
 	}
 	r := &run{l: l, ctx: ctx, name: key}
 	registered := mapKey(ctx)
@@ -121,12 +131,24 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 		}
 		return nil, err
 	}
-	work := lease.KeepAlive(ctx)
+	// Renewed until Unlock, whatever becomes of ctx: KeepAlive releases the
+	// lease once its ctx ends, and gocron cancels the job's context at
+	// shutdown while the job function may still run.
+	kept := lease.KeepAlive(context.WithoutCancel(ctx))
+	work, cancel := context.WithCancelCause(kept)
+	// The AfterFunc's goroutine, started when ctx ends, only cancels work;
+	// endWork stops it from starting after Unlock.
+	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
+	endWork := func() { stop(); cancel(errUnlocked) }
 	l.mu.Lock()
-	r.lease, r.work, r.acquired = lease, work, time.Now()
+	r.lease, r.kept, r.work, r.endWork, r.acquired = lease, kept, work, endWork, time.Now()
 	l.mu.Unlock()
 	return r, nil
 }
+
+// errUnlocked is the cause of a Task's context after Unlock, when neither a
+// loss nor gocron ended it before.
+var errUnlocked = fmt.Errorf("fencegocron: the run ended: %w", fencelock.ErrNotHeld)
 
 // mapKey reports whether ctx can be a map key. gocron's job contexts
 // always can (they are pointers).
@@ -166,7 +188,7 @@ func (l *Locker) current(ctx context.Context) *run {
 
 // lostCause returns why the run's lease was lost while its work ran, or nil.
 func (r *run) lostCause() error {
-	switch cause := context.Cause(r.work); {
+	switch cause := context.Cause(r.kept); {
 	case errors.Is(cause, fencelock.ErrLost):
 		return cause
 	case cause != nil && errors.Is(cause, fencelock.ErrNotHeld):
@@ -180,12 +202,13 @@ func (r *run) lostCause() error {
 	return nil
 }
 
-// Unlock releases the run's lock: gocron calls it when the run ends. With
-// WithMinHold, a lock held for less than the minimum is released only when
-// the minimum has passed (or at Close), in the background, and Unlock
-// returns nil at once. Otherwise Unlock releases it before it returns, on a
-// context that keeps ctx's values but not its cancellation (gocron passes the
-// job's context, which a shutdown has cancelled), bounded by fencelock's
+// Unlock releases the run's lock: gocron calls it when the job function
+// has returned, also after a shutdown or removal. With WithMinHold, a lock
+// held for less than the minimum is released only when the minimum has
+// passed (or at Close), in the background, and Unlock returns nil at once.
+// Otherwise Unlock releases it before it returns, on a context that keeps
+// ctx's values but not its cancellation (gocron passes the job's context,
+// which a shutdown has cancelled), bounded by fencelock's
 // Options.ReleaseTimeout, and returns fencelock's Lease.Release error:
 // ErrNotHeld (also matching ErrLost when the lease was lost) when the lock
 // was no longer this run's, ErrUnavailable or ErrMisconfigured when it may
@@ -206,8 +229,9 @@ func (r *run) Unlock(ctx context.Context) error {
 func (r *run) unlock(ctx context.Context) error {
 	l := r.l
 	l.forget(r)
+	r.endWork()
 	ctx = context.WithoutCancel(ctx)
-	if hold := l.minHold - time.Since(r.acquired); hold > 0 && !errors.Is(context.Cause(r.work), fencelock.ErrLost) {
+	if hold := l.minHold - time.Since(r.acquired); hold > 0 && !errors.Is(context.Cause(r.kept), fencelock.ErrLost) {
 		l.mu.Lock()
 		if !l.closed {
 			l.holds.Add(1)
@@ -255,9 +279,10 @@ func (l *Locker) Close() error {
 // Task returns a gocron task that runs work under the lock Lock took for
 // the run, with the run's Lease, on a context of the run's own: it is
 // cancelled with cause fencelock.ErrLost as soon as the lease is no longer
-// certainly held (see fencelock's Lease.KeepAlive), and with gocron's own
-// job context (scheduler shutdown, job removed). Pass lease.Fence() to what
-// work writes.
+// certainly held (see fencelock's Lease.KeepAlive), and with gocron's cause
+// when gocron's job context ends (scheduler shutdown, job removed). The
+// lock stays held, renewed, until work returns and Unlock releases it. Pass
+// lease.Fence() to what work writes.
 //
 // The task returns work's error, joined (on one line) with an error matching
 // fencelock.ErrLost when the lease was lost while work ran, even if work
@@ -267,13 +292,26 @@ func (l *Locker) Close() error {
 // The task must run under this Locker (gocron.WithDistributedLocker or
 // gocron.WithDistributedJobLocker) and with the context gocron gives it, not
 // one passed to gocron.NewTask. Otherwise it finds no lock for its run, does
-// not call work, and returns an error matching fencelock.ErrInvalid. A nil
-// work panics.
+// not call work, and returns an error matching fencelock.ErrInvalid. Its job
+// needs a gocron.WithName: gocron's default name would be the same for every
+// Task job, which would then share one lock, so Lock refuses it and the run
+// is skipped. A nil work panics.
 func (l *Locker) Task(work func(ctx context.Context, lease *fencelock.Lease) error) gocron.Task {
 	if work == nil {
 		panic("fencegocron: nil work function")
 	}
-	return gocron.NewTask(func(ctx context.Context) error {
+	return gocron.NewTask(taskFunc(l, work))
+}
+
+// taskFunc returns the function of Task's gocron task. gocron names a job
+// without gocron.WithName after its task's function; inlined, this closure
+// would be named after each caller, with a number that changes with the
+// caller's code (from one build of a service to the next), so taskFunc is
+// never inlined and the closure has one name, taskName, which Lock refuses.
+//
+//go:noinline
+func taskFunc(l *Locker, work func(ctx context.Context, lease *fencelock.Lease) error) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
 		r := l.current(ctx)
 		if r == nil {
 			return errNoLock
@@ -288,8 +326,13 @@ func (l *Locker) Task(work func(ctx context.Context, lease *fencelock.Lease) err
 		default:
 			return fmt.Errorf("%w; %w", werr, lost)
 		}
-	})
+	}
 }
+
+// taskName is gocron's default name for a job whose task Task made: the
+// name of taskFunc's closure, computed as gocron does (addOrUpdateJob in
+// gocron v2's scheduler.go).
+var taskName = runtime.FuncForPC(reflect.ValueOf(taskFunc(nil, nil)).Pointer()).Name()
 
 // errNoLock is what a Task returns when its run holds no lock of the Locker.
 var errNoLock = fmt.Errorf("fencegocron: the task's run holds no lock of this Locker (schedule the job "+

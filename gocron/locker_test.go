@@ -303,6 +303,52 @@ func TestTaskWithoutLock(t *testing.T) {
 	}
 }
 
+// TestTaskDefaultName checks that a Locker.Task job without gocron.WithName
+// is refused: gocron names it after the function of its task, which is
+// Task's closure for every such job, so that they would all share one lock.
+// Lock refuses that name without asking Redis (here, one nobody listens on:
+// asking it would fail with ErrUnavailable), and gocron skips the run.
+func TestTaskDefaultName(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	fl, err := fencelock.New(rdb, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = fl.Close() })
+	l := fencegocron.NewLocker(fl)
+	s := newScheduler(t, gocron.WithDistributedLocker(l))
+
+	var ran atomic.Bool
+	work := func(context.Context, *fencelock.Lease) error {
+		ran.Store(true)
+		return nil
+	}
+	skipped := make(chan error, 1)
+	var names []string
+	for range 2 { // two jobs made at one call site
+		job, err := s.NewJob(gocron.DurationJob(time.Hour), l.Task(work))
+		require.NoError(t, err)
+		names = append(names, job.Name())
+	}
+	job, err := s.NewJob(gocron.OneTimeJob(gocron.OneTimeJobStartImmediately()), l.Task(work),
+		gocron.WithEventListeners(gocron.AfterLockError(func(_ uuid.UUID, _ string, err error) { skipped <- err })))
+	require.NoError(t, err)
+	names = append(names, job.Name())
+	assert.Equal(t, []string{names[0], names[0], names[0]}, names, "gocron's default names of Task jobs")
+
+	_, err = l.Lock(t.Context(), names[0])
+	assert.ErrorIs(t, err, fencelock.ErrInvalid, "Lock of the default name")
+	assert.ErrorContains(t, err, "gocron.WithName")
+
+	s.Start()
+	select {
+	case err = <-skipped:
+		assert.ErrorIs(t, err, fencelock.ErrInvalid, "the run's lock error")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the run was not skipped within 10s")
+	}
+	assert.False(t, ran.Load(), "work ran")
+}
+
 // TestJobLocker checks the Locker given to one job (WithDistributedJobLocker)
 // rather than to the scheduler.
 func TestJobLocker(t *testing.T) {
