@@ -38,6 +38,11 @@ type worker struct {
 	locker *fencelock.Locker
 	db     *demo.DB
 	q      queries
+
+	// beforeTx, if not nil, is called right before a transfer's
+	// transaction begins. Tests stand in there for a pause of the worker
+	// long enough for its leases to be taken over.
+	beforeTx func()
 }
 
 func (w *worker) run(ctx context.Context) error {
@@ -78,64 +83,73 @@ func (w *worker) transfer(ctx context.Context, t Transfer) Outcome {
 	start := time.Now()
 	names := []string{"account:" + t.From, "account:" + t.To}
 	err := w.locker.RunWithLocks(ctx, names, func(ctx context.Context, leases []*fencelock.Lease) error {
-		from, to := leases[0], leases[1]
-		o.FromFence, o.ToFence = from.Fence(), to.Fence()
-		w.parent.Say("%s: locked %s (fence %d) and %s (fence %d) after %v", t.ID, t.From, from.Fence(), t.To, to.Fence(),
+		o.FromFence, o.ToFence = leases[0].Fence(), leases[1].Fence()
+		w.parent.Say("%s: locked %s (fence %d) and %s (fence %d) after %v", t.ID, t.From, o.FromFence, t.To, o.ToFence,
 			time.Since(start).Round(time.Millisecond))
-		fromBalance, err := w.q.balance(ctx, w.db, t.From)
-		if err != nil {
-			return err
-		}
-		toBalance, err := w.q.balance(ctx, w.db, t.To)
-		if err != nil {
-			return err
-		}
-		// What a real transfer checks here (limits, fraud rules) takes a
-		// while: the window in which, without the locks, another transfer
-		// would read the same balances and one of the two writes be lost.
-		time.Sleep(20 * time.Millisecond)
-		if fromBalance < t.Amount {
-			o.Outcome = Insufficient
-			w.parent.Say("%s: %s has %s, not %s: nothing moved", t.ID, t.From, dollars(fromBalance), dollars(t.Amount))
-			return nil
-		}
-
-		tx, err := w.db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		defer func() { _ = tx.Rollback() }() // after Commit, a no-op
-		for _, u := range []struct {
-			id      string
-			balance int64
-			lease   *fencelock.Lease
-		}{{t.From, fromBalance - t.Amount, from}, {t.To, toBalance + t.Amount, to}} {
-			r, err := tx.ExecContext(ctx, w.q.write, u.balance, u.lease.Fence(), u.id, u.lease.Fence())
-			if err != nil {
-				return err
-			}
-			if n, err := r.RowsAffected(); err != nil || n != 1 {
-				// A newer holder of the account's lock wrote it: this
-				// lease is stale, and the whole transfer rolls back.
-				o.Outcome = Rejected
-				w.parent.Say("%s: the write of %s was refused, its fence %d is stale: rolled back", t.ID, u.id, u.lease.Fence())
-				return err
-			}
-		}
-		if _, err := tx.ExecContext(ctx, w.q.record, t.ID, w.cfg.Worker, t.From, t.To, t.Amount, from.Fence(), to.Fence()); err != nil {
-			return err
-		}
-		if err := tx.Commit(); err != nil {
-			return err
-		}
-		o.Outcome = Moved
-		w.parent.Say("%s: moved %s from %s (now %s) to %s (now %s)", t.ID, dollars(t.Amount),
-			t.From, dollars(fromBalance-t.Amount), t.To, dollars(toBalance+t.Amount))
-		return nil
+		return w.move(ctx, &o)
 	}, fencelock.WithWait(20*time.Second))
 	if err != nil {
 		o.Outcome, o.Err = Failed, err.Error()
 		w.parent.Say("%s: failed: %v", t.ID, err)
 	}
 	return o
+}
+
+// move moves o's amount from o.From to o.To, writing each account with its
+// fence (o.FromFence, o.ToFence), and sets o.Outcome unless it fails.
+func (w *worker) move(ctx context.Context, o *Outcome) error {
+	t := o.Transfer
+	fromBalance, err := w.q.balance(ctx, w.db, t.From)
+	if err != nil {
+		return err
+	}
+	toBalance, err := w.q.balance(ctx, w.db, t.To)
+	if err != nil {
+		return err
+	}
+	// What a real transfer checks here (limits, fraud rules) takes a
+	// while: the window in which, without the locks, another transfer
+	// would read the same balances and one of the two writes be lost.
+	time.Sleep(20 * time.Millisecond)
+	if fromBalance < t.Amount {
+		o.Outcome = Insufficient
+		w.parent.Say("%s: %s has %s, not %s: nothing moved", t.ID, t.From, dollars(fromBalance), dollars(t.Amount))
+		return nil
+	}
+
+	if w.beforeTx != nil {
+		w.beforeTx()
+	}
+	tx, err := w.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }() // after Commit, a no-op
+	for _, u := range []struct {
+		id      string
+		balance int64
+		fence   int64
+	}{{t.From, fromBalance - t.Amount, o.FromFence}, {t.To, toBalance + t.Amount, o.ToFence}} {
+		r, err := tx.ExecContext(ctx, w.q.write, u.balance, u.fence, u.id, u.fence)
+		if err != nil {
+			return err
+		}
+		if n, err := r.RowsAffected(); err != nil || n != 1 {
+			// A newer holder of the account's lock wrote it: this
+			// lease is stale, and the whole transfer rolls back.
+			o.Outcome = Rejected
+			w.parent.Say("%s: the write of %s was refused, its fence %d is stale: rolled back", t.ID, u.id, u.fence)
+			return err
+		}
+	}
+	if _, err := tx.ExecContext(ctx, w.q.record, t.ID, w.cfg.Worker, t.From, t.To, t.Amount, o.FromFence, o.ToFence); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	o.Outcome = Moved
+	w.parent.Say("%s: moved %s from %s (now %s) to %s (now %s)", t.ID, dollars(t.Amount),
+		t.From, dollars(fromBalance-t.Amount), t.To, dollars(toBalance+t.Amount))
+	return nil
 }
