@@ -41,6 +41,11 @@ type pod struct {
 	q      queries
 	guard  *fencesql.Guard
 	pause  selfPause
+
+	// beforeWrite, if not nil, is called right before settleTx, where Hold
+	// freezes the story's pod. Tests stand in there for a pause of the pod
+	// long enough for its lease to be taken over.
+	beforeWrite func()
 }
 
 // runPod runs one scheduler firing of a pod, as a child process of the
@@ -97,7 +102,7 @@ func (p *pod) fire(ctx context.Context) Firing {
 			waited = fmt.Sprintf(" after waiting %.1fs", d.Seconds())
 		}
 		p.parent.Emit("acquired", "acquired the lock%s, fence %d", waited, f.Fence)
-		return p.settle(ctx, lease, &f)
+		return p.settle(ctx, lease.Fence(), &f)
 	}, opts...)
 
 	switch {
@@ -120,8 +125,8 @@ func (p *pod) fire(ctx context.Context) Firing {
 }
 
 // settle settles the day with the lease's fence, unless it is done already.
-func (p *pod) settle(ctx context.Context, lease *fencelock.Lease, f *Firing) error {
-	date, fence := p.cfg.Date, lease.Fence()
+func (p *pod) settle(ctx context.Context, fence int64, f *Firing) error {
+	date := p.cfg.Date
 	// The day's row exists before anyone settles it, pending with fence 0.
 	// Whoever comes first creates it; the primary key makes that happen once.
 	if _, err := p.db.ExecContext(ctx, p.q.seed, date); err != nil {
@@ -169,6 +174,9 @@ func (p *pod) settle(ctx context.Context, lease *fencelock.Lease, f *Firing) err
 		writeCtx = context.WithoutCancel(ctx)
 	}
 
+	if p.beforeWrite != nil {
+		p.beforeWrite()
+	}
 	err = settleTx(writeCtx, p.db, p.guard, p.q, date, p.cfg.Pod, fence, total)
 	var stale *fencesql.StaleError
 	switch {
