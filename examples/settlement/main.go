@@ -19,6 +19,12 @@
 //  5. A pod whose scheduler fires late acquires the free lock, but the row
 //     says the day is done, so it does not settle it a second time.
 //
+// The write's transaction starts with the guard, then settles the day only
+// if its row is still pending (UPDATE ... AND status = 'pending'): a pod that
+// found the day pending before a stale pod's write landed, which the guard
+// lets through when no newer fence was recorded yet, does not settle it
+// again.
+//
 // Run it with nothing but Go installed:
 //
 //	go run ./examples/settlement

@@ -91,10 +91,11 @@ func checkStory(t *testing.T, res Result) {
 	assert.Equal(t, want, res.Rows)
 }
 
-// TestFencedWrite checks the settlement's write on its own: it lands only
-// with a fence at least the newest the guard recorded for the day (equal:
-// the same lease writing again), a refused one changes nothing, and the
-// seed does not reset a row.
+// TestFencedWrite checks the settlement's write on its own: it lands once;
+// one with a fence older than the guard recorded for the day is refused
+// (StaleError), one with the same or a newer fence finds the day settled
+// (errSettled); neither changes anything, and the seed does not reset a
+// row.
 func TestFencedWrite(t *testing.T) {
 	ctx := t.Context()
 	db, err := demo.OpenDB(ctx, "")
@@ -113,20 +114,144 @@ func TestFencedWrite(t *testing.T) {
 		require.NoError(t, err)
 		return settleTx(ctx, db, g, q, day, by, fence, 100*fence)
 	}
+	want := []Row{{Date: day, Status: "done", TotalCents: 2000, Fence: 20, SettledBy: "new"}}
 	require.NoError(t, settle(20, "new"), "first write")
 	var stale *fencesql.StaleError
 	require.ErrorAs(t, settle(10, "stale"), &stale, "older fence")
 	assert.Equal(t, fencesql.StaleError{Resource: "settlement:" + day, Fence: 10, Recorded: 20}, *stale)
+	require.ErrorIs(t, settle(20, "same"), errSettled, "same fence again")
+	require.ErrorIs(t, settle(30, "newer"), errSettled, "newer fence")
+
 	rows, err := q.rows(ctx, db)
 	require.NoError(t, err)
-	assert.Equal(t, []Row{{Date: day, Status: "done", TotalCents: 2000, Fence: 20, SettledBy: "new"}}, rows,
-		"the stale write changed nothing")
-	require.NoError(t, settle(20, "same"), "same fence again")
-	require.NoError(t, settle(30, "newer"), "newer fence")
+	assert.Equal(t, want, rows, "the writes after the first changed nothing")
+}
 
-	rows, err = q.rows(ctx, db)
+// TestStaleHolder runs two settlements of a day in the test process, with
+// the fences of two holders of its lock: a pod paused right before its write
+// (beforeWrite) for longer than the TTL, whose lease has fence 1, and the pod
+// that took the lock over meanwhile, whose lease has fence 2. Both found the
+// day pending before the pause. Their writes run in both orders. Either way
+// the day is settled exactly once; when the newer holder writes first, the
+// stale one's write is refused with fencesql.ErrStale.
+func TestStaleHolder(t *testing.T) {
+	const day = "2026-11-29"
+	demotest.Run(t, []demotest.Setup{demotest.Embedded, demotest.WithPostgres}, func(t *testing.T, _, databaseURL string) {
+		t.Run("stale writes first", func(t *testing.T) {
+			st := newStaleSetup(t, databaseURL, day)
+			staleDone := st.pausedSettle(t, st.stale, 1)
+			newerDone := st.pausedSettle(t, st.newer, 2)
+			// Both found the day pending. The stale pod's transaction runs
+			// first: the database knows of no newer fence yet, so it lands.
+			close(st.release[st.stale])
+			s := <-staleDone
+			require.NoError(t, s.err)
+			assert.Equal(t, Settled, s.f.Outcome, "the stale pod, first to write")
+			close(st.release[st.newer])
+			n := <-newerDone
+			require.NoError(t, n.err)
+			assert.Equal(t, SkippedDone, n.f.Outcome, "the newer pod, second: the day was settled meanwhile")
+			st.checkRows(t, Row{Date: day, Status: "done", TotalCents: 19329, Fence: 1, SettledBy: "stale"})
+		})
+		t.Run("newer writes first", func(t *testing.T) {
+			st := newStaleSetup(t, databaseURL, day)
+			staleDone := st.pausedSettle(t, st.stale, 1)
+			close(st.release[st.newer])
+			n := <-st.settle(t, st.newer, 2)
+			require.NoError(t, n.err)
+			assert.Equal(t, Settled, n.f.Outcome, "the newer pod, first to write")
+			close(st.release[st.stale])
+			s := <-staleDone
+			var refused *fencesql.StaleError
+			require.ErrorAs(t, s.err, &refused, "the stale pod's write")
+			assert.Equal(t, fencesql.StaleError{Resource: "settlement:" + day, Fence: 1, Recorded: 2}, *refused)
+			assert.Equal(t, Rejected, s.f.Outcome, "the stale pod, second")
+			st.checkRows(t, Row{Date: day, Status: "done", TotalCents: 19329, Fence: 2, SettledBy: "newer"})
+		})
+	})
+}
+
+// staleSetup is a run's tables and the two pods of TestStaleHolder.
+type staleSetup struct {
+	db           *demo.DB
+	q            queries
+	stale, newer *pod
+	reached      map[*pod]chan struct{} // closed by the pod's beforeWrite
+	release      map[*pod]chan struct{} // closed by the test to let it go on
+}
+
+func newStaleSetup(t *testing.T, databaseURL, day string) *staleSetup {
+	t.Helper()
+	ctx := t.Context()
+	db, err := demo.OpenDB(ctx, databaseURL)
 	require.NoError(t, err)
-	assert.Equal(t, []Row{{Date: day, Status: "done", TotalCents: 3000, Fence: 30, SettledBy: "newer"}}, rows)
+	id := demo.RunID()
+	table, fences := "settlements_"+id, "fences_"+id
+	st := &staleSetup{db: db, q: newQueries(db, table, fences),
+		reached: map[*pod]chan struct{}{}, release: map[*pod]chan struct{}{}}
+	t.Cleanup(func() {
+		assert.NoError(t, db.DropTables(ctx, table, fences, fences+"_keys"))
+		assert.NoError(t, db.Close())
+	})
+	_, err = db.ExecContext(ctx, st.q.create)
+	require.NoError(t, err)
+	guard, err := db.NewGuard(ctx, fences)
+	require.NoError(t, err)
+	out := demotest.Output(t)
+	newPod := func(name string) *pod {
+		p := &pod{cfg: podConfig{Pod: name, Date: day}, parent: demo.NewParent[Firing](name, strings.NewReader(""), out),
+			db: db, q: st.q, guard: guard}
+		reached, release := make(chan struct{}), make(chan struct{})
+		st.reached[p], st.release[p] = reached, release
+		p.beforeWrite = func() {
+			close(reached)
+			<-release
+		}
+		return p
+	}
+	st.stale, st.newer = newPod("stale"), newPod("newer")
+	return st
+}
+
+// settled is what a pod's settle returned.
+type settled struct {
+	f   Firing
+	err error
+}
+
+// settle runs p's settle of the day with fence on a goroutine of its own,
+// and returns where it sends what settle returned.
+func (st *staleSetup) settle(t *testing.T, p *pod, fence int64) <-chan settled {
+	ctx := t.Context()
+	done := make(chan settled, 1)
+	go func() {
+		f := Firing{Pod: p.cfg.Pod, Fence: fence}
+		err := p.settle(ctx, fence, &f)
+		done <- settled{f, err}
+	}()
+	return done
+}
+
+// pausedSettle starts p's settle, as settle does, and returns once it has
+// reached beforeWrite, where it waits for st.release[p].
+func (st *staleSetup) pausedSettle(t *testing.T, p *pod, fence int64) <-chan settled {
+	t.Helper()
+	done := st.settle(t, p, fence)
+	select {
+	case <-st.reached[p]:
+		return done
+	case s := <-done:
+		require.FailNow(t, "the settlement ended before its write", "%s: %+v, %v", p.cfg.Pod, s.f, s.err)
+		return nil
+	}
+}
+
+// checkRows checks that the settlements table holds want alone.
+func (st *staleSetup) checkRows(t *testing.T, want Row) {
+	t.Helper()
+	rows, err := st.q.rows(t.Context(), st.db)
+	require.NoError(t, err)
+	assert.Equal(t, []Row{want}, rows)
 }
 
 // TestCommand runs the command as `go run ./examples/settlement` does, on

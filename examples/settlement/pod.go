@@ -41,6 +41,11 @@ type pod struct {
 	q      queries
 	guard  *fencesql.Guard
 	pause  selfPause
+
+	// beforeWrite, if not nil, is called right before settleTx, where Hold
+	// freezes the story's pod. Tests stand in there for a pause of the pod
+	// long enough for its lease to be taken over.
+	beforeWrite func()
 }
 
 // runPod runs one scheduler firing of a pod, as a child process of the
@@ -97,7 +102,7 @@ func (p *pod) fire(ctx context.Context) Firing {
 			waited = fmt.Sprintf(" after waiting %.1fs", d.Seconds())
 		}
 		p.parent.Emit("acquired", "acquired the lock%s, fence %d", waited, f.Fence)
-		return p.settle(ctx, lease, &f)
+		return p.settle(ctx, lease.Fence(), &f)
 	}, opts...)
 
 	switch {
@@ -120,8 +125,8 @@ func (p *pod) fire(ctx context.Context) Firing {
 }
 
 // settle settles the day with the lease's fence, unless it is done already.
-func (p *pod) settle(ctx context.Context, lease *fencelock.Lease, f *Firing) error {
-	date, fence := p.cfg.Date, lease.Fence()
+func (p *pod) settle(ctx context.Context, fence int64, f *Firing) error {
+	date := p.cfg.Date
 	// The day's row exists before anyone settles it, pending with fence 0.
 	// Whoever comes first creates it; the primary key makes that happen once.
 	if _, err := p.db.ExecContext(ctx, p.q.seed, date); err != nil {
@@ -132,7 +137,8 @@ func (p *pod) settle(ctx context.Context, lease *fencelock.Lease, f *Firing) err
 		return err
 	}
 	// The lock keeps two pods from settling at once, not a late pod from
-	// settling again once the lock is free. The row does that.
+	// settling again once the lock is free. The row does that: here, so as
+	// not to compute the total for nothing, and in settleTx, which decides.
 	if row.Status == "done" {
 		f.Outcome = SkippedDone
 		p.parent.Say("%s is already settled (status done, fence %d, by %s): skip", date, row.Fence, row.SettledBy)
@@ -169,12 +175,23 @@ func (p *pod) settle(ctx context.Context, lease *fencelock.Lease, f *Firing) err
 		writeCtx = context.WithoutCancel(ctx)
 	}
 
+	if p.beforeWrite != nil {
+		p.beforeWrite()
+	}
 	err = settleTx(writeCtx, p.db, p.guard, p.q, date, p.cfg.Pod, fence, total)
 	var stale *fencesql.StaleError
 	switch {
 	case err == nil:
 		f.Outcome = Settled
 		p.parent.Say("write ACCEPTED with fence %d: %s done, total %s", fence, date, dollars(total))
+		return nil
+	case errors.Is(err, errSettled):
+		f.Outcome = SkippedDone
+		if row, err = p.q.row(writeCtx, p.db, date); err != nil {
+			return err
+		}
+		p.parent.Say("%s was settled meanwhile (status %s, fence %d, by %s): nothing written",
+			date, row.Status, row.Fence, row.SettledBy)
 		return nil
 	case !errors.As(err, &stale):
 		return err
@@ -190,10 +207,14 @@ func (p *pod) settle(ctx context.Context, lease *fencelock.Lease, f *Firing) err
 	return fmt.Errorf("settlement write rejected: %w", stale)
 }
 
+// errSettled is settleTx's error when the day's row is no longer pending.
+var errSettled = errors.New("already settled")
+
 // settleTx is the fenced write: in one transaction, the guard records
 // fence for the day unless a newer fence is recorded, and the day's row is
-// marked done. A stale holder gets a *fencesql.StaleError, and its
-// transaction rolls back whole.
+// marked done if it is still pending. A stale holder gets a
+// *fencesql.StaleError, a holder that finds the day settled errSettled;
+// either way its transaction rolls back whole.
 func settleTx(ctx context.Context, db *demo.DB, g *fencesql.Guard, q queries, date, by string, fence, total int64) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
@@ -203,8 +224,21 @@ func settleTx(ctx context.Context, db *demo.DB, g *fencesql.Guard, q queries, da
 	if err := g.Advance(ctx, tx, "settlement:"+date, fence); err != nil {
 		return err
 	}
-	if _, err := tx.ExecContext(ctx, q.settle, total, by, date); err != nil {
+	// The status settle read before the transaction may be out of date: a
+	// stale holder, paused before the lock passed to this one, may have
+	// settled the day since (its write landed, as no newer fence was
+	// recorded yet). Advance has ordered this transaction after any other
+	// holder's, so the status is checked again here, by the update itself.
+	r, err := tx.ExecContext(ctx, q.settle, total, by, date)
+	if err != nil {
 		return fmt.Errorf("settle %s: %w", date, err)
+	}
+	n, err := r.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("settle %s: %w", date, err)
+	}
+	if n != 1 {
+		return errSettled
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("settle %s: %w", date, err)
@@ -241,9 +275,10 @@ func newQueries(db *demo.DB, table, fences string) queries {
 			settled_by  TEXT NOT NULL)`,
 		seed: db.Rebind(`INSERT INTO ` + table + ` (settle_date, status, total_cents, settled_by)
 			VALUES (?, 'pending', 0, '') ON CONFLICT (settle_date) DO NOTHING`),
-		// The write of settleTx, after the guard's Advance.
+		// The write of settleTx, after the guard's Advance: it changes
+		// no row once the day is done.
 		settle: db.Rebind(`UPDATE ` + table + ` SET status = 'done', total_cents = ?, settled_by = ?
-			WHERE settle_date = ?`),
+			WHERE settle_date = ? AND status = 'pending'`),
 		selectRow: db.Rebind(`SELECT CAST(settle_date AS TEXT), status, total_cents, settled_by
 			FROM ` + table + ` WHERE settle_date = ?`),
 		selectAll: `SELECT CAST(settle_date AS TEXT), status, total_cents, settled_by

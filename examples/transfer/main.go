@@ -1,6 +1,6 @@
 // Command transfer shows fencelock's AcquireAll keeping concurrent money
 // transfers from losing money: each transfer locks both of its accounts
-// together, and writes both rows with their fencing tokens.
+// together, and fences its transaction with both leases' fences.
 //
 // Four accounts hold $100.00 each. Three processes of a payments service
 // start eight transfers at the same moment (3, 3 and 2 of them), between
@@ -14,16 +14,24 @@
 //
 // which takes both locks in one script, all or none: a transfer never holds
 // one account while it waits for the other, so two transfers in opposite
-// directions cannot wait for each other for ever. Every write carries the
-// fence of its account's lease:
+// directions cannot wait for each other for ever.
 //
-//	UPDATE accounts SET balance_cents = ?, fence_token = ?
-//	WHERE id = ? AND fence_token < ?
+// The locks save work; they cannot keep a worker paused past their TTL (a
+// long GC pause, a suspended VM) from resuming and writing as if it still
+// held them. So each transfer's transaction starts, before it reads
+// anything, with the fence guard (package fencesql), for both accounts in
+// the same order:
 //
-// and a transfer whose two writes do not both land is rolled back. At the
-// end the parent checks that the four balances still add up to $400.00 and
-// that each is its opening balance plus the ledger's credits less its
-// debits: no transfer was lost.
+//	guard.Advance(ctx, tx, "account:"+id, lease.Fence())
+//
+// A stale holder whose accounts a newer holder wrote first gets ErrStale
+// there, and writes nothing. A newer holder that comes second waits there
+// until the stale holder's transaction ends, and reads the balances it left:
+// reading them before the fences, or outside the transaction, would let it
+// compute its writes from balances about to change, and make or lose money.
+// At the end the parent checks that the four balances still add up to
+// $400.00 and that each is its opening balance plus the ledger's credits
+// less its debits: no transfer was lost.
 //
 // Run it with nothing but Go installed:
 //
@@ -32,7 +40,8 @@
 // It starts an embedded miniredis on a loopback port and an SQLite file in a
 // temporary directory. REDIS_ADDR (host:port or redis:// URL) switches to a
 // real Redis, DATABASE_URL (postgres:// URL) to PostgreSQL. The run uses its
-// own tables and lock key prefix and removes them at the end.
+// own tables (accounts, ledger, fence guard) and lock key prefix and removes
+// them at the end.
 package main
 
 import (
@@ -81,7 +90,7 @@ type Transfer struct {
 const (
 	Moved        = "moved"              // both writes landed
 	Insufficient = "insufficient funds" // the source could not pay: nothing written
-	Rejected     = "rejected"           // a write was refused by its fence: rolled back
+	Rejected     = "rejected"           // refused by the fence guard, a newer holder wrote first: nothing written
 	Failed       = "failed"             // anything else; see Err
 )
 
@@ -141,11 +150,15 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 	tl, db := st.Timeline, st.DB
 
 	q := newQueries(db, "accounts_"+st.ID, "ledger_"+st.ID)
-	res.Tables = st.DropAtEnd(q.accounts, q.ledger)
+	fences := "fences_" + st.ID
+	res.Tables = st.DropAtEnd(q.accounts, q.ledger, fences, fences+"_keys")
 	for _, stmt := range q.create {
 		if _, err := db.ExecContext(ctx, stmt); err != nil {
 			return res, fmt.Errorf("create tables: %w", err)
 		}
+	}
+	if _, err := db.NewGuard(ctx, fences); err != nil {
+		return res, err
 	}
 	for _, a := range accounts {
 		if _, err := db.ExecContext(ctx, q.open, a, opening); err != nil {
@@ -162,7 +175,7 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 		strings.Join(accounts, ", "), dollars(opening), len(workers), cfg.TTL)
 
 	base := workerConfig{Redis: st.Redis.Addr, Driver: db.Driver, DSN: db.DSN, Accounts: q.accounts, Ledger: q.ledger,
-		KeyPrefix: st.KeyPrefix, TTL: cfg.TTL}
+		Fences: fences, KeyPrefix: st.KeyPrefix, TTL: cfg.TTL}
 	s := demo.NewProcs[Outcome](tl, cfg.Stderr)
 	defer s.StopAll()
 	var procs []*demo.Proc[Outcome]

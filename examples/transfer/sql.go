@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 
 	"github.com/fencelock/fencelock/examples/internal/demo"
@@ -14,7 +15,7 @@ type queries struct {
 	create           []string
 	open             string // id, balance
 	read             string // id
-	write            string // balance, fence, id, fence: lands only with a newer fence
+	write            string // balance, fence, id: unconditional, after the guard's Advance in the same transaction
 	record           string // a ledger row
 	all              string
 	ledgerRows       string
@@ -31,7 +32,7 @@ func newQueries(db *demo.DB, accounts, ledger string) queries {
 		},
 		open:  db.Rebind(`INSERT INTO ` + accounts + ` (id, balance_cents, fence_token) VALUES (?, ?, 0)`),
 		read:  db.Rebind(`SELECT balance_cents FROM ` + accounts + ` WHERE id = ?`),
-		write: db.Rebind(`UPDATE ` + accounts + ` SET balance_cents = ?, fence_token = ? WHERE id = ? AND fence_token < ?`),
+		write: db.Rebind(`UPDATE ` + accounts + ` SET balance_cents = ?, fence_token = ? WHERE id = ?`),
 		record: db.Rebind(`INSERT INTO ` + ledger + ` (transfer, worker, from_id, to_id, amount_cents, from_fence, to_fence)
 			VALUES (?, ?, ?, ?, ?, ?, ?)`),
 		all:        `SELECT id, balance_cents, fence_token FROM ` + accounts + ` ORDER BY id`,
@@ -39,9 +40,10 @@ func newQueries(db *demo.DB, accounts, ledger string) queries {
 	}
 }
 
-func (q queries) balance(ctx context.Context, db *demo.DB, id string) (int64, error) {
+// balance reads an account's balance in tx.
+func (q queries) balance(ctx context.Context, tx *sql.Tx, id string) (int64, error) {
 	var cents int64
-	if err := db.QueryRowContext(ctx, q.read, id).Scan(&cents); err != nil {
+	if err := tx.QueryRowContext(ctx, q.read, id).Scan(&cents); err != nil {
 		return 0, fmt.Errorf("read %s: %w", id, err)
 	}
 	return cents, nil

@@ -303,7 +303,7 @@ func ChildMain[C, R any](run func(ctx context.Context, parent *Parent[R], cfg C)
 			fmt.Fprintf(os.Stderr, "%s: %s: %v\n", spec.Name, childEnv, err)
 			return 1
 		}
-		p := &Parent[R]{name: spec.Name, stdin: bufio.NewScanner(os.Stdin), out: json.NewEncoder(os.Stdout)}
+		p := NewParent[R](spec.Name, os.Stdin, os.Stdout)
 		if err := run(context.Background(), p, cfg); err != nil {
 			fmt.Fprintf(os.Stderr, "%s: %v\n", spec.Name, err)
 			return 1
@@ -311,6 +311,14 @@ func ChildMain[C, R any](run func(ctx context.Context, parent *Parent[R], cfg C)
 		p.send(Event[R]{Kind: "done"})
 		return 0
 	}
+}
+
+// NewParent returns a child's line to its parent that reads commands from
+// in and writes events to out. ChildMain gives a child one on its standard
+// streams; a test can give one on a buffer to run a child's code in the
+// test's own process.
+func NewParent[R any](name string, in io.Reader, out io.Writer) *Parent[R] {
+	return &Parent[R]{name: name, stdin: bufio.NewScanner(in), out: json.NewEncoder(out)}
 }
 
 // Ready tells the parent that the child is ready and waits for its "go".
