@@ -58,10 +58,10 @@ func ExampleLocker_RunWithLocks() {
 
 	// A transfer locks both accounts, or neither.
 	err = locker.RunWithLocks(ctx, []string{"account:alice", "account:bob"}, func(ctx context.Context, leases []*fencelock.Lease) error {
-		// Write each account with its own lease's fence:
-		//
-		//	UPDATE accounts SET balance = $1, fence_token = $2
-		//	WHERE id = $3 AND fence_token < $2
+		// In one transaction: fencesql's Guard.Advance for each account
+		// with its own lease's fence, in account order, then read the
+		// balances and write them (examples/transfer). Balances read
+		// before the fences could be a stale holder's, about to change.
 		for _, lease := range leases {
 			fmt.Println("locked", lease.Name())
 		}
