@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/fencelock/fencelock/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -583,6 +585,37 @@ func TestRunWithLockCtxEndKeepsLockUntilWorkReturns(t *testing.T) {
 		}
 		return nil
 	})
-	require.NoError(t, err)
+	if err != nil { // the release did not answer within callGrace of ctx's end (a loaded machine)
+		require.ErrorIs(t, err, context.Canceled)
+		require.ErrorContains(t, err, "release (it goes on in the background)")
+		return
+	}
 	assert.False(t, keyExists(t, e.srv, key), "released when the work returned")
+}
+
+// When ctx has ended before the release after the work answers (a slow
+// link), the release goes on in the background and cannot say whether the
+// lock was held to the end: RunWithLock's error matches ctx.Err(). It
+// returned nil, also when the lock had been deleted under the work.
+func TestRunWithLockCtxEndedBeforeTheReleaseAnswers(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	proxy := redistest.StartProxy(t, srv.Addr)
+	client := redis.NewClient(&redis.Options{Addr: proxy.Addr})
+	t.Cleanup(func() { _ = client.Close() })
+	l, err := New(client, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	admin := srv.Client(nil)
+
+	runCtx, cancel := context.WithCancel(ctx)
+	err = l.RunWithLock(runCtx, uniqueName(t), func(ctx context.Context, lease *Lease) error {
+		require.NoError(t, admin.Del(context.Background(), lease.Key()).Err()) // deleted under the work
+		proxy.SetLatency(100 * time.Millisecond)                               // the release answers after callGrace
+		cancel()
+		return nil
+	})
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.ErrorContains(t, err, "background")
+	proxy.SetLatency(0)
 }
