@@ -207,8 +207,9 @@ func (w *waiter) leave() {
 	}
 	delete(n.channels, w.channel)
 	if cs.hub != nil {
+		// Still confirmed until the hub unsubscribes it (sync): a waiter
+		// that comes first finds it subscribed, and the hub sends nothing.
 		delete(cs.hub.want, w.channel)
-		delete(cs.hub.confirmed, w.channel) // unsubscribed next: a new waiter waits for a new confirmation
 		cs.hub.kickLocked()
 	}
 }
@@ -311,6 +312,13 @@ func (n *notifier) attachLocked(channel string, cs *chanState, key string, clien
 	cs.hub = h
 	h.want[channel] = struct{}{}
 	h.kickLocked()
+	if _, ok := h.confirmed[channel]; ok { // still subscribed: its last waiter left just now
+		for w := range cs.waiters {
+			if w.h.hear(w, message{}) != ignore {
+				w.signal()
+			}
+		}
+	}
 }
 
 // rerouteLocked detaches channel from its hub and routes it again: its slot
@@ -709,11 +717,13 @@ func (h *hub) handle(c *conn, m any) bool {
 	case *redis.Subscription: // messages never come here: the reader wakes their waiters
 		switch m.Kind {
 		case "subscribe", "ssubscribe":
-			n.mu.Lock()
-			if _, ok := h.want[m.Channel]; ok {
+			// Confirmed while the connection is subscribed, wanted or not:
+			// a waiter may come before sync unsubscribes it.
+			if _, ok := c.sent[m.Channel]; ok {
+				n.mu.Lock()
 				h.confirmed[m.Channel] = struct{}{}
+				n.mu.Unlock()
 			}
-			n.mu.Unlock()
 			// Releases before the confirmation may have been missed:
 			// the waiters try now.
 			n.wake(m.Channel, "")
