@@ -240,8 +240,9 @@ func (w *waiter) signal() {
 // a lookup on a goroutine of its own (it may ask the cluster for its slots).
 //
 // moved names the node that ended the channel's subscription because its
-// slot moved: the lookup waits, briefly, for the client to learn the slot's
-// new master (go-redis reloads its slot map in the background).
+// slot moved, or that could not be reached for n.reroute (a crash, and a
+// replica's takeover): the lookup waits, briefly, for the client to learn
+// the slot's new master (go-redis reloads its slot map in the background).
 func (n *notifier) routeLocked(channel string, cs *chanState, moved string) {
 	if !n.nodes {
 		n.attachLocked(channel, cs, "", n.client)
@@ -322,7 +323,8 @@ func (n *notifier) attachLocked(channel string, cs *chanState, key string, clien
 }
 
 // rerouteLocked detaches channel from its hub and routes it again: its slot
-// may have moved to another node (moved, if the node said so).
+// may have moved to another node (moved, if the node said so or is
+// unreachable).
 func (n *notifier) rerouteLocked(channel, moved string) {
 	cs := n.channels[channel]
 	if cs == nil || cs.routing {
@@ -532,6 +534,7 @@ func (h *hub) run() {
 		reopen  = backoff{min: 10 * time.Millisecond, max: time.Second}
 		retryAt time.Time // no new connection before then
 		idle    time.Time // when the hub last had no channel; zero while it has some
+		failing time.Time // since when no connection to the node could be made; zero after one was
 	)
 	drop := func() {
 		if c == nil {
@@ -562,6 +565,18 @@ func (h *hub) run() {
 
 		var due time.Time // when to look again; zero: at a change or a message
 		switch {
+		case len(want) == 0 && c == nil && !failing.IsZero():
+			// Nothing to linger for: the node is unreachable, and its
+			// channels left (routed elsewhere, or their waiters did).
+			n.mu.Lock()
+			if len(h.want) == 0 {
+				h.closed = true
+				delete(n.hubs, h.key)
+				n.mu.Unlock()
+				return
+			}
+			n.mu.Unlock()
+			continue
 		case len(want) == 0 && (c == nil || len(c.sent) == 0):
 			if idle.IsZero() {
 				idle = now
@@ -590,9 +605,24 @@ func (h *hub) run() {
 				n.log.LogAttrs(h.ctx, slog.LevelDebug, "fencelock: wake-up subscription failed",
 					slog.String("node", h.key), slog.Any("error", err))
 				drop()
-				retryAt = h.now().Add(reopen.next())
+				now := h.now()
+				if failing.IsZero() {
+					failing = now
+				}
+				if n.nodes && !now.Before(failing.Add(n.reroute)) {
+					// Unreachable for a while: the node may have
+					// crashed and a replica taken over its slots.
+					// Route its channels again; checkPending never
+					// runs here, as no sync succeeds.
+					n.mu.Lock()
+					h.rerouteAllLocked()
+					n.mu.Unlock()
+					failing = now // for channels routed here again
+				}
+				retryAt = now.Add(reopen.next())
 				continue
 			}
+			failing = time.Time{}
 			due = h.checkPending(c)
 		}
 		due = earliest(due, lingerEnd)
@@ -795,6 +825,20 @@ func (h *hub) checkPending(c *conn) (next time.Time) {
 		next = now
 	}
 	return next
+}
+
+// rerouteAllLocked routes every channel of h again, as the lookup of its
+// node would find it now, once go-redis has learnt the slot's new master (see
+// routeLocked).
+func (h *hub) rerouteAllLocked() {
+	n := h.n
+	for ch := range h.want {
+		if cs := n.channels[ch]; cs == nil || cs.hub != h {
+			delete(h.want, ch)
+			continue
+		}
+		n.rerouteLocked(ch, h.key)
+	}
 }
 
 // earliest returns the earlier of a and b, the zero time meaning none.
