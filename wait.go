@@ -463,6 +463,7 @@ type conn struct {
 	msgs    chan any             // messages and errors, from the reader
 	quit    chan struct{}        // closed to stop the reader
 	done    chan struct{}        // closed when the reader has exited
+	opened  time.Time            // when the server first answered on it; zero until then
 	sent    map[string]time.Time // channels subscribed, and when
 	unsent  map[string]int       // our unsubscriptions whose confirmation has not come yet
 }
@@ -480,6 +481,15 @@ func (c *conn) close() {
 	}
 	if c.reading {
 		<-c.done
+	}
+}
+
+// forgive starts the reopen backoff over if c, now ending, lasted for its
+// longest step: a connection that breaks after a while is reopened at once,
+// one that breaks as soon as it is opened ever less often.
+func (c *conn) forgive(reopen *backoff, now time.Time) {
+	if !c.opened.IsZero() && !now.Before(c.opened.Add(reopen.max)) {
+		reopen.reset()
 	}
 }
 
@@ -604,6 +614,7 @@ func (h *hub) run() {
 			if err := h.sync(c, want); err != nil {
 				n.log.LogAttrs(h.ctx, slog.LevelDebug, "fencelock: wake-up subscription failed",
 					slog.String("node", h.key), slog.Any("error", err))
+				c.forgive(&reopen, h.now())
 				drop()
 				now := h.now()
 				if failing.IsZero() {
@@ -649,6 +660,7 @@ func (h *hub) run() {
 				// The connection broke, or the server has no sharded
 				// pub/sub: messages may have been lost, so every waiter
 				// tries again; then open a new connection.
+				c.forgive(&reopen, h.now())
 				drop()
 				n.mu.Lock()
 				n.signalLocked(h)
@@ -710,6 +722,9 @@ func (h *hub) sync(c *conn, want []string) error {
 		}
 		if err != nil {
 			return err
+		}
+		if c.opened.IsZero() {
+			c.opened = h.now()
 		}
 		c.sent[ch] = h.now()
 		if !c.reading {
