@@ -30,7 +30,7 @@ type notifier struct {
 	ctx     context.Context // cancelled by close
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup // Add only under mu while !closed
-	reroute time.Duration  // how long a subscription may stay unconfirmed before it is routed again
+	reroute time.Duration  // how long a subscription may stay unconfirmed, or its node unreachable, before it is routed again
 
 	mu       sync.Mutex
 	closed   bool                  // guarded by mu; Locker.Close was called
