@@ -23,6 +23,7 @@ import (
 type notifier struct {
 	client  redis.UniversalClient
 	nodes   bool          // Cluster or Ring: one hub per node, found by routing each channel
+	cluster bool          // Cluster: a node unreachable for reroute has its channels routed again
 	linger  time.Duration // hubLinger; shortened by tests
 	keep    time.Duration // channelLinger; shortened by tests
 	log     *slog.Logger
@@ -124,7 +125,7 @@ func newNotifier(client redis.UniversalClient, log *slog.Logger, clock Clock) *n
 	_, ring := client.(*redis.Ring)
 	ctx, cancel := context.WithCancel(context.Background())
 	return &notifier{
-		client: client, nodes: cluster || ring, linger: hubLinger, keep: channelLinger, log: log, clock: clock, ctx: ctx, cancel: cancel,
+		client: client, nodes: cluster || ring, cluster: cluster, linger: hubLinger, keep: channelLinger, log: log, clock: clock, ctx: ctx, cancel: cancel,
 		reroute:  2 * time.Second,
 		channels: make(map[string]*chanState), hubs: make(map[string]*hub),
 	}
@@ -620,11 +621,16 @@ func (h *hub) run() {
 				if failing.IsZero() {
 					failing = now
 				}
-				if n.nodes && !now.Before(failing.Add(n.reroute)) {
+				if n.cluster && !now.Before(failing.Add(n.reroute)) {
 					// Unreachable for a while: the node may have
 					// crashed and a replica taken over its slots.
 					// Route its channels again; checkPending never
-					// runs here, as no sync succeeds.
+					// runs here, as no sync succeeds. Not on a Ring:
+					// a shard that comes back takes its keys back,
+					// and nothing would move the channels back.
+					// On a Cluster, a failed master comes back a
+					// replica, and a slot moved back ends its
+					// subscriptions (handle).
 					n.mu.Lock()
 					h.rerouteAllLocked()
 					n.mu.Unlock()
