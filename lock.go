@@ -770,6 +770,9 @@ type backoff struct {
 	cur      time.Duration
 }
 
+// reset starts the backoff over at min.
+func (b *backoff) reset() { b.cur = 0 }
+
 func (b *backoff) next() time.Duration {
 	switch {
 	case b.cur == 0:

@@ -23,6 +23,7 @@ import (
 type notifier struct {
 	client  redis.UniversalClient
 	nodes   bool          // Cluster or Ring: one hub per node, found by routing each channel
+	cluster bool          // Cluster: a node unreachable for reroute has its channels routed again
 	linger  time.Duration // hubLinger; shortened by tests
 	keep    time.Duration // channelLinger; shortened by tests
 	log     *slog.Logger
@@ -30,7 +31,7 @@ type notifier struct {
 	ctx     context.Context // cancelled by close
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup // Add only under mu while !closed
-	reroute time.Duration  // how long a subscription may stay unconfirmed before it is routed again
+	reroute time.Duration  // how long a subscription may stay unconfirmed, or its node unreachable, before it is routed again
 
 	mu       sync.Mutex
 	closed   bool                  // guarded by mu; Locker.Close was called
@@ -124,7 +125,7 @@ func newNotifier(client redis.UniversalClient, log *slog.Logger, clock Clock) *n
 	_, ring := client.(*redis.Ring)
 	ctx, cancel := context.WithCancel(context.Background())
 	return &notifier{
-		client: client, nodes: cluster || ring, linger: hubLinger, keep: channelLinger, log: log, clock: clock, ctx: ctx, cancel: cancel,
+		client: client, nodes: cluster || ring, cluster: cluster, linger: hubLinger, keep: channelLinger, log: log, clock: clock, ctx: ctx, cancel: cancel,
 		reroute:  2 * time.Second,
 		channels: make(map[string]*chanState), hubs: make(map[string]*hub),
 	}
@@ -207,8 +208,9 @@ func (w *waiter) leave() {
 	}
 	delete(n.channels, w.channel)
 	if cs.hub != nil {
+		// Still confirmed until the hub unsubscribes it (sync): a waiter
+		// that comes first finds it subscribed, and the hub sends nothing.
 		delete(cs.hub.want, w.channel)
-		delete(cs.hub.confirmed, w.channel) // unsubscribed next: a new waiter waits for a new confirmation
 		cs.hub.kickLocked()
 	}
 }
@@ -239,8 +241,9 @@ func (w *waiter) signal() {
 // a lookup on a goroutine of its own (it may ask the cluster for its slots).
 //
 // moved names the node that ended the channel's subscription because its
-// slot moved: the lookup waits, briefly, for the client to learn the slot's
-// new master (go-redis reloads its slot map in the background).
+// slot moved, or that could not be reached for n.reroute (a crash, and a
+// replica's takeover): the lookup waits, briefly, for the client to learn
+// the slot's new master (go-redis reloads its slot map in the background).
 func (n *notifier) routeLocked(channel string, cs *chanState, moved string) {
 	if !n.nodes {
 		n.attachLocked(channel, cs, "", n.client)
@@ -311,10 +314,18 @@ func (n *notifier) attachLocked(channel string, cs *chanState, key string, clien
 	cs.hub = h
 	h.want[channel] = struct{}{}
 	h.kickLocked()
+	if _, ok := h.confirmed[channel]; ok { // still subscribed: its last waiter left just now
+		for w := range cs.waiters {
+			if w.h.hear(w, message{}) != ignore {
+				w.signal()
+			}
+		}
+	}
 }
 
 // rerouteLocked detaches channel from its hub and routes it again: its slot
-// may have moved to another node (moved, if the node said so).
+// may have moved to another node (moved, if the node said so or is
+// unreachable).
 func (n *notifier) rerouteLocked(channel, moved string) {
 	cs := n.channels[channel]
 	if cs == nil || cs.routing {
@@ -453,6 +464,7 @@ type conn struct {
 	msgs    chan any             // messages and errors, from the reader
 	quit    chan struct{}        // closed to stop the reader
 	done    chan struct{}        // closed when the reader has exited
+	opened  time.Time            // when the server first answered on it; zero until then
 	sent    map[string]time.Time // channels subscribed, and when
 	unsent  map[string]int       // our unsubscriptions whose confirmation has not come yet
 }
@@ -470,6 +482,15 @@ func (c *conn) close() {
 	}
 	if c.reading {
 		<-c.done
+	}
+}
+
+// forgive starts the reopen backoff over if c, now ending, lasted for its
+// longest step: a connection that breaks after a while is reopened at once,
+// one that breaks as soon as it is opened ever less often.
+func (c *conn) forgive(reopen *backoff, now time.Time) {
+	if !c.opened.IsZero() && !now.Before(c.opened.Add(reopen.max)) {
+		reopen.reset()
 	}
 }
 
@@ -524,6 +545,7 @@ func (h *hub) run() {
 		reopen  = backoff{min: 10 * time.Millisecond, max: time.Second}
 		retryAt time.Time // no new connection before then
 		idle    time.Time // when the hub last had no channel; zero while it has some
+		failing time.Time // since when no connection to the node could be made; zero after one was
 	)
 	drop := func() {
 		if c == nil {
@@ -554,6 +576,18 @@ func (h *hub) run() {
 
 		var due time.Time // when to look again; zero: at a change or a message
 		switch {
+		case len(want) == 0 && c == nil && !failing.IsZero():
+			// Nothing to linger for: the node is unreachable, and its
+			// channels left (routed elsewhere, or their waiters did).
+			n.mu.Lock()
+			if len(h.want) == 0 {
+				h.closed = true
+				delete(n.hubs, h.key)
+				n.mu.Unlock()
+				return
+			}
+			n.mu.Unlock()
+			continue
 		case len(want) == 0 && (c == nil || len(c.sent) == 0):
 			if idle.IsZero() {
 				idle = now
@@ -581,10 +615,31 @@ func (h *hub) run() {
 			if err := h.sync(c, want); err != nil {
 				n.log.LogAttrs(h.ctx, slog.LevelDebug, "fencelock: wake-up subscription failed",
 					slog.String("node", h.key), slog.Any("error", err))
+				c.forgive(&reopen, h.now())
 				drop()
-				retryAt = h.now().Add(reopen.next())
+				now := h.now()
+				if failing.IsZero() {
+					failing = now
+				}
+				if n.cluster && !now.Before(failing.Add(n.reroute)) {
+					// Unreachable for a while: the node may have
+					// crashed and a replica taken over its slots.
+					// Route its channels again; checkPending never
+					// runs here, as no sync succeeds. Not on a Ring:
+					// a shard that comes back takes its keys back,
+					// and nothing would move the channels back.
+					// On a Cluster, a failed master comes back a
+					// replica, and a slot moved back ends its
+					// subscriptions (handle).
+					n.mu.Lock()
+					h.rerouteAllLocked()
+					n.mu.Unlock()
+					failing = now // for channels routed here again
+				}
+				retryAt = now.Add(reopen.next())
 				continue
 			}
+			failing = time.Time{}
 			due = h.checkPending(c)
 		}
 		due = earliest(due, lingerEnd)
@@ -611,6 +666,7 @@ func (h *hub) run() {
 				// The connection broke, or the server has no sharded
 				// pub/sub: messages may have been lost, so every waiter
 				// tries again; then open a new connection.
+				c.forgive(&reopen, h.now())
 				drop()
 				n.mu.Lock()
 				n.signalLocked(h)
@@ -673,6 +729,9 @@ func (h *hub) sync(c *conn, want []string) error {
 		if err != nil {
 			return err
 		}
+		if c.opened.IsZero() {
+			c.opened = h.now()
+		}
 		c.sent[ch] = h.now()
 		if !c.reading {
 			c.reading = true
@@ -709,11 +768,13 @@ func (h *hub) handle(c *conn, m any) bool {
 	case *redis.Subscription: // messages never come here: the reader wakes their waiters
 		switch m.Kind {
 		case "subscribe", "ssubscribe":
-			n.mu.Lock()
-			if _, ok := h.want[m.Channel]; ok {
+			// Confirmed while the connection is subscribed, wanted or not:
+			// a waiter may come before sync unsubscribes it.
+			if _, ok := c.sent[m.Channel]; ok {
+				n.mu.Lock()
 				h.confirmed[m.Channel] = struct{}{}
+				n.mu.Unlock()
 			}
-			n.mu.Unlock()
 			// Releases before the confirmation may have been missed:
 			// the waiters try now.
 			n.wake(m.Channel, "")
@@ -785,6 +846,20 @@ func (h *hub) checkPending(c *conn) (next time.Time) {
 		next = now
 	}
 	return next
+}
+
+// rerouteAllLocked routes every channel of h again, as the lookup of its
+// node would find it now, once go-redis has learnt the slot's new master (see
+// routeLocked).
+func (h *hub) rerouteAllLocked() {
+	n := h.n
+	for ch := range h.want {
+		if cs := n.channels[ch]; cs == nil || cs.hub != h {
+			delete(h.want, ch)
+			continue
+		}
+		n.rerouteLocked(ch, h.key)
+	}
 }
 
 // earliest returns the earlier of a and b, the zero time meaning none.

@@ -602,3 +602,44 @@ func TestWakeUpPassedOnWhenTheWokenGivesUp(t *testing.T) {
 	r := requireAcquired(t, got, 5*time.Second, "the wake-up died with the waiter that gave up (backoff 20s)")
 	require.NoError(t, r.lease.Release(ctx))
 }
+
+// confirmations counts the subscription confirmations its waiter hears.
+type confirmations struct{ n atomic.Int64 }
+
+func (c *confirmations) hear(_ *waiter, m message) hearing {
+	if m.payload == "" {
+		c.n.Add(1)
+	}
+	return wakeAll
+}
+func (*confirmations) lingers(*waiter) bool { return false }
+
+// A hub whose connection breaks after it lasted reopens it at once, however
+// often it broke before: its reopen backoff starts over. One that breaks as
+// soon as it is opened waits ever longer.
+func TestHubReopensAtOnceAfterALastingConnection(t *testing.T) {
+	e := newEnv(t, nil)
+	l := e.locker(t, slowPolling)
+	var heard confirmations
+	w := waitsOf(l).register("lock:{"+uniqueName(t)+"}", nil, &heard)
+	require.NotNil(t, w)
+	t.Cleanup(w.leave)
+	require.Eventually(t, func() bool { return heard.n.Load() == 1 }, 5*time.Second, time.Millisecond)
+	// reopen breaks the hub's connection and returns when the hub's new
+	// one is confirmed (go-redis's own reconnection, which the hub closes
+	// at once, confirms nothing to the hub).
+	reopen := func() time.Duration {
+		t.Helper()
+		before, start := heard.n.Load(), time.Now()
+		require.NoError(t, e.admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Err())
+		require.Eventually(t, func() bool { return heard.n.Load() > before }, 10*time.Second, time.Millisecond)
+		return time.Since(start)
+	}
+	for range 6 { // broken at once: the backoff grows to 160-320ms
+		reopen()
+	}
+	time.Sleep(1200 * time.Millisecond) // longer than the backoff's longest step, 1s
+	d := reopen()
+	t.Logf("reopened in %v", d)
+	assert.Less(t, d, 250*time.Millisecond, "without the reset, its next step: 320-640ms")
+}
