@@ -16,11 +16,10 @@ import (
 // returns Acquire's error without running work, unless it failed open;
 // ErrInvalid for a nil work; else work's error, joined with one matching
 // ErrLost if the lease was lost while work ran or found not held at release
-// (also when work returned nil), or with one matching ctx.Err() if ctx ended
-// before the release answered (it goes on in the background; whether the
-// lock was held to the end is not known). Pass lease.Fence() to what work
-// writes: only the resource's check of it protects the data once a lease is
-// lost.
+// (also when work returned nil). The release after work runs to its answer
+// also when ctx has ended, bounded by Options.ReleaseTimeout. Pass
+// lease.Fence() to what work writes: only the resource's check of it
+// protects the data once a lease is lost.
 func (l *Locker) RunWithLock(ctx context.Context, name string,
 	work func(ctx context.Context, lease *Lease) error, opts ...Option) error {
 	if err := l.usable(); err != nil {
@@ -102,7 +101,6 @@ func (l *Locker) run(ctx context.Context, name string,
 // settle ends the hold of a lease whose work has returned: it releases the
 // lease, or, when it was lost, gives it back in the background, and returns
 // the loss (matching ErrLost: while the work ran, or found by the release),
-// the release's error matching ctx.Err() when ctx ended before its answer,
 // or nil. If the work released the lease itself, only a loss before that
 // counts.
 func (l *Locker) settle(ctx context.Context, lease *Lease) error {
@@ -123,7 +121,9 @@ func (l *Locker) settle(ctx context.Context, lease *Lease) error {
 		}
 		return lost
 	}
-	rerr := lease.Release(ctx)
+	// Clean-up, so not bounded by ctx (see RunWithLock): the answer says
+	// whether the lock was held to the end.
+	rerr := lease.Release(context.WithoutCancel(ctx))
 	switch {
 	case releasedByWork:
 		return nil
@@ -139,10 +139,6 @@ func (l *Locker) settle(ctx context.Context, lease *Lease) error {
 			errs: []error{ErrLost, rerr}}
 		lease.reportLost(lost, lease.Deadline())
 		return lost
-	case rerr != nil && ctxErr(ctx) != nil && errors.Is(rerr, ctxErr(ctx)):
-		// ctx ended before the release's answer, which goes on in the
-		// background: whether the lock was held to the end is not known.
-		return rerr
 	case rerr != nil:
 		l.opts.Logger.LogAttrs(ctx, slog.LevelWarn, "fencelock: release failed, the lock expires after its TTL",
 			slog.String("lock", lease.name), slog.Int64("fence", lease.fence), slog.Any("error", rerr))
