@@ -275,16 +275,23 @@ func (l *Lease) markDoneLocked(at time.Time, why error) {
 // until Release is called again or its TTL ends. When ctx ends first, the
 // error matches ctx.Err() and the deletion goes on in the background.
 func (l *Lease) Release(ctx context.Context) error {
+	return l.releaseAfter(ctx, nil)
+}
+
+// releaseAfter is Release; when ctx ends first, notHeld, if not nil, is
+// called on the background goroutine with the release's ErrNotHeld, should
+// the release find the lock no longer this lease's.
+func (l *Lease) releaseAfter(ctx context.Context, notHeld func(error)) error {
 	if l == nil || l.locker == nil {
 		return ErrNotHeld
 	}
 	obs := l.locker.opts.Observer
 	if obs == nil {
-		return l.releaseOp(ctx)
+		return l.releaseOp(ctx, notHeld)
 	}
 	ctx = obs.Start(ctx, OpRelease, l.name)
 	start := l.locker.clock.Now()
-	err := l.releaseOp(ctx)
+	err := l.releaseOp(ctx, notHeld)
 	now := l.locker.clock.Now()
 	e := Event{Op: OpRelease, Name: l.name, Lease: l, Outcome: OutcomeOf(err), Err: err,
 		Fence: l.fence, Duration: now.Sub(start)}
@@ -295,8 +302,8 @@ func (l *Lease) Release(ctx context.Context) error {
 	return err
 }
 
-// releaseOp is Release, without the Observer.
-func (l *Lease) releaseOp(ctx context.Context) error {
+// releaseOp is releaseAfter, without the Observer.
+func (l *Lease) releaseOp(ctx context.Context, notHeld func(error)) error {
 	l.endWork()
 	if l.degraded {
 		return ErrNotHeld
@@ -320,6 +327,8 @@ func (l *Lease) releaseOp(ctx context.Context) error {
 		switch {
 		case errors.Is(err, ErrUnavailable):
 			l.locker.releaseInBackground(l) // the caller has gone: try again
+		case errors.Is(err, ErrNotHeld) && notHeld != nil:
+			notHeld(err)
 		case err != nil && !errors.Is(err, ErrNotHeld):
 			l.locker.opts.Logger.LogAttrs(context.Background(), slog.LevelWarn,
 				"fencelock: release failed in the background, the lock expires after its TTL",

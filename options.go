@@ -54,7 +54,8 @@ type Options struct {
 	Observer Observer
 	// OnLost, if set, is called once per lease lost (also found not held as RunWithLock's
 	// work returned), with a cause matching ErrLost, after its context was cancelled, on
-	// the watchdog's or RunWithLock's goroutine: it must not block long nor call Release.
+	// the watchdog's, RunWithLock's or its release's goroutine: it must not block long nor
+	// call Release.
 	OnLost func(lease *Lease, cause error)
 	// Clock is the library's local time, for tests (not a ctx's deadline, nor the idle timer
 	// that ends a spare worker goroutine). Default: the system's.

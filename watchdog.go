@@ -16,10 +16,11 @@ import (
 // returns Acquire's error without running work, unless it failed open;
 // ErrInvalid for a nil work; else work's error, joined with one matching
 // ErrLost if the lease was lost while work ran or found not held at release
-// (also when work returned nil). The release after work runs to its answer
-// also when ctx has ended, bounded by Options.ReleaseTimeout. Pass
-// lease.Fence() to what work writes: only the resource's check of it
-// protects the data once a lease is lost.
+// (also when work returned nil; if ctx ended before the release answered,
+// the release goes on in the background, and only OnLost, the Logger and
+// the Observer hear of such a loss). Pass lease.Fence() to what work
+// writes: only the resource's check of it protects the data once a lease is
+// lost.
 func (l *Locker) RunWithLock(ctx context.Context, name string,
 	work func(ctx context.Context, lease *Lease) error, opts ...Option) error {
 	if err := l.usable(); err != nil {
@@ -121,9 +122,13 @@ func (l *Locker) settle(ctx context.Context, lease *Lease) error {
 		}
 		return lost
 	}
-	// Clean-up, so not bounded by ctx (see RunWithLock): the answer says
-	// whether the lock was held to the end.
-	rerr := lease.Release(context.WithoutCancel(ctx))
+	// Bounded by ctx, as every call is: if ctx ends first, the release goes
+	// on in the background, and a loss it finds is reported from there.
+	rerr := lease.releaseAfter(ctx, func(rerr error) {
+		if !releasedByWork && lease.lostCause() == nil { // not reported by the watchdog
+			lease.reportLost(lostAtRelease(rerr), lease.Deadline())
+		}
+	})
 	switch {
 	case releasedByWork:
 		return nil
@@ -135,8 +140,7 @@ func (l *Locker) settle(ctx context.Context, lease *Lease) error {
 			return lost
 		}
 		// Lost while the work ran, between two renewals.
-		lost := &opError{msg: ErrLost.Error() + ": not held when released after the work: " + rerr.Error(),
-			errs: []error{ErrLost, rerr}}
+		lost := lostAtRelease(rerr)
 		lease.reportLost(lost, lease.Deadline())
 		return lost
 	case rerr != nil:
@@ -144,6 +148,13 @@ func (l *Locker) settle(ctx context.Context, lease *Lease) error {
 			slog.String("lock", lease.name), slog.Int64("fence", lease.fence), slog.Any("error", rerr))
 	}
 	return nil
+}
+
+// lostAtRelease is the loss of a lease found not held (rerr) by the
+// release after the work.
+func lostAtRelease(rerr error) error {
+	return &opError{msg: ErrLost.Error() + ": not held when released after the work: " + rerr.Error(),
+		errs: []error{ErrLost, rerr}}
 }
 
 // joinErr joins the work's error and a loss on one line; both match.
