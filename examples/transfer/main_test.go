@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -221,4 +223,59 @@ func (st *staleSetup) checkMoney(t *testing.T, transfers int) {
 	}
 	assert.Equal(t, dollars(opening*int64(len(accounts))), dollars(total), "the balances add up to what they opened with")
 	assert.NoError(t, check(res), "accounts %+v", res.Accounts)
+}
+
+// waitForLockWaiter waits until a PostgreSQL backend waits for a lock while
+// running a statement containing substr.
+func waitForLockWaiter(t *testing.T, st *staleSetup, substr string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var n int
+		err := st.db.QueryRowContext(t.Context(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND position($1 in query) > 0`, substr).Scan(&n)
+		require.NoError(t, err)
+		return n > 0
+	}, 10*time.Second, 5*time.Millisecond, "a backend waiting on a lock in %q", substr)
+}
+
+// TestStaleHolderConcurrent (PostgreSQL): the newer holder's transaction
+// starts while the stale holder's is still open, after its Advance and
+// before its commit (held there by a table lock on the ledger). The newer
+// one waits at its Advance and reads the balances after the stale one
+// committed: no money is lost. A transfer that read them before its fences
+// fails it. This is the interleaving the fences-first order exists for;
+// TestStaleHolder runs the two transactions one after the other.
+func TestStaleHolderConcurrent(t *testing.T) {
+	url := demotest.RealPostgres(t)
+	stale := Transfer{ID: "t1", From: "alice", To: "bob", Amount: 25_00}
+	newer := Transfer{ID: "t2", From: "alice", To: "carol", Amount: 30_00}
+	st := newStaleSetup(t, url)
+	staleDone := st.pausedMove(t, st.stale, stale, 1)
+	newerDone := st.pausedMove(t, st.newer, newer, 2)
+
+	// Hold the stale holder's transaction open at its ledger insert.
+	blocker, err := st.db.BeginTx(t.Context(), nil)
+	require.NoError(t, err)
+	defer func() { _ = blocker.Rollback() }()
+	_, err = blocker.ExecContext(t.Context(), "LOCK TABLE "+st.q.ledger+" IN EXCLUSIVE MODE")
+	require.NoError(t, err)
+
+	close(st.release[st.stale])
+	waitForLockWaiter(t, st, "INSERT INTO "+st.q.ledger)
+	close(st.release[st.newer])
+	waitForLockWaiter(t, st, "(resource, fence)") // the newer one waits at its Advance
+	require.NoError(t, blocker.Commit())
+
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	for _, ch := range []<-chan moved{staleDone, newerDone} {
+		select {
+		case m := <-ch:
+			require.NoError(t, m.err)
+			require.Equal(t, Moved, m.o.Outcome)
+		case <-ctx.Done():
+			t.Fatal("a transfer did not end")
+		}
+	}
+	st.checkMoney(t, 2)
 }
