@@ -547,6 +547,18 @@ func (h *hub) run() {
 		idle    time.Time // when the hub last had no channel; zero while it has some
 		failing time.Time // since when no connection to the node could be made; zero after one was
 	)
+	// end retires the hub if it has still no channel, and reports whether
+	// it did.
+	end := func() bool {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		if len(h.want) > 0 {
+			return false
+		}
+		h.closed = true
+		delete(n.hubs, h.key)
+		return true
+	}
 	drop := func() {
 		if c == nil {
 			return
@@ -579,28 +591,18 @@ func (h *hub) run() {
 		case len(want) == 0 && c == nil && !failing.IsZero():
 			// Nothing to linger for: the node is unreachable, and its
 			// channels left (routed elsewhere, or their waiters did).
-			n.mu.Lock()
-			if len(h.want) == 0 {
-				h.closed = true
-				delete(n.hubs, h.key)
-				n.mu.Unlock()
+			if end() {
 				return
 			}
-			n.mu.Unlock()
 			continue
 		case len(want) == 0 && (c == nil || len(c.sent) == 0):
 			if idle.IsZero() {
 				idle = now
 			}
 			if !now.Before(idle.Add(n.linger)) {
-				n.mu.Lock()
-				if len(h.want) == 0 {
-					h.closed = true
-					delete(n.hubs, h.key)
-					n.mu.Unlock()
+				if end() {
 					return
 				}
-				n.mu.Unlock()
 				continue
 			}
 			due = idle.Add(n.linger)
