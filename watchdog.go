@@ -143,6 +143,8 @@ func (l *Locker) settle(ctx context.Context, lease *Lease) error {
 		lost := lostAtRelease(rerr)
 		lease.reportLost(lost, lease.Deadline())
 		return lost
+	case rerr != nil && ctxErr(ctx) != nil && errors.Is(rerr, ctxErr(ctx)):
+		// Gone on in the background, which logs a failure of its own.
 	case rerr != nil:
 		l.opts.Logger.LogAttrs(ctx, slog.LevelWarn, "fencelock: release failed, the lock expires after its TTL",
 			slog.String("lock", lease.name), slog.Int64("fence", lease.fence), slog.Any("error", rerr))
