@@ -33,6 +33,10 @@ func TestRedlockRepairNeverStoresAnOlderFence(t *testing.T) {
 	b, err := lb.Acquire(ctx, name, WithTTL(10*time.Second))
 	require.NoError(t, err)
 	require.Greater(t, b.Fence(), a.Fence())
+	// Acquire returns at a quorum: the third node may not have B's fence
+	// yet, and a repair there with A's would not be older than it has seen.
+	require.Eventually(t, func() bool { return e.holders(t, b.Key(), b.Token()) == 3 },
+		time.Second, time.Millisecond, "B holds every node")
 	require.NoError(t, b.Release(ctx))
 	require.Eventually(t, func() bool { return e.holders(t, b.Key(), b.Token()) == 0 },
 		time.Second, time.Millisecond, "B released every node")
