@@ -278,9 +278,10 @@ func (l *Lease) Release(ctx context.Context) error {
 	return l.releaseAfter(ctx, nil)
 }
 
-// releaseAfter is Release; when ctx ends first, notHeld, if not nil, is
-// called on the background goroutine with the release's ErrNotHeld, should
-// the release find the lock no longer this lease's.
+// releaseAfter is Release; when it returns before the release's answer (ctx
+// ended, or ReleaseTimeout passed), notHeld, if not nil, is called on the
+// background goroutine with the release's ErrNotHeld, should its first
+// answer find the lock no longer this lease's.
 func (l *Lease) releaseAfter(ctx context.Context, notHeld func(error)) error {
 	if l == nil || l.locker == nil {
 		return ErrNotHeld

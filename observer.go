@@ -14,7 +14,8 @@ type Observer interface {
 	// Start is called when Acquire, Release or RunWithLock starts.
 	Start(ctx context.Context, op Op, name string) context.Context
 	// End is called when it ends, with the context Start returned: once for
-	// each Start, also when RunWithLock's work panics or calls runtime.Goexit.
+	// each Start, also when the work of RunWithLock or RunWithLocks panics or
+	// calls runtime.Goexit.
 	End(ctx context.Context, e Event)
 	// Notify is called for each renewal (OpRenew) and loss (OpLost), with the
 	// context of the call that took the lease (RunWithLock's, else Acquire's).

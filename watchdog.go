@@ -102,7 +102,8 @@ func (l *Locker) run(ctx context.Context, name string,
 // settle ends the hold of a lease whose work has returned: it releases the
 // lease, or, when it was lost, gives it back in the background, and returns
 // the loss (matching ErrLost: while the work ran, or found by the release),
-// or nil. If the work released the lease itself, only a loss before that
+// or nil. A loss found by a release that went on in the background is
+// reported from there, not returned. If the work released the lease itself, only a loss before that
 // counts.
 func (l *Locker) settle(ctx context.Context, lease *Lease) error {
 	releasedByWork := lease.isReleasing()
@@ -144,7 +145,8 @@ func (l *Locker) settle(ctx context.Context, lease *Lease) error {
 		lease.reportLost(lost, lease.Deadline())
 		return lost
 	case rerr != nil && ctxErr(ctx) != nil && errors.Is(rerr, ctxErr(ctx)):
-		// Gone on in the background, which logs a failure of its own.
+		// Gone on in the background, which reports a loss or logs a
+		// failure itself.
 	case rerr != nil:
 		l.opts.Logger.LogAttrs(ctx, slog.LevelWarn, "fencelock: release failed, the lock expires after its TTL",
 			slog.String("lock", lease.name), slog.Int64("fence", lease.fence), slog.Any("error", rerr))
