@@ -62,6 +62,9 @@ func (a *acquisition) try() (at attempt, done bool) {
 // cannot help (Redis refused the lock's commands).
 func (a *acquisition) failed(at attempt) (refused bool) {
 	a.verdict = callError(a.lease.name, at.err)
+	if at.free {
+		a.seen = busySeen{} // the holder it saw is gone
+	}
 	if !notSent(at.err) || at.retire {
 		a.unsure = true
 	}

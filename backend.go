@@ -100,6 +100,10 @@ type attempt struct {
 	// that back in the background and retiring the token, so the next try
 	// needs a new one.
 	retire bool
+	// free: the try found the lock free and took it, but on too few
+	// replicas or nodes to keep it (it is given back): a busy answer seen
+	// before no longer stands.
+	free bool
 	// lined: busy, and the attempt's Acquire is in the line of a Redlock
 	// quorum's first node, whose releases name who tries next; ahead is how
 	// many are ahead of it there (see line).

@@ -131,7 +131,7 @@ func (d *deployment) acquire(ctx context.Context, lease *Lease) attempt {
 		reply, err = d.run(ctx, acquireScript, false, lease.keyArgs[:], lease.tokenArg,
 			d.l.ttlArg(lease.ttl), d.l.retentionMillis, lease.ownerArg)
 	}
-	return d.attempted(lease, reply, err, acquireAttempt(reply))
+	return d.attempted(ctx, lease, reply, err, acquireAttempt(reply))
 }
 
 // attempted is the attempt of a run of an acquire script for lease (this
@@ -139,7 +139,7 @@ func (d *deployment) acquire(ctx context.Context, lease *Lease) attempt {
 // reply as the script's decoder reads it: a, unless the run failed. A write
 // happened only when the script says so (or its reply is not understood):
 // any other answer stands whatever WAIT said.
-func (d *deployment) attempted(lease *Lease, reply any, err error, a attempt) attempt {
+func (d *deployment) attempted(ctx context.Context, lease *Lease, reply any, err error, a attempt) attempt {
 	if err != nil && reply == nil { // the script did not run, or its reply was lost
 		return attempt{err: err}
 	}
@@ -147,12 +147,25 @@ func (d *deployment) attempted(lease *Lease, reply any, err error, a attempt) at
 		if isReplicaShort(err) {
 			// Taken, but not on enough replicas to survive a failover:
 			// give it back, and try again, if at all, with a new token.
-			d.l.abandon(lease)
-			return attempt{err: err, retire: true}
+			// It is given back before the next try, which would otherwise
+			// find the lock held by this call's own last token.
+			d.giveBack(ctx, lease)
+			return attempt{err: err, retire: true, free: true}
 		}
 		return attempt{err: err}
 	}
 	return a
+}
+
+// giveBack deletes the lock that lease took short of its replicas and
+// retires its token (modeAbandon), within ctx, or in the background when
+// Redis does not answer within it.
+func (d *deployment) giveBack(ctx context.Context, lease *Lease) {
+	if _, perr, err := lease.runRelease(ctx, modeAbandon); err == nil {
+		d.l.warnPublish(lease.name, perr)
+		return
+	}
+	d.l.abandon(lease)
 }
 
 // acquireAttempt is the attempt of an acquire script's reply, read by

@@ -262,7 +262,7 @@ func (s *set) acquire(ctx context.Context, stand *Lease) attempt {
 	}
 	reply, err := s.d.run(ctx, multiAcquireScript, false, keys, argv...)
 	fences, a := decodeAcquireAll(reply, s.names) // the locks' fences, when taken
-	a = s.d.attempted(stand, reply, err, a)
+	a = s.d.attempted(ctx, stand, reply, err, a)
 	if a.ok {
 		for i, m := range ls {
 			m.fence = fences[i]

@@ -427,7 +427,7 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 			msg = fmt.Sprintf("a quorum granted the lock after its validity %v", validity)
 		}
 		q.retire(lease, nil)
-		return attempt{retire: true, err: &quorumError{class: classUnavailable, msg: msg, errs: errs}}
+		return attempt{retire: true, free: true, err: &quorumError{class: classUnavailable, msg: msg, errs: errs}}
 	}
 	q.settle(lease, grants, len(q.nodes)-len(ok)-len(busy)-len(failed), fence, start.Add(validity))
 	return attempt{ok: true, fence: fence}

@@ -401,3 +401,65 @@ func TestReplicasFairWaiterLeavesNoDeadEntries(t *testing.T) {
 		t.Fatal("the fair waiter did not get the lock")
 	}
 }
+
+// TestReplicasBusyAnswerEndsWithItsHolder (issue 34, bug 2): a waiting
+// Acquire that found the lock held, then took it on every later attempt
+// but short of its replica's acknowledgement, ends with ErrUnavailable,
+// what it met last, not with the busy answer of a holder that has gone;
+// with FailOpen its work runs degraded.
+func TestReplicasBusyAnswerEndsWithItsHolder(t *testing.T) {
+	t.Parallel()
+	for _, failOpen := range []bool{false, true} {
+		t.Run(map[bool]string{false: "fail closed", true: "fail open"}[failOpen], func(t *testing.T) {
+			t.Parallel()
+			master, rs, _, admin := replicated(t, 1, nil)
+			t.Cleanup(rs[0].Resume)
+			holder, err := New(master.Client(nil), &Options{Owner: "holder-H"})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = holder.Close() })
+			waiter, err := New(master.Client(nil), &Options{Replicas: 1, ReplicaTimeout: 50 * time.Millisecond})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = waiter.Close() })
+
+			name := uniqueName(t)
+			h, err := holder.Acquire(ctx, name, WithTTL(20*time.Second))
+			require.NoError(t, err)
+			rs[0].Pause() // from now on every WAIT comes back short
+
+			type result struct {
+				ran, degraded bool
+				err           error
+			}
+			done := make(chan result, 1)
+			go func() {
+				var r result
+				if failOpen {
+					r.err = waiter.RunWithLock(ctx, name, func(_ context.Context, lease *Lease) error {
+						r.ran, r.degraded = true, lease.Degraded()
+						return nil
+					}, WithWait(3*time.Second), WithFailOpen(true))
+				} else {
+					_, r.err = waiter.Acquire(ctx, name, WithWait(3*time.Second))
+				}
+				done <- r
+			}()
+			// The waiter subscribes to the lock's releases after an attempt
+			// that found it held.
+			require.Eventually(t, func() bool {
+				n, err := admin.Do(ctx, "PUBSUB", "SHARDNUMSUB", h.Key()).Slice()
+				return err == nil && len(n) == 2 && n[1] == int64(1)
+			}, 10*time.Second, time.Millisecond, "the waiter found the lock held")
+			require.NoError(t, h.Release(ctx))
+
+			r := <-done
+			if failOpen {
+				require.NoError(t, r.err)
+				assert.True(t, r.ran && r.degraded, "FailOpen runs the work degraded once only the outage stands")
+				return
+			}
+			require.ErrorIs(t, r.err, ErrUnavailable, "what the call met last")
+			assert.NotErrorIs(t, r.err, ErrNotObtained, "nobody holds the lock: %v", r.err)
+			assert.NotContains(t, r.err.Error(), "holder-H")
+		})
+	}
+}

@@ -169,7 +169,7 @@ func (k *rwKind) acquire(ctx context.Context, lease *Lease) attempt {
 	}
 	// The scripts answer as acquire.lua, but for rwlock_read.lua's -3: free
 	// of writers, but one waits.
-	a := k.d.attempted(lease, reply, err, acquireAttempt(reply))
+	a := k.d.attempted(ctx, lease, reply, err, acquireAttempt(reply))
 	if a.pttl == -3 {
 		a.owner = "writers waiting"
 	}

@@ -133,7 +133,7 @@ func (s *Semaphore) acquire(ctx context.Context, lease *Lease) attempt {
 	}
 	reply, err := s.d.run(ctx, semAcquireScript, false, s.allKeys(lease), lease.tokenArg,
 		s.d.l.ttlArg(lease.ttl), s.d.l.retentionMillis, lease.ownerArg, fair, queueEntryMillis, s.permitsArg, s.wakeWindow)
-	return s.d.attempted(lease, reply, err, s.attemptOf(reply))
+	return s.d.attempted(ctx, lease, reply, err, s.attemptOf(reply))
 }
 
 // attemptOf is the attempt of semaphore_acquire.lua's reply, as
