@@ -325,25 +325,127 @@ func (l *Lease) releaseOp(ctx context.Context, notHeld func(error)) error {
 	}
 	err, done := call(l.locker, ctx.Done(), rctx.Done(), func() error { return l.release(rctx) }, func(err error) {
 		cancel()
-		switch {
-		case errors.Is(err, ErrUnavailable):
-			l.locker.releaseInBackground(l) // the caller has gone: try again
-		case errors.Is(err, ErrNotHeld) && notHeld != nil:
-			notHeld(err)
-		case err != nil && !errors.Is(err, ErrNotHeld):
-			l.locker.opts.Logger.LogAttrs(context.Background(), slog.LevelWarn,
-				"fencelock: release failed in the background, the lock expires after its TTL",
-				slog.String("lock", l.name), slog.Int64("fence", l.fence), slog.Any("error", err))
-		}
+		l.releasedLate(err, notHeld)
 	})
-	switch {
-	case done:
+	if done {
 		cancel()
 		return err
-	case ctxErr(ctx) != nil:
+	}
+	return l.locker.releaseCutShort(ctx)
+}
+
+// releasedLate handles err, the answer of a release whose caller has
+// returned without it: it tries again in the background after
+// ErrUnavailable, hands ErrNotHeld to notHeld (if not nil), and logs any
+// other error.
+func (l *Lease) releasedLate(err error, notHeld func(error)) {
+	switch {
+	case errors.Is(err, ErrUnavailable):
+		l.locker.releaseInBackground(l) // the caller has gone: try again
+	case errors.Is(err, ErrNotHeld) && notHeld != nil:
+		notHeld(err)
+	case err != nil && !errors.Is(err, ErrNotHeld):
+		l.locker.opts.Logger.LogAttrs(context.Background(), slog.LevelWarn,
+			"fencelock: release failed in the background, the lock expires after its TTL",
+			slog.String("lock", l.name), slog.Int64("fence", l.fence), slog.Any("error", err))
+	}
+}
+
+// releaseCutShort is the error of a release that returned before Redis
+// answered: ctx ended, or ReleaseTimeout passed.
+func (l *Locker) releaseCutShort(ctx context.Context) error {
+	if ctxErr(ctx) != nil {
 		return ctxEnded(ctx, "release (it goes on in the background)")
-	default:
-		return l.releaseTimedOut()
+	}
+	return &opError{msg: fmt.Sprintf("%s: no reply within ReleaseTimeout %v", ErrUnavailable.Error(), l.opts.ReleaseTimeout),
+		errs: []error{ErrUnavailable}}
+}
+
+// releaseLeases releases leases as Release does each, all within one bound:
+// ctx and one ReleaseTimeout, whatever their number; the releases that have
+// not answered by then go on in the background, one after another, as
+// Release's do. errs[i] is leases[i]'s error; notHeld, if not nil, gets a
+// lease whose release answered ErrNotHeld only in the background.
+func (l *Locker) releaseLeases(ctx context.Context, leases []*Lease, notHeld func(*Lease, error)) (errs []error) {
+	errs = make([]error, len(leases))
+	if obs := l.opts.Observer; obs != nil {
+		defer l.observeReleases(ctx, leases, errs)()
+	}
+	var todo []*Lease
+	var at []int // todo[j] is leases[at[j]]
+	for i, lease := range leases {
+		lease.endWork()
+		switch {
+		case lease.degraded:
+			errs[i] = ErrNotHeld
+		case lease.doneErr() != nil:
+			errs[i] = lease.doneErr()
+		default:
+			todo, at = append(todo, lease), append(at, i)
+		}
+	}
+	if len(todo) == 0 {
+		return errs
+	}
+	rctx, cancel := l.detached(ctx)
+	run := func() []error {
+		res := make([]error, len(todo))
+		for j, lease := range todo {
+			res[j] = lease.release(rctx)
+		}
+		return res
+	}
+	if ctx.Done() == nil && l.traits.deadlines { // as in releaseOp
+		defer cancel()
+		for j, err := range run() {
+			errs[at[j]] = err
+		}
+		return errs
+	}
+	res, done := call(l, ctx.Done(), rctx.Done(), run, func(res []error) {
+		cancel()
+		for j, err := range res {
+			lease := todo[j]
+			lease.releasedLate(err, func(err error) {
+				if notHeld != nil {
+					notHeld(lease, err)
+				}
+			})
+		}
+	})
+	if done {
+		cancel()
+		for j, err := range res {
+			errs[at[j]] = err
+		}
+		return errs
+	}
+	cut := l.releaseCutShort(ctx)
+	for _, i := range at {
+		errs[i] = cut
+	}
+	return errs
+}
+
+// observeReleases tells the Observer of one OpRelease for each of leases,
+// and returns what tells it of their ends, with the errors in errs.
+func (l *Locker) observeReleases(ctx context.Context, leases []*Lease, errs []error) (end func()) {
+	obs := l.opts.Observer
+	ctxs := make([]context.Context, len(leases))
+	for i, lease := range leases {
+		ctxs[i] = obs.Start(ctx, OpRelease, lease.name)
+	}
+	start := l.clock.Now()
+	return func() {
+		now := l.clock.Now()
+		for i, lease := range leases {
+			e := Event{Op: OpRelease, Name: lease.name, Lease: lease, Outcome: OutcomeOf(errs[i]), Err: errs[i],
+				Fence: lease.fence, Duration: now.Sub(start)}
+			if errs[i] == nil && lease.lostCause() == nil {
+				e.Held = now.Sub(lease.acquired)
+			}
+			obs.End(ctxs[i], e)
+		}
 	}
 }
 
@@ -358,8 +460,7 @@ func (l *Lease) endWork() {
 }
 
 func (l *Lease) releaseTimedOut() error {
-	return &opError{msg: fmt.Sprintf("%s: no reply within ReleaseTimeout %v", ErrUnavailable.Error(), l.locker.opts.ReleaseTimeout),
-		errs: []error{ErrUnavailable}}
+	return l.locker.releaseCutShort(context.Background())
 }
 
 // release runs the release script once, after the call in flight on the

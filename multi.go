@@ -86,17 +86,13 @@ func (l *Locker) runAll(ctx context.Context, names []string,
 	returned := false
 	defer func() {
 		if !returned { // work panicked or called runtime.Goexit
-			for _, lease := range leases {
-				_ = lease.Release(ctx)
-			}
+			l.releaseLeases(ctx, leases, nil)
 		}
 	}()
 	werr := work(workCtx, leases)
 	returned = true
-	for _, lease := range leases {
-		if lost := l.settle(ctx, lease); lost != nil {
-			werr = joinErr(werr, lost)
-		}
+	if lost := l.settleAll(ctx, leases); lost != nil {
+		return joinErr(werr, lost)
 	}
 	return werr
 }
@@ -441,12 +437,12 @@ func (l *Locker) acquireHolding(ctx context.Context, name string, co callOptions
 	}
 }
 
-// releaseAll releases leases, handing a release that got no answer to the
-// background.
+// releaseAll releases leases within one bound (see releaseLeases), handing
+// a release that got no answer to the background.
 func (l *Locker) releaseAll(ctx context.Context, leases []*Lease) {
-	for _, lease := range leases {
-		if err := lease.Release(ctx); errors.Is(err, ErrUnavailable) {
-			l.releaseInBackground(lease)
+	for i, err := range l.releaseLeases(ctx, leases, nil) {
+		if errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrNotHeld) {
+			l.releaseInBackground(leases[i])
 		}
 	}
 }

@@ -103,35 +103,81 @@ func (l *Locker) run(ctx context.Context, name string,
 // lease, or, when it was lost, gives it back in the background, and returns
 // the loss (matching ErrLost: while the work ran, or found by the release),
 // or nil. A loss found by a release that went on in the background is
-// reported from there, not returned. If the work released the lease itself, only a loss before that
-// counts.
+// reported from there, not returned. If the work released the lease itself,
+// only a loss before that counts.
 func (l *Locker) settle(ctx context.Context, lease *Lease) error {
-	releasedByWork := lease.isReleasing()
+	byWork := lease.isReleasing()
+	if lost := l.lostByNow(lease, byWork); lost != nil {
+		return lost
+	}
+	// Bounded by ctx, as every call is: if ctx ends first, the release goes
+	// on in the background, and a loss it finds is reported from there.
+	rerr := lease.releaseAfter(ctx, func(rerr error) { l.lateLoss(lease, byWork, rerr) })
+	return l.settled(ctx, lease, byWork, rerr)
+}
+
+// settleAll is settle for several leases, released within one bound (see
+// releaseLeases); it returns their losses joined.
+func (l *Locker) settleAll(ctx context.Context, leases []*Lease) error {
+	byWork := make(map[*Lease]bool, len(leases))
+	lost := make([]error, len(leases))
+	var rel []*Lease
+	for i, lease := range leases {
+		byWork[lease] = lease.isReleasing()
+		if lost[i] = l.lostByNow(lease, byWork[lease]); lost[i] == nil {
+			rel = append(rel, lease)
+		}
+	}
+	rerrs := l.releaseLeases(ctx, rel, func(lease *Lease, rerr error) { l.lateLoss(lease, byWork[lease], rerr) })
+	var all error
+	j := 0
+	for i, lease := range leases {
+		if lost[i] == nil {
+			lost[i] = l.settled(ctx, lease, byWork[lease], rerrs[j])
+			j++
+		}
+		if lost[i] != nil {
+			all = joinErr(all, lost[i])
+		}
+	}
+	return all
+}
+
+// lostByNow returns the loss of a lease whose work has returned (byWork:
+// the work released it), found before its release: the watchdog's, or a
+// deadline that passed as the work returned. A lost lease the work did not
+// release is given back in the background.
+func (l *Locker) lostByNow(lease *Lease, byWork bool) error {
 	lost := lease.lostCause()
-	if lost == nil && !releasedByWork && !l.clock.Now().Before(lease.Deadline()) {
+	if lost == nil && !byWork && !l.clock.Now().Before(lease.Deadline()) {
 		// The deadline passed as work returned, before the watchdog's
 		// timer was handled: that counts as lost too.
 		lease.lose(fmt.Errorf("%w: deadline passed before the work returned", ErrLost))
 		lost = lease.lostCause()
 	}
-	if lost != nil {
-		if !releasedByWork {
-			// The watchdog has called OnLost when RunWithLock returns;
-			// the release, which may wait for Redis, goes on without it.
-			lease.endWork()
-			l.releaseInBackground(lease)
-		}
-		return lost
+	if lost != nil && !byWork {
+		// The watchdog has called OnLost when RunWithLock returns; the
+		// release, which may wait for Redis, goes on without it.
+		lease.endWork()
+		l.releaseInBackground(lease)
 	}
-	// Bounded by ctx, as every call is: if ctx ends first, the release goes
-	// on in the background, and a loss it finds is reported from there.
-	rerr := lease.releaseAfter(ctx, func(rerr error) {
-		if !releasedByWork && lease.lostCause() == nil { // not reported by the watchdog
-			lease.reportLost(lostAtRelease(rerr), lease.Deadline())
-		}
-	})
+	return lost
+}
+
+// lateLoss reports a loss found only in the background by the release
+// after the work (rerr, matching ErrNotHeld), unless the work released the
+// lease itself or the watchdog reported it.
+func (l *Locker) lateLoss(lease *Lease, byWork bool, rerr error) {
+	if !byWork && lease.lostCause() == nil {
+		lease.reportLost(lostAtRelease(rerr), lease.Deadline())
+	}
+}
+
+// settled returns the loss, if any, that rerr, the answer of the release
+// after the work, tells of.
+func (l *Locker) settled(ctx context.Context, lease *Lease, byWork bool, rerr error) error {
 	switch {
-	case releasedByWork:
+	case byWork:
 		return nil
 	case errors.Is(rerr, ErrNotHeld):
 		if lost := lease.lostCause(); lost != nil {
