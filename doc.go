@@ -8,7 +8,7 @@
 //	defer locker.Close()
 //	err = locker.RunWithLock(ctx, "settlement:"+day, func(ctx context.Context, lease *fencelock.Lease) error {
 //		// ctx is cancelled (cause fencelock.ErrLost) if the lock is lost.
-//		return settle(ctx, day, lease.Fence()) // UPDATE ... WHERE fence_token < $fence
+//		return settle(ctx, day, lease.Fence()) // UPDATE ... WHERE status = 'pending' AND fence_token < $fence
 //	})
 //
 // A Locker (New; NewRedlock for a quorum of deployments) acquires a named
@@ -24,11 +24,13 @@
 // A Redis lock is an efficiency lock: a process pause longer than the TTL, or
 // a failover to a replica that had not received the lock, can let two holders
 // act at once. The fencing token (Lease.Fence), strictly increasing per lock
-// name, keeps the data right where the resource refuses a write whose token is
-// not greater than the greatest it has accepted ("Fencing tokens"):
+// name, lets the resource refuse a write whose token is not greater than the
+// greatest it has accepted ("Fencing tokens"): a stale holder writing after a
+// newer one, not one writing first. Work meant to happen once also checks the
+// row's state; 0 rows changed means it is done, or a newer holder wrote:
 //
 //	UPDATE settlements SET status = 'done', fence_token = @fence
-//	WHERE settle_date = @date AND fence_token < @fence
+//	WHERE settle_date = @date AND status = 'pending' AND fence_token < @fence
 //
 // # Degraded runs
 //

@@ -34,10 +34,12 @@ func ExampleLocker_RunWithLock() {
 
 	err = locker.RunWithLock(ctx, "settlement:2026-11-30", func(ctx context.Context, lease *fencelock.Lease) error {
 		// ctx is cancelled, with cause fencelock.ErrLost, if the lock is
-		// lost while the work runs. Pass the fence to every write:
+		// lost while the work runs. Pass the fence to every write, and
+		// settle a pending day only: a holder that lost the lock and wrote
+		// first had the greatest fence then (0 rows: done already).
 		//
 		//	UPDATE settlements SET status = 'done', fence_token = $1
-		//	WHERE settle_date = $2 AND fence_token < $1
+		//	WHERE settle_date = $2 AND status = 'pending' AND fence_token < $1
 		fmt.Println("settling with a fence:", lease.Fence() > 0)
 		return ctx.Err()
 	})
@@ -120,10 +122,12 @@ func ExampleLease_Fence() {
 	defer lease.Release(ctx)
 
 	// Pass the fence to every write of the critical section, and let the
-	// database reject a write from an older holder:
+	// database reject a write from an older holder after a newer one's.
+	// An older holder that writes first is not rejected: the row's state
+	// keeps the day from being settled twice.
 	//
 	//	UPDATE settlements SET status = 'done', fence_token = $1
-	//	WHERE settle_date = $2 AND fence_token < $1
+	//	WHERE settle_date = $2 AND status = 'pending' AND fence_token < $1
 	fmt.Println(lease.Fence() > 0)
 	// Output: true
 }

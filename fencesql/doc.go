@@ -1,8 +1,11 @@
 // Package fencesql is the resource side of a lock: a SQL database that
-// refuses the writes of a holder that lost its lock (a fence guard), and
-// records the work done once (idempotency keys). A Redis lock keeps
-// instances from doing the same work twice; the database keeps a stale
-// holder from doing damage.
+// refuses the writes of a holder that lost its lock once a newer holder
+// wrote (a fence guard), and records the work done once (idempotency keys).
+// A Redis lock keeps instances from doing the same work twice; the guard
+// refuses a stale holder that writes after a newer one, not one that writes
+// first, whose fence is then the greatest recorded. Work meant to happen
+// once also writes as a conditional update on the row's state, checking the
+// rows it changed, so that the newer holder finds it done.
 //
 // It uses the standard library only, so it runs wherever the writes
 // happen, with any database/sql driver for PostgreSQL, SQLite, MySQL or
@@ -17,7 +20,9 @@
 //	if err := g.Advance(ctx, tx, "settlement:"+day, lease.Fence()); err != nil {
 //		return err // ErrStale: a newer holder wrote first; nothing of tx lands
 //	}
-//	// ... the critical section's writes, to any tables, in tx ...
+//	// ... the critical section's writes, to any tables, in tx; work meant to
+//	// happen once conditional on the row's state, RowsAffected checked:
+//	// UPDATE settlements SET status = 'done' WHERE ... AND status = 'pending'
 //	return tx.Commit()
 //
 // # The tables

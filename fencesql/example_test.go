@@ -34,7 +34,9 @@ func Example() {
 	}
 
 	// settle is the critical section's write, fenced by the guard: the
-	// settlements table needs no fence column.
+	// settlements table needs no fence column. It settles a day once: the
+	// guard refuses a holder older than one that wrote, not a stale holder
+	// that writes first, so a newer holder must find the day settled.
 	settle := func(fence int64, total int, by string) error {
 		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {
@@ -44,9 +46,13 @@ func Example() {
 		if err := g.Advance(ctx, tx, "settlement:2026-11-30", fence); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO settlements (day, total, by) VALUES ('2026-11-30', ?, ?)
-			ON CONFLICT (day) DO UPDATE SET total = excluded.total, by = excluded.by`, total, by); err != nil {
+		res, err := tx.ExecContext(ctx, `INSERT INTO settlements (day, total, by) VALUES ('2026-11-30', ?, ?)
+			ON CONFLICT (day) DO NOTHING`, total, by)
+		if err != nil {
 			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return err // settled already: nothing to do
 		}
 		return tx.Commit()
 	}
@@ -100,7 +106,8 @@ func Example_degraded() {
 		case err != nil:
 			return err
 		}
-		// ... mark the order shipped, record the shipment ...
+		// ... mark the order shipped if it is still paid (RowsAffected
+		// checked), record the shipment under its unique key ...
 		return tx.Commit()
 	}
 	fmt.Println("first degraded run:", ship(0))

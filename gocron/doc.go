@@ -9,7 +9,7 @@
 //	_, err = s.NewJob(gocron.DurationJob(time.Minute),
 //		locker.Task(func(ctx context.Context, lease *fencelock.Lease) error {
 //			// ctx is cancelled (cause fencelock.ErrLost) if the lock is lost.
-//			return settle(ctx, lease.Fence()) // UPDATE ... WHERE fence_token < $fence
+//			return settle(ctx, lease.Fence()) // UPDATE ... WHERE status = 'pending' AND fence_token < $fence
 //		}),
 //		gocron.WithName("settlement"))
 //
@@ -65,5 +65,8 @@
 // lock's TTL, or a Redis failover, can let a second instance run the job
 // while the first still does. The first instance's task context is
 // cancelled when it can run again, which may be after it wrote; pass
-// lease.Fence to every write and let the resource refuse an old one.
+// lease.Fence to every write and let the resource refuse an old one. The
+// fence refuses the first instance's write only once the second has
+// written: a job meant to run once per tick also writes conditionally on
+// the row's state (AND status = 'pending'), as the example does.
 package fencegocron

@@ -16,11 +16,14 @@ import (
 // noCompile, on the line before a ```go fence, skips that fragment.
 const noCompile = "<!-- no-compile -->"
 
-// fragment is one ```go block of a Markdown file.
+// fragment is one fenced block of a Markdown file.
 type fragment struct {
-	file string // relative to the repository root
-	line int    // line of the block's first line of code
-	code string
+	file      string // relative to the repository root
+	line      int    // line of the block's first line of code
+	section   string // the heading the block is under, without its #s
+	lang      string // the fence's info string: "go", "sql", or ""
+	noCompile bool   // the line before the fence is noCompile
+	code      string
 }
 
 // preamble declares what the fragments use without declaring it: the
@@ -137,6 +140,22 @@ func wrap(f fragment) string {
 // extract returns the ```go blocks of a Markdown file, less those after a
 // noCompile line.
 func extract(path, root string) ([]fragment, error) {
+	all, err := blocks(path, root)
+	if err != nil {
+		return nil, err
+	}
+	var frags []fragment
+	for _, f := range all {
+		if f.lang == "go" && !f.noCompile {
+			frags = append(frags, f)
+		}
+	}
+	return frags, nil
+}
+
+// blocks returns every fenced block of a Markdown file, with the heading it
+// is under.
+func blocks(path, root string) ([]fragment, error) {
 	rel, err := filepath.Rel(root, path)
 	if err != nil {
 		return nil, err
@@ -148,28 +167,26 @@ func extract(path, root string) ([]fragment, error) {
 	defer fh.Close()
 
 	var (
-		frags      []fragment
-		cur        *fragment
-		inFence    bool
-		prev, line string
-		n          int
+		frags         []fragment
+		cur           *fragment
+		prev, section string
+		n             int
 	)
 	sc := bufio.NewScanner(fh)
 	for sc.Scan() {
 		n++
-		line = sc.Text()
+		line := sc.Text()
 		switch {
 		case cur != nil && strings.HasPrefix(line, "```"):
 			frags = append(frags, *cur)
-			cur, inFence = nil, false
+			cur = nil
 		case cur != nil:
 			cur.code += line + "\n"
 		case strings.HasPrefix(line, "```"):
-			if !inFence && strings.TrimSpace(line) == "```go" && strings.TrimSpace(prev) != noCompile {
-				cur = &fragment{file: filepath.ToSlash(rel), line: n + 1}
-			} else {
-				inFence = !inFence
-			}
+			cur = &fragment{file: filepath.ToSlash(rel), line: n + 1, section: section,
+				lang: strings.TrimSpace(strings.TrimPrefix(line, "```")), noCompile: strings.TrimSpace(prev) == noCompile}
+		case strings.HasPrefix(line, "#"):
+			section = strings.TrimSpace(strings.TrimLeft(line, "#"))
 		}
 		if strings.TrimSpace(line) != "" {
 			prev = line
@@ -179,7 +196,7 @@ func extract(path, root string) ([]fragment, error) {
 		return nil, err
 	}
 	if cur != nil {
-		return nil, fmt.Errorf("%s:%d: a ```go block is not closed", rel, cur.line-1)
+		return nil, fmt.Errorf("%s:%d: a ```%s block is not closed", rel, cur.line-1, cur.lang)
 	}
 	return frags, nil
 }
