@@ -65,31 +65,92 @@ func (f Finding) String() string {
 // "fencelock-check:<random>" whose keys it deletes. ACLs are each server's own:
 // on a Cluster it tries them on every master, with a lock in a slot the master
 // serves; on a Ring, on the shard of its one test lock only. It returns an error
-// only for a zero Locker (ErrInvalid), or when ctx ends (its error, with the
-// findings).
+// only for a zero Locker (ErrInvalid), or when ctx ends first: then by ctx's
+// end, as every call, whatever the client's options, one matching ctx.Err(),
+// with the findings made before (none from a command that ctx's end cut
+// short), and the test lock's keys, if any were written, are deleted in the
+// background (Close waits for it).
 func (l *Locker) Check(ctx context.Context) ([]Finding, error) {
 	if err := l.usable(); err != nil {
 		return nil, err
 	}
 	c := &checker{l: l}
-	switch b := l.b.(type) {
+	call(l, ctx.Done(), nil, func() struct{} {
+		c.run(ctx)
+		return struct{}{}
+	}, nil)
+	findings, complete := c.result()
+	if !complete {
+		return findings, ctxEnded(ctx, "check")
+	}
+	return findings, nil
+}
+
+// checker gathers the findings of one Check. It runs on a goroutine of the
+// Locker's (see call), which may go on after Check has returned.
+type checker struct {
+	l *Locker
+
+	mu       sync.Mutex
+	findings []Finding // guarded by mu
+	complete bool      // guarded by mu; every check ran: what may be left is the clean-up
+	returned bool      // guarded by mu; Check has returned: findings are no longer added
+
+	ended   bool         // ctx ended: the check stops (see cut)
+	written []testLock   // the test locks whose keys may have been written, for cleanUp
+	servers []serverInfo // Redlock: what each node said, for the independence check
+}
+
+// A testLock is a test lock of the permissions check, on d.
+type testLock struct {
+	d    *deployment
+	keys []string
+}
+
+// run runs every check, then deletes the test locks' keys.
+func (c *checker) run(ctx context.Context) {
+	defer c.cleanUp(ctx)
+	switch b := c.l.b.(type) {
 	case *deployment:
 		c.deployment(ctx, b, "")
 	case *quorum:
 		for _, d := range b.nodes {
+			if c.cut(ctx) {
+				return
+			}
 			c.deployment(ctx, d, d.name)
+		}
+		if c.cut(ctx) {
+			return
 		}
 		c.independence(b)
 	}
-	sort.SliceStable(c.findings, func(i, j int) bool { return c.findings[i].Severity > c.findings[j].Severity })
-	return c.findings, ctx.Err()
+	if !c.cut(ctx) {
+		c.mu.Lock()
+		c.complete = true
+		c.mu.Unlock()
+	}
 }
 
-// checker gathers the findings of one Check.
-type checker struct {
-	l        *Locker
-	findings []Finding
-	servers  []serverInfo // Redlock: what each node said, for the independence check
+// result returns the findings, most severe first, and whether every check
+// ran; the findings the checker makes after it are dropped.
+func (c *checker) result() ([]Finding, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.returned = true
+	sort.SliceStable(c.findings, func(i, j int) bool { return c.findings[i].Severity > c.findings[j].Severity })
+	return c.findings, c.complete
+}
+
+// cut reports whether ctx has ended. The check then stops, and the error of
+// the command it ran last, if any, is no finding: ctx's end may have cut it
+// short (with the context's error, or a network timeout at its deadline
+// with ContextTimeoutEnabled), and says nothing about the server.
+func (c *checker) cut(ctx context.Context) bool {
+	if !c.ended && ctxErr(ctx) != nil {
+		c.ended = true
+	}
+	return c.ended
 }
 
 // serverInfo is what one server said about its identity and replication.
@@ -103,12 +164,21 @@ type serverInfo struct {
 	replicaAddr []string // a master's replicas, host:port
 }
 
-func (c *checker) add(f Finding) { c.findings = append(c.findings, f) }
+func (c *checker) add(f Finding) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.returned {
+		c.findings = append(c.findings, f)
+	}
+}
 
 // deployment checks each server of d; node names a Redlock node.
 func (c *checker) deployment(ctx context.Context, d *deployment, node string) {
 	servers, err := serversOf(ctx, d.base)
 	if err != nil {
+		if c.cut(ctx) {
+			return
+		}
 		c.add(Finding{Severity: SeverityCritical, Check: "reachable", Node: node,
 			Seen:  "could not list the servers: " + oneLine(err.Error()),
 			Means: "the lock cannot be taken there", Fix: "check the address and the network"})
@@ -120,6 +190,9 @@ func (c *checker) deployment(ctx context.Context, d *deployment, node string) {
 			name = node
 		}
 		c.server(ctx, d, s, name)
+		if c.ended {
+			return
+		}
 	}
 	if !c.roundTrip(ctx, d, node) { // unreachable: reported by the server checks, and nothing to try
 		return
@@ -137,9 +210,13 @@ func (c *checker) deployment(ctx context.Context, d *deployment, node string) {
 		if node != "" {
 			where = node + " (" + where + ")"
 		}
-		if name, ok := c.nameOn(ctx, cl, m, base); ok {
+		name, ok := c.nameOn(ctx, cl, m, base)
+		switch {
+		case c.cut(ctx):
+			return
+		case ok:
 			c.permissions(ctx, d, m, where, name)
-		} else {
+		default:
 			c.add(Finding{Severity: SeverityInfo, Check: "permissions", Node: where,
 				Seen:  "no test lock name found whose keys the master serves",
 				Means: "Check did not try the ACL there (with a hash tag in KeyPrefix, no lock is there either)"})
@@ -197,7 +274,9 @@ func serversOf(ctx context.Context, client redis.UniversalClient) ([]*redis.Clie
 func (c *checker) info(ctx context.Context, s *redis.Client, node, section string) map[string]string {
 	text, err := s.Info(ctx, section).Result()
 	if err != nil {
-		c.notPermitted(node, "INFO "+section, err)
+		if !c.cut(ctx) {
+			c.notPermitted(node, "INFO "+section, err)
+		}
 		return nil
 	}
 	return pairs(text, "\n", ":")
@@ -217,6 +296,9 @@ func (c *checker) notPermitted(node, cmd string, err error) {
 // replicas.
 func (c *checker) server(ctx context.Context, d *deployment, s *redis.Client, node string) {
 	if err := s.Ping(ctx).Err(); err != nil && classify(err) != classMisconfigured {
+		if c.cut(ctx) { // no verdict: the server may answer yet
+			return
+		}
 		c.add(Finding{Severity: SeverityCritical, Check: "reachable", Node: node,
 			Seen: "PING failed: " + oneLine(err.Error()), Means: "the lock cannot be taken there",
 			Fix: "check the address, the network and the server"})
@@ -226,6 +308,9 @@ func (c *checker) server(ctx context.Context, d *deployment, s *redis.Client, no
 	repl := c.info(ctx, s, node, "replication")
 	mem := c.info(ctx, s, node, "memory")
 	pers := c.info(ctx, s, node, "persistence")
+	if c.ended {
+		return
+	}
 
 	info := serverInfo{node: node, addr: s.Options().Addr, runID: srv["run_id"], replID: repl["master_replid"], role: repl["role"]}
 	if repl["role"] == "slave" {
@@ -274,9 +359,11 @@ func (c *checker) server(ctx context.Context, d *deployment, s *redis.Client, no
 		aof := pers["aof_enabled"] == "1"
 		fsync := ""
 		if aof {
-			if v, err := s.ConfigGet(ctx, "appendfsync").Result(); err == nil {
-				fsync = v["appendfsync"]
+			v, err := s.ConfigGet(ctx, "appendfsync").Result()
+			if err != nil && c.cut(ctx) {
+				return
 			}
+			fsync = v["appendfsync"]
 		}
 		switch {
 		case !aof:
@@ -328,7 +415,7 @@ func (c *checker) roundTrip(ctx context.Context, d *deployment, node string) boo
 		if err := d.client.Ping(ctx).Err(); err != nil {
 			// Unreachable: reported by the server checks. A refusal
 			// (an ACL without +ping) is the permissions check's.
-			return classify(err) != classUnavailable
+			return !c.cut(ctx) && classify(err) != classUnavailable
 		}
 		worst = max(worst, c.l.clock.Now().Sub(start))
 	}
@@ -351,8 +438,11 @@ func (c *checker) roundTrip(ctx context.Context, d *deployment, node string) boo
 // serves name's keys, which the commands without a key are sent to;
 // otherwise nil.
 func (c *checker) permissions(ctx context.Context, d *deployment, master *redis.Client, node, name string) {
+	if c.cut(ctx) { // nothing sent, nothing to delete
+		return
+	}
 	lease := c.l.newLease(name, time.Second)
-	defer c.cleanUp(ctx, d, lease)
+	c.written = append(c.written, testLock{d, append(lease.keys[:], lease.keys[keyLock]+":acl")}) // one hash tag: one slot on a Cluster
 	channel := d.channel(lease.keys[keyLock])
 	if !c.tryRules(ctx, d, master, node, lease.keys[keyLock]+":acl", channel) {
 		return
@@ -360,6 +450,8 @@ func (c *checker) permissions(ctx context.Context, d *deployment, master *redis.
 	a := d.acquire(ctx, lease)
 	var replicas *replicaError
 	switch {
+	case a.err != nil && c.cut(ctx):
+		return
 	case a.err != nil && errors.As(a.err, &replicas):
 		// Reported by the replicas check; cleanUp deletes the lock.
 	case a.err != nil:
@@ -374,6 +466,8 @@ func (c *checker) permissions(ctx context.Context, d *deployment, master *redis.
 	case a.ok:
 		code, perr, err := d.runRelease(ctx, lease, modeRelease, true) // publishing, with or without subscribers
 		switch {
+		case err != nil && c.cut(ctx):
+			return
 		case err != nil:
 			c.add(Finding{Severity: SeverityCritical, Check: "permissions", Node: node,
 				Seen:  "releasing a test lock failed: " + advice(name, err),
@@ -396,7 +490,7 @@ func (c *checker) permissions(ctx context.Context, d *deployment, master *redis.
 		ps = d.client.Subscribe(sctx, channel)
 		_, err = ps.ReceiveTimeout(sctx, 2*time.Second)
 	}
-	if err != nil && classify(err) == classMisconfigured {
+	if err != nil && !c.cut(ctx) && classify(err) == classMisconfigured {
 		c.add(Finding{Severity: SeverityWarning, Check: "permissions", Node: node,
 			Seen:  "subscribing to a lock channel failed: " + oneLine(err.Error()),
 			Means: "waiters are not woken by releases: they poll (backoff, the holder's TTL)",
@@ -420,16 +514,23 @@ func (c *checker) permissions(ctx context.Context, d *deployment, master *redis.
 	}
 }
 
-// cleanUp deletes every key the permissions check may have made: the test
-// lock, and what its release leaves, its fence counter (kept for
+// cleanUp deletes every key the permissions checks may have made: each
+// test lock, and what its release leaves, its fence counter (kept for
 // FenceRetention) and its token marker, so that Check leaves nothing. It
-// runs after ctx ended too, bounded by ReleaseTimeout. Without +del, which
-// tryRules reports, they expire.
-func (c *checker) cleanUp(ctx context.Context, d *deployment, lease *Lease) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.l.opts.ReleaseTimeout)
+// runs after ctx ended too, bounded by one ReleaseTimeout, on each
+// deployment at once; it sends nothing when nothing was sent before.
+// Without +del, which tryRules reports, the keys expire.
+func (c *checker) cleanUp(ctx context.Context) {
+	if len(c.written) == 0 {
+		return
+	}
+	ctx, cancel := c.l.detached(ctx)
 	defer cancel()
-	keys := append(lease.keys[:], lease.keys[keyLock]+":acl") // one hash tag: one slot on a Cluster
-	_ = d.client.Del(ctx, keys...).Err()
+	var wg sync.WaitGroup
+	for _, w := range c.written {
+		wg.Go(func() { _ = w.d.client.Del(ctx, w.keys...).Err() })
+	}
+	wg.Wait()
 }
 
 // tryRules sends the command of each of aclRules that has one, on key
@@ -437,8 +538,8 @@ func (c *checker) cleanUp(ctx context.Context, d *deployment, lease *Lease) {
 // (a key of another type, say) come after the ACL's verdict. It sends
 // them through d's client, or to master, a Cluster's master that serves
 // key, when not nil. It reports false when the client's connections
-// cannot be set up, which refuses every command: nothing else is worth
-// trying.
+// cannot be set up, which refuses every command, or when ctx ended:
+// nothing else is worth trying.
 func (c *checker) tryRules(ctx context.Context, d *deployment, master *redis.Client, node, key, channel string) bool {
 	o := &c.l.opts
 	db := clientDB(d.base)
@@ -449,7 +550,8 @@ func (c *checker) tryRules(ctx context.Context, d *deployment, master *redis.Cli
 	for _, r := range aclRules {
 		// go-redis selects the database as it sets up a connection.
 		if r.only == onlyDB && db != 0 {
-			if err := via.Do(ctx, tryArgs(r.try, key, channel, db)...).Err(); c.refused(node, r.try, err) {
+			err := via.Do(ctx, tryArgs(r.try, key, channel, db)...).Err()
+			if err != nil && c.cut(ctx) || c.refused(node, r.try, err) {
 				return false
 			}
 		}
@@ -461,7 +563,11 @@ func (c *checker) tryRules(ctx context.Context, d *deployment, master *redis.Cli
 		}
 		if r.only == onlyCluster {
 			if master != nil && r.try != "" {
-				c.refused(node, r.try, tryThenPing(ctx, master, tryArgs(r.try, key, channel, db)))
+				err := tryThenPing(ctx, master, tryArgs(r.try, key, channel, db))
+				if err != nil && c.cut(ctx) {
+					return false
+				}
+				c.refused(node, r.try, err)
 			}
 			continue
 		}
@@ -477,6 +583,9 @@ func (c *checker) tryRules(ctx context.Context, d *deployment, master *redis.Cli
 			try = r.try6
 			err = via.Do(ctx, tryArgs(try, key, channel, db)...).Err()
 		}
+		if err != nil && c.cut(ctx) {
+			return false
+		}
 		c.refused(node, try, err)
 	}
 	// The fencelock command reads a lock in a transaction.
@@ -484,6 +593,9 @@ func (c *checker) tryRules(ctx context.Context, d *deployment, master *redis.Cli
 		p.Get(ctx, key)
 		return nil
 	})
+	if err != nil && c.cut(ctx) {
+		return false
+	}
 	for _, cmd := range cmds {
 		if e := cmd.Err(); e != nil && strings.Contains(e.Error(), "NOPERM") {
 			err = e

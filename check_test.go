@@ -1,7 +1,12 @@
 package fencelock
 
 import (
+	"context"
+	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -222,4 +227,178 @@ func TestCheckCluster(t *testing.T) {
 	assert.Len(t, nodes, 3)
 	assert.Empty(t, by["permissions"])
 	assert.True(t, strings.HasPrefix(by["round-trip"][0].Seen, "round trip"))
+}
+
+// TestCheckReturnsByItsDeadline: with the deployment's servers paused
+// (SIGSTOP), Check returns within deadlineSlack of its caller's deadline
+// (500ms; 1s on a Redlock, whose first two nodes answer)
+// whatever the go-redis client's options, on a standalone server, a
+// Cluster, a Ring and a Redlock (issue 34: 10s on go-redis's defaults,
+// 5.5s with ContextTimeoutEnabled, for a 500ms deadline). Its error matches
+// the deadline's; it reports what it found before (a Redlock's nodes that
+// answered) and nothing about a server whose PING the deadline cut short:
+// not that it answered, not that it is unreachable. Nothing is left
+// behind once the servers answer again and the Locker is closed.
+func TestCheckReturnsByItsDeadline(t *testing.T) {
+	t.Parallel()
+	for _, opts := range []struct {
+		name    string
+		timeout bool // ContextTimeoutEnabled
+	}{{"go-redis defaults", false}, {"ContextTimeoutEnabled", true}} {
+		t.Run(opts.name, func(t *testing.T) {
+			t.Parallel()
+			for _, kind := range []string{"standalone", "cluster", "ring", "redlock"} {
+				t.Run(kind, func(t *testing.T) {
+					t.Parallel()
+					checkPaused(t, kind, opts.timeout)
+				})
+			}
+		})
+	}
+}
+
+// checkPaused runs Check with a deadline on a deployment of kind whose
+// servers are paused: all of them, or a Redlock's last node only.
+func checkPaused(t *testing.T, kind string, ctxTimeout bool) {
+	t.Helper()
+	var (
+		client  redis.UniversalClient
+		all     []*redistest.Server // every server, to look for keys left
+		stopped []*redistest.Server // the servers paused
+		l       *Locker
+	)
+	switch kind {
+	case "standalone":
+		srv := redistest.Start(t)
+		client, all = srv.Client(&redis.Options{ContextTimeoutEnabled: ctxTimeout}), []*redistest.Server{srv}
+	case "cluster":
+		c := redistest.StartClusterN(t, 3, 0)
+		client, all = c.Client(&redis.ClusterOptions{ContextTimeoutEnabled: ctxTimeout}), c.Masters
+	case "ring":
+		a, b := redistest.Start(t), redistest.Start(t)
+		ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": a.Addr, "b": b.Addr},
+			ContextTimeoutEnabled: ctxTimeout})
+		t.Cleanup(func() { _ = ring.Close() })
+		client, all = ring, []*redistest.Server{a, b}
+	case "redlock":
+		var clients []redis.UniversalClient
+		for range 3 {
+			srv := redistest.Start(t)
+			all = append(all, srv)
+			clients = append(clients, srv.Client(&redis.Options{ContextTimeoutEnabled: ctxTimeout}))
+		}
+		var err error
+		l, err = NewRedlock(clients, nil)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = l.Close() })
+		stopped = all[2:]
+	}
+	if l == nil {
+		l = checkLocker(t, client, nil)
+		require.NoError(t, client.Ping(ctx).Err(), "connected before the pause")
+		stopped = all
+	}
+	for _, srv := range stopped {
+		pause(t, srv)
+	}
+
+	d := 500 * time.Millisecond
+	if kind == "redlock" {
+		d = time.Second // time to check the nodes that answer, on a loaded machine
+	}
+	c := withTimeout(t, d)
+	var fs []Finding
+	err := returnsBy(t, d, fmt.Sprintf("Check(ctx %v)", d), func() error {
+		var err error
+		fs, err = l.Check(c)
+		return err
+	})
+	requireNoVerdict(t, err, context.DeadlineExceeded, "Check")
+	for _, f := range fs {
+		t.Log(f)
+		assert.NotEqual(t, "reachable", f.Check, "the deadline cut the PING short: no verdict on whether the server answers")
+		if kind != "redlock" {
+			assert.NotContains(t, []string{"round-trip", "permissions"}, f.Check, "a paused server was not reached")
+			continue
+		}
+		node, _, _ := strings.Cut(f.Node, " (") // "node 0 (127.0.0.1:6379)"
+		assert.Contains(t, []string{"node 0", "node 1"}, node, "a finding about the paused node or the whole quorum")
+	}
+	if kind == "redlock" {
+		var found []string
+		for _, f := range fs {
+			node, _, _ := strings.Cut(f.Node, " (")
+			found = append(found, node+" "+f.Check)
+		}
+		assert.Contains(t, found, "node 0 round-trip", "the findings of the nodes that answered are returned")
+		assert.Contains(t, found, "node 1 round-trip", "the findings of the nodes that answered are returned")
+	}
+
+	// Once the servers answer again, Close waits for what Check left in
+	// flight, and no test lock is left anywhere.
+	for _, srv := range stopped {
+		srv.Resume()
+	}
+	require.NoError(t, l.Close())
+	for _, srv := range all {
+		keys, err := srv.Do("KEYS", "*")
+		require.NoError(t, err)
+		assert.Empty(t, keys, "keys left on %s", srv.Addr)
+	}
+}
+
+// TestCheckCleanUpGoesOnInTheBackground: the server stops answering
+// (SIGSTOP) as Check takes its test lock. Check returns by its deadline,
+// where it waited for its clean-up's ReleaseTimeout (5s); the clean-up, a
+// DEL of the test lock's keys, goes on in the background, and Close waits
+// for it.
+func TestCheckCleanUpGoesOnInTheBackground(t *testing.T) {
+	t.Parallel()
+	for _, tc := range clientOptionCases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			opts := tc.opts
+			e := newEnv(t, &opts)
+			l := e.locker(t, nil)
+			t.Cleanup(e.srv.Resume) // before Close waits
+			var (
+				paused sync.Once
+				dels   atomic.Int32
+			)
+			e.hook.set(func(_ context.Context, cmd redis.Cmder) error {
+				switch {
+				case scriptName(cmd) == "acquire":
+					paused.Do(func() { _ = syscall.Kill(e.srv.Pid(), syscall.SIGSTOP) })
+				case cmd.Name() == "del" && strings.Contains(fmt.Sprint(cmd.Args()), "fencelock-check:"):
+					dels.Add(1)
+				}
+				return nil
+			}, nil)
+
+			d := 500 * time.Millisecond
+			err := returnsBy(t, d, "Check(ctx 500ms)", func() error {
+				_, err := l.Check(withTimeout(t, d))
+				return err
+			})
+			requireNoVerdict(t, err, context.DeadlineExceeded, "Check")
+
+			closed := make(chan struct{})
+			go func() {
+				defer close(closed)
+				_ = l.Close()
+			}()
+			select {
+			case <-closed:
+				t.Fatal("Close returned while Check's clean-up was in flight on a paused Redis")
+			case <-time.After(300 * time.Millisecond):
+			}
+			e.srv.Resume()
+			select {
+			case <-closed:
+			case <-time.After(10 * time.Second): // far above the wait for a Redis that answers
+				t.Fatal("Close did not return after Redis answered again")
+			}
+			assert.Positive(t, dels.Load(), "the clean-up deleted the test lock's keys")
+		})
+	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -468,6 +469,60 @@ func TestDoctor(t *testing.T) {
 			t.Fatalf("doctor --ttl 5s says it assumed the default TTL:\n%s", r.stdout)
 		}
 	})
+}
+
+// doctorSlack is how much later than its --timeout doctor may return
+// against a server that does not answer: Check returns within a few
+// milliseconds of its deadline, and what is left is printing and closing;
+// generous for -race on a loaded two-core machine, and far below the
+// seconds (ReleaseTimeout, 5s) that doctor took (issue 34: 6.1s for
+// --timeout 1s).
+const doctorSlack = 300 * time.Millisecond
+
+// TestDoctorReturnsWithinItsTimeout: against a paused server (SIGSTOP),
+// doctor --timeout 1s returns within its timeout, and says that the check
+// did not finish rather than that nothing weakens the lock, as text and as
+// JSON. It runs the command in the test's process, as main does, so that
+// the bound leaves out starting a process.
+func TestDoctorReturnsWithinItsTimeout(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	srv.Pause()
+	t.Cleanup(srv.Resume)
+	const timeout = time.Second
+	for _, args := range [][]string{
+		{"doctor", "--url", urlOf(srv), "--timeout", timeout.String()},
+		{"doctor", "--json", "--url", urlOf(srv), "--timeout", timeout.String()},
+	} {
+		var stdout, stderr bytes.Buffer
+		e := &env{stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }}
+		start := time.Now()
+		code := run(ctx, args, e)
+		took := time.Since(start)
+		t.Logf("$ fencelock %s\n%s%s(exit %d after %v)", strings.Join(args, " "), stdout.String(), stderr.String(), code, took)
+		if took > timeout+doctorSlack {
+			t.Errorf("fencelock %s returned after %v, more than %v after its --timeout", strings.Join(args, " "), took, took-timeout)
+		}
+		if code != exitFailed || !strings.Contains(stderr.String(), "no answer within --timeout 1s") {
+			t.Errorf("exit %d, stderr %q; want exit 1 and \"no answer within --timeout 1s\"", code, stderr.String())
+		}
+		if strings.Contains(stdout.String(), "nothing weakens") || strings.Contains(stdout.String(), "reachable") {
+			t.Errorf("stdout claims a verdict on a server that did not answer:\n%s", stdout.String())
+		}
+		if args[1] != "--json" {
+			if !strings.HasSuffix(stdout.String(), "0 critical, 0 warning, 0 info: the check did not finish\n") {
+				t.Errorf("stdout does not say that the check did not finish:\n%s", stdout.String())
+			}
+			continue
+		}
+		var doc struct {
+			Complete *bool
+			Findings []findingJSON
+		}
+		if err := json.Unmarshal(stdout.Bytes(), &doc); err != nil || doc.Complete == nil || *doc.Complete || len(doc.Findings) != 0 {
+			t.Errorf("doctor --json = %s (%v), want \"complete\": false and no finding", stdout.String(), err)
+		}
+	}
 }
 
 // TestRefused: a Redis that refuses the command exits 1 with its advice

@@ -199,7 +199,9 @@
 // replicas checks compare against; without --ttl, the report says that the
 // round trip was judged against the library's default TTL, 30s. It takes and releases a test lock,
 // "fencelock-check:<random>" (on a Cluster one on each master, whose ACL
-// is its own), and deletes its keys. It exits 1 when a finding is critical.
+// is its own), and deletes its keys. It exits 1 when a finding is critical,
+// and when the check did not finish within --timeout, after printing the
+// findings made until then.
 //
 // # JSON
 //
@@ -222,7 +224,8 @@
 // "pattern": "*", "locks": [lock, ...], "semaphores": [semaphore, ...],
 // "rwlocks": [rwlock, ...]}; inspect adds "semaphore" and "rwlock" to the
 // lock when the semaphore or the read-write lock of its name is in use.
-// doctor prints {"critical": n, "warning": n, "info": n, "findings":
+// doctor prints {"complete": true (false when the check did not finish
+// within --timeout), "critical": n, "warning": n, "info": n, "findings":
 // [{"severity", "check", "node", "seen", "means", "fix"}, ...]} (see
 // fencelock.Finding). watch prints, per event, {"time" (RFC 3339, with
 // nanoseconds), "event", "name", "fence", "owner"}, and where they apply

@@ -25,11 +25,13 @@ allowance. It takes and releases a test lock, "fencelock-check:<random>"
 keys.
 
 It exits 1 when a finding is critical: the lock's guarantees do not hold
-there, or it cannot be taken at all.
+there, or it cannot be taken at all; and when the check did not finish
+within --timeout, after printing the findings made until then.
 
 Flags:
 
-	--json             one JSON document: {"critical", "warning", "info":
+	--json             one JSON document: {"complete": false when the check
+	                   did not finish, "critical", "warning", "info":
 	                   counts, "findings": [{"severity", "check", "node",
 	                   "seen", "means", "fix"}]}.
 	--ttl D            the services' lock TTL, for the round-trip check
@@ -75,7 +77,8 @@ func runDoctor(ctx context.Context, e *env, args []string) error {
 	defer s.close()
 	ctx, cancel := cf.withTimeout(ctx)
 	defer cancel()
-	findings, checkErr := s.locker.Check(ctx)
+	findings, checkErr := s.locker.Check(ctx) // by ctx's end, with the findings made until then
+	complete := checkErr == nil
 
 	count := map[fencelock.Severity]int{}
 	for _, f := range findings {
@@ -83,11 +86,12 @@ func runDoctor(ctx context.Context, e *env, args []string) error {
 	}
 	if *asJSON {
 		out := struct {
+			Complete bool          `json:"complete"`
 			Critical int           `json:"critical"`
 			Warning  int           `json:"warning"`
 			Info     int           `json:"info"`
 			Findings []findingJSON `json:"findings"`
-		}{count[fencelock.SeverityCritical], count[fencelock.SeverityWarning], count[fencelock.SeverityInfo], make([]findingJSON, 0, len(findings))}
+		}{complete, count[fencelock.SeverityCritical], count[fencelock.SeverityWarning], count[fencelock.SeverityInfo], make([]findingJSON, 0, len(findings))}
 		for _, f := range findings {
 			out.Findings = append(out.Findings, findingJSON{f.Severity.String(), f.Check, f.Node, f.Seen, f.Means, f.Fix})
 		}
@@ -96,13 +100,13 @@ func runDoctor(ctx context.Context, e *env, args []string) error {
 		}
 	} else {
 		var note string
-		if *ttl == 0 {
+		if *ttl == 0 && complete {
 			// The round trip's finding names the TTL; say where it
 			// came from, so that a pass at 30s is not taken for the
 			// services' shorter TTL.
 			note = fmt.Sprintf("round trip judged against TTL %v, the library's default: give the services' TTL with --ttl", libraryTTL)
 		}
-		printReport(e.stdout, findings, count, note)
+		printReport(e.stdout, findings, count, note, complete)
 	}
 	if checkErr != nil {
 		return redisError("doctor", &cf, checkErr)
@@ -115,8 +119,9 @@ func runDoctor(ctx context.Context, e *env, args []string) error {
 
 // printReport prints the findings for people: a heading line per finding
 // (severity, check, node), then what was seen, what it means and the fix,
-// wrapped at 80 columns; then note, if any, and the counts.
-func printReport(w io.Writer, findings []fencelock.Finding, count map[fencelock.Severity]int, note string) {
+// wrapped at 80 columns; then note, if any, and the counts, with a verdict
+// only when the check is complete.
+func printReport(w io.Writer, findings []fencelock.Finding, count map[fencelock.Severity]int, note string, complete bool) {
 	const indent = "           "
 	for _, f := range findings {
 		head := fmt.Sprintf("%-9s %s", f.Severity, f.Check)
@@ -137,6 +142,8 @@ func printReport(w io.Writer, findings []fencelock.Finding, count map[fencelock.
 	}
 	verdict := "nothing weakens the lock's guarantees"
 	switch {
+	case !complete:
+		verdict = "the check did not finish"
 	case count[fencelock.SeverityCritical] > 0:
 		verdict = "the lock's guarantees do not hold here"
 	case count[fencelock.SeverityWarning] > 0:
