@@ -66,5 +66,6 @@ package fencelock
 //	           backend (a lock's kind, and inspect, register, close), traits
 //	stores     deployment.go (one Redis: its script calls, Cluster routing, WAIT
 //	           for Replicas); redlock.go (quorum: fan-out, fence phases, splits)
-//	scripts    scripts.go (one script type), prelude.lua + one .lua per script
+//	scripts    scripts.go (one script type), prelude.lua + one .lua per script,
+//	           scripts_hashes.go (their SHA-1s, written by go generate)
 //	errors     errors.go (sentinels, classify, advice), acl.go (the ACL rules)

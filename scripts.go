@@ -2,9 +2,7 @@ package fencelock
 
 import (
 	"context"
-	"crypto/sha1"
 	"embed"
-	"encoding/hex"
 	"regexp"
 	"strings"
 
@@ -17,8 +15,19 @@ import (
 // (see Lease.extend). Every key a script touches is passed in KEYS.
 type script struct {
 	name      string // the file's, without ".lua"
-	src, hash any    // the source and its SHA1, boxed once for the commands' arguments
+	src, hash any    // the source and its SHA-1, boxed once for the commands' arguments
 }
+
+// The scripts' SHA-1s are constants (scriptHashes, in scripts_hashes.go),
+// never computed: in FIPS 140-only mode (GODEBUG=fips140=only) crypto/sha1
+// panics. TestScriptHashes checks them against the sources, and writes
+// them anew for go generate.
+//
+//go:generate go test -run TestScriptHashes . -update-script-hashes
+
+// scripts are the library's scripts, as newScript made them: the ones
+// whose hashes scripts_hashes.go holds.
+var scripts []*script
 
 //go:embed *.lua
 var luaFiles embed.FS
@@ -28,6 +37,7 @@ var luaFiles embed.FS
 // after those of the functions the scripts share (prelude.lua) that they
 // call, when prelude is set; all are local to each script. A function the
 // script defines costs the server a closure at every run, called or not.
+// Its hash is scriptHashes[name].
 func newScript(name string, prelude bool, own ...string) *script {
 	src := readLua(name)
 	for i := len(own) - 1; i >= 0; i-- {
@@ -36,8 +46,9 @@ func newScript(name string, prelude bool, own ...string) *script {
 	if prelude {
 		src = functionsFor("prelude", src) + "\n" + src
 	}
-	sum := sha1.Sum([]byte(src))
-	return &script{name: name, src: src, hash: hex.EncodeToString(sum[:])}
+	s := &script{name: name, src: src, hash: scriptHashes[name]}
+	scripts = append(scripts, s)
+	return s
 }
 
 // preludeFunc finds the name of a function of a prelude file.

@@ -50,11 +50,12 @@ Flags:
 
 func init() { releaseCommand.run = runRelease }
 
-var (
-	//go:embed force_release.lua
-	forceReleaseLua    string
-	forceReleaseScript = redis.NewScript(forceReleaseLua)
-)
+// forceReleaseLua is sent as EVAL, as is force_release_permit.lua: a run
+// of the command sends it once, and EVALSHA would need its SHA-1, which a
+// program may not compute in FIPS 140-only mode (GODEBUG=fips140=only).
+//
+//go:embed force_release.lua
+var forceReleaseLua string
 
 // markerMillis is the least time a force-deleted holder's token stays
 // retired: the library's default ReleaseTimeout.
@@ -106,7 +107,7 @@ func runRelease(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintf(e.stdout, "would delete %s\n", what)
 		return failf("release: not deleted: add --yes to delete it")
 	}
-	reply, err := forceReleaseScript.Run(ctx, s.client,
+	reply, err := s.client.Eval(ctx, forceReleaseLua,
 		[]string{key, key + ":t:" + token}, value, s.channel(key), markerMillis).Slice()
 	if err != nil {
 		return redisError("release", &cf, err)

@@ -9,8 +9,6 @@ import (
 	"sync"
 	"text/tabwriter"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/internal/glob"
 )
@@ -139,11 +137,10 @@ func printSemaphore(w io.Writer, key string, info fencelock.SemaphoreInfo) {
 	_ = tw.Flush()
 }
 
-var (
-	//go:embed force_release_permit.lua
-	forceReleasePermitLua    string
-	forceReleasePermitScript = redis.NewScript(forceReleasePermitLua)
-)
+// forceReleasePermitLua is sent as EVAL (see forceReleaseLua).
+//
+//go:embed force_release_permit.lua
+var forceReleasePermitLua string
 
 // releasePermit frees the permit of semaphore name held by the holder
 // whose token is token, or starts with it (8 characters at least, naming
@@ -177,7 +174,7 @@ func releasePermit(ctx context.Context, e *env, s *session, cf *connFlags, name,
 		return failf("release: not freed: add --yes to free it")
 	}
 	key := s.key(name) + semSuffix
-	reply, err := forceReleasePermitScript.Run(ctx, s.client,
+	reply, err := s.client.Eval(ctx, forceReleasePermitLua,
 		[]string{key, key + ":h", key + ":t:" + h.Token},
 		h.Token, fmt.Sprintf("%d %s", h.Fence, h.Owner), s.channel(key), markerMillis).Slice()
 	if err != nil {
