@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock/internal/redistest"
+	"github.com/fencelock/fencelock/internal/script"
 )
 
 // adviceRules returns the ACL rules the NOPERM advice tells a user to
@@ -243,6 +244,6 @@ func TestACLRulesCoverTheScripts(t *testing.T) {
 func TestACLAdviceForAScriptsRefusal(t *testing.T) {
 	t.Parallel()
 	msg := advice("x", testRedisError("ERR The user executing the script can't run this command or subcommand script: "+
-		grantScript.Hash()+", on @user_script:77."))
+		script.RedlockGrant.Hash.(string)+", on @user_script:77."))
 	assert.Equal(t, "ERR The user executing the script can't run this command or subcommand: "+aclAdvice(), msg)
 }

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/fencelock/fencelock/internal/backoff"
+	"github.com/fencelock/fencelock/internal/tasks"
 )
 
 // An acquisition is one Acquire call across its attempts: what it learnt
@@ -206,7 +209,7 @@ func (r *releases) leave(_ *Lease, took bool) {
 // by a wake-up and by the holder's expiry) until the wait ends.
 func (a *acquisition) plain(wake wakeup) (*Lease, error) {
 	l := a.l
-	bo := backoff{min: l.opts.MinRetryBackoff, max: l.opts.MaxRetryBackoff}
+	bo := backoff.Backoff{Min: l.opts.MinRetryBackoff, Max: l.opts.MaxRetryBackoff}
 	var wokeAt time.Time
 	a.letGo = func() {
 		if a.unsure {
@@ -263,7 +266,7 @@ func (a *acquisition) plain(wake wakeup) (*Lease, error) {
 			return a.giveUp()
 		}
 		busy := errors.Is(a.verdict, ErrNotObtained)
-		ch, sleep := wake.next(at, busy, bo.next())
+		ch, sleep := wake.next(at, busy, bo.Next())
 		sleep = min(sleep, end.Sub(now))
 		if busy && at.pttl >= 0 && at.pttl < sleep {
 			sleep = max(at.pttl, time.Millisecond) // the holder's lock expires first
@@ -313,7 +316,7 @@ func (l *Locker) try(ctx context.Context, lease *Lease, open bool) (a attempt, d
 			timeout, half = max(left, time.Millisecond), true
 		}
 	}
-	actx, cancel := l.withTimeout(ctx, timeout)
+	actx, cancel := l.deadlines.WithTimeout(ctx, timeout)
 	defer cancel()
 	dials, failures := l.dials.Load(), l.dialFailures.Load()
 	done = true
@@ -323,7 +326,7 @@ func (l *Locker) try(ctx context.Context, lease *Lease, open bool) (a attempt, d
 			return a, false
 		}
 	} else {
-		a, done = call(l, actx.Done(), l.closed, func() attempt { return lease.kind.acquire(actx, lease) }, nil)
+		a, done = tasks.Call(l.bg, actx.Done(), l.closed, func() attempt { return lease.kind.acquire(actx, lease) }, nil)
 	}
 	if done && a.ok && l.isClosed() {
 		// Close was called while it ran (on the caller's goroutine, or

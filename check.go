@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencelock/fencelock/internal/glob"
+	"github.com/fencelock/fencelock/internal/tasks"
 )
 
 // Severity says how much a Finding matters for the lock's guarantees.
@@ -75,7 +76,7 @@ func (l *Locker) Check(ctx context.Context) ([]Finding, error) {
 		return nil, err
 	}
 	c := &checker{l: l}
-	call(l, ctx.Done(), nil, func() struct{} {
+	tasks.Call(l.bg, ctx.Done(), nil, func() struct{} {
 		c.run(ctx)
 		return struct{}{}
 	}, nil)

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock/internal/redistest"
+	"github.com/fencelock/fencelock/internal/script"
 )
 
 // On Redis Cluster a script's keys must hash to one slot. The lock key and
@@ -24,7 +25,7 @@ func TestCluster(t *testing.T) {
 
 	// Without the shared tag the acquire script is refused: the test can
 	// tell.
-	_, err = acquireScript.Run(ctx, client, []string{"lock:a", "lock:b:fence"}, "t", 1000).Result()
+	_, err = runScript(script.Acquire, ctx, client, []string{"lock:a", "lock:b:fence"}, "t", 1000).Result()
 	require.ErrorContains(t, err, "CROSSSLOT")
 
 	var last int64

@@ -10,6 +10,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/fencelock/fencelock/internal/script"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -125,10 +126,10 @@ func (d *deployment) acquire(ctx context.Context, lease *Lease) attempt {
 	var reply any
 	var err error
 	if lease.fair {
-		reply, err = d.run(ctx, acquireScript, false, lease.keyArgs[:], lease.tokenArg,
+		reply, err = d.run(ctx, script.Acquire, false, lease.keyArgs[:], lease.tokenArg,
 			d.l.ttlArg(lease.ttl), d.l.retentionMillis, lease.ownerArg, "1", queueEntryMillis)
 	} else { // two arguments fewer: each costs the server about a third of a GET
-		reply, err = d.run(ctx, acquireScript, false, lease.keyArgs[:], lease.tokenArg,
+		reply, err = d.run(ctx, script.Acquire, false, lease.keyArgs[:], lease.tokenArg,
 			d.l.ttlArg(lease.ttl), d.l.retentionMillis, lease.ownerArg)
 	}
 	return d.attempted(ctx, lease, reply, err, acquireAttempt(reply))
@@ -219,15 +220,15 @@ func decodeAcquire(reply any) (ok bool, value int64, owner string, err error) {
 }
 
 func (d *deployment) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
-	reply, err := d.run(ctx, extendScript, renewal, lease.keyArgs[keyLock:keyLock+1], lease.tokenArg, d.l.ttlArg(ttl))
-	return decodeExtend(extendScript, reply, err)
+	reply, err := d.run(ctx, script.Extend, renewal, lease.keyArgs[keyLock:keyLock+1], lease.tokenArg, d.l.ttlArg(ttl))
+	return decodeExtend(script.Extend, reply, err)
 }
 
 // decodeExtend decodes the reply of s, extend.lua or a kind's extend script
 // (answering as kind.extend does), given its run's error: WAIT's when it
 // comes with a reply, which stands only when the expiry was set (or the
 // reply is not understood); 0 and -1 wrote nothing.
-func decodeExtend(s *script, reply any, err error) (int64, error) {
+func decodeExtend(s *script.Script, reply any, err error) (int64, error) {
 	if err != nil && reply == nil {
 		return 0, err
 	}
@@ -237,7 +238,7 @@ func decodeExtend(s *script, reply any, err error) (int64, error) {
 	case err != nil && (!ok || code == 1):
 		return 0, err // set (or unknown), but too few replicas have it
 	case !ok:
-		return 0, fmt.Errorf("%w from the %s script: %v", errReply, s.name, reply)
+		return 0, fmt.Errorf("%w from the %s script: %v", errReply, s.Name, reply)
 	}
 	return code, nil
 }
@@ -253,7 +254,7 @@ func decodeExtend(s *script, reply any, err error) (int64, error) {
 // wrapping ErrUnavailable, when fewer replicas acknowledged, or WAIT's own
 // error; the script's reply is returned with it, and its decoder decides:
 // an answer that says the script wrote nothing stands whatever WAIT said.
-func (d *deployment) run(ctx context.Context, s *script, eval bool, keys []any, argv ...any) (any, error) {
+func (d *deployment) run(ctx context.Context, s *script.Script, eval bool, keys []any, argv ...any) (any, error) {
 	o := &d.l.opts
 	if o.Replicas == 0 {
 		return evalScript(ctx, d.client, s, eval, keys, argv).Result()
@@ -270,7 +271,7 @@ func (d *deployment) run(ctx context.Context, s *script, eval bool, keys []any, 
 		if asking {
 			pipe.Do(ctx, "ASKING") // the next command on this connection only
 		}
-		cmd := pipe.Do(ctx, scriptArgs(s, eval, keys, argv)...)
+		cmd := pipe.Do(ctx, script.Args(s, eval, keys, argv)...)
 		var wait *redis.Cmd
 		if o.ReplicaFsync {
 			wait = pipe.Do(ctx, "WAITAOF", 1, o.Replicas, timeout)
@@ -409,7 +410,7 @@ func (d *deployment) runRelease(ctx context.Context, lease *Lease, mode string, 
 	if loud {
 		argv = append(argv, "1")
 	}
-	reply, err := evalScript(ctx, d.client, releaseScript, false, lease.keyArgs[:], argv).Result()
+	reply, err := evalScript(ctx, d.client, script.Release, false, lease.keyArgs[:], argv).Result()
 	if err != nil {
 		return 0, nil, err
 	}
@@ -425,7 +426,7 @@ func (d *deployment) runRelease(ctx context.Context, lease *Lease, mode string, 
 // arguments are lease's token, the channel of its wake-ups, mode, the TTL
 // of the token marker it leaves (as release.lua's), then more. runRelease
 // does not use it: the append to more costs a lock's release an allocation.
-func (d *deployment) releaseKind(ctx context.Context, s *script, keys []any, lease *Lease, channel any, mode string, more ...any) (int64, error, error) {
+func (d *deployment) releaseKind(ctx context.Context, s *script.Script, keys []any, lease *Lease, channel any, mode string, more ...any) (int64, error, error) {
 	argv := append([]any{lease.tokenArg, channel, modeArg(mode), d.markerMillis(lease, mode)}, more...)
 	reply, err := evalScript(ctx, d.client, s, false, keys, argv).Result()
 	if err != nil {
@@ -483,3 +484,17 @@ func (d *deployment) register(key string, h hearer) *waiter {
 }
 
 func (d *deployment) close(by time.Time) { d.waits.close(by) }
+
+// evalScript runs s on c: EVALSHA, then EVAL when the server does not have
+// it cached (NOSCRIPT), or EVAL alone when eval is set. It sends them with
+// Process, which an AutoPipeliner batches (its Do runs each command on a
+// connection of its own); on a client, Do is the same.
+func evalScript(ctx context.Context, c redis.UniversalClient, s *script.Script, eval bool, keys, argv []any) *redis.Cmd {
+	cmd := redis.NewCmd(ctx, script.Args(s, eval, keys, argv)...)
+	_ = c.Process(ctx, cmd)
+	if err := cmd.Err(); !eval && err != nil && script.IsNoScript(err) { // no allocation on success
+		cmd = redis.NewCmd(ctx, script.Args(s, true, keys, argv)...)
+		_ = c.Process(ctx, cmd)
+	}
+	return cmd
+}

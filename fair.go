@@ -7,6 +7,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fencelock/fencelock/internal/script"
+	"github.com/fencelock/fencelock/internal/tasks"
 )
 
 // queueEntryTTL is how long a fair waiter's queue entry lives without a
@@ -48,7 +51,7 @@ type queueReply struct {
 }
 
 func (d *deployment) queue(ctx context.Context, lease *Lease, ttl time.Duration, mode string) (queueReply, error) {
-	reply, err := evalScript(ctx, d.client, queueScript, false,
+	reply, err := evalScript(ctx, d.client, script.Queue, false,
 		[]any{lease.keyArgs[keyLock], lease.keyArgs[keyQueue], lease.keyArgs[keyQueueInfo]},
 		[]any{lease.tokenArg, mode, queueEntryMillis, d.l.ttlArg(ttl), lease.ownerArg}).Slice()
 	if err != nil {
@@ -173,7 +176,7 @@ func (a *acquisition) fair() (*Lease, error) {
 		// is, so that it counts only once replicas have it (the release
 		// that granted it did not WAIT).
 		if !l.clock.Now().Before(lease.deadline) || (granted && l.opts.Replicas > 0) {
-			err, done := call(l, ctx.Done(), l.closed, func() error { return lease.extend(ctx, lease.ttl, false, new(extendState)) }, nil)
+			err, done := tasks.Call(l.bg, ctx.Done(), l.closed, func() error { return lease.extend(ctx, lease.ttl, false, new(extendState)) }, nil)
 			switch {
 			case !done: // ctx ended, or Close: the lock may be this waiter's
 				joined = true
@@ -398,9 +401,9 @@ func stillBusy(verdict error, name string, pttl time.Duration) *BusyError {
 func (l *Locker) keepAlive(ctx context.Context, lease *Lease) chan queueResult {
 	c := make(chan queueResult, 1)
 	ttl := lease.ttl
-	l.bg.add()
+	l.bg.Add()
 	go func() {
-		defer l.bg.finish()
+		defer l.bg.Done()
 		r, err := l.queue(ctx, lease, ttl, queueKeep)
 		c <- queueResult{r, err}
 	}()

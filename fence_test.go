@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencelock/fencelock/internal/script"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -213,7 +214,7 @@ func TestResendNeverShortensALease(t *testing.T) {
 			keys = append(keys, lease.keyArgs[:]...)
 			argv = append(argv, lease.tokenArg)
 		}
-		_, err = l.b.(*deployment).run(ctx, multiAcquireScript, false, keys, argv...)
+		_, err = l.b.(*deployment).run(ctx, script.MultiAcquire, false, keys, argv...)
 		require.NoError(t, err)
 		for _, lease := range leases {
 			ttl, err := lease.TTL(ctx)

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/fencelock/fencelock/internal/redistest"
+	"github.com/fencelock/fencelock/internal/script"
 )
 
 func TestMain(m *testing.M) {
@@ -86,10 +87,6 @@ func (h *faultHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// allScripts are the library's scripts, for scriptName.
-var allScripts = []*script{acquireScript, releaseScript, extendScript, queueScript, inspectScript,
-	grantScript, redlockReleaseScript, setFenceScript}
-
 // scriptName tells which of our scripts cmd runs (the name of its file,
 // without ".lua"), or "".
 func scriptName(cmd redis.Cmder) string {
@@ -100,26 +97,24 @@ func scriptName(cmd redis.Cmder) string {
 	body, _ := args[1].(string)
 	switch cmd.Name() {
 	case "evalsha", "eval":
-		for _, s := range allScripts {
-			if body == s.Hash() || body == s.src {
-				return s.name
+		for _, s := range script.All {
+			if body == s.Hash || body == s.Src {
+				return s.Name
 			}
 		}
 	}
 	return ""
 }
 
-// Run, Load and Hash make a script usable as a *redis.Script, for tests that
-// run one directly on a client.
-func (s *script) Run(ctx context.Context, c redis.Scripter, keys []string, args ...any) *redis.Cmd {
-	return redis.NewScript(s.src.(string)).Run(ctx, c, keys, args...)
+// runScript and loadScript run and load s as a *redis.Script, for tests
+// that run one directly on a client.
+func runScript(s *script.Script, ctx context.Context, c redis.Scripter, keys []string, args ...any) *redis.Cmd {
+	return redis.NewScript(s.Src.(string)).Run(ctx, c, keys, args...)
 }
 
-func (s *script) Load(ctx context.Context, c redis.Scripter) *redis.StringCmd {
-	return redis.NewScript(s.src.(string)).Load(ctx, c)
+func loadScript(s *script.Script, ctx context.Context, c redis.Scripter) *redis.StringCmd {
+	return redis.NewScript(s.Src.(string)).Load(ctx, c)
 }
-
-func (s *script) Hash() string { return s.hash.(string) }
 
 // onScript returns a hook function that returns err for the named script.
 func onScript(name string, err error) func(context.Context, redis.Cmder) error {

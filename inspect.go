@@ -7,6 +7,9 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/fencelock/fencelock/internal/script"
+	"github.com/fencelock/fencelock/internal/tasks"
 )
 
 // LockInfo is what Locker.Inspect found about a lock.
@@ -81,7 +84,7 @@ func (l *Locker) read(ctx context.Context, name, what string, f func(ctx context
 		h   holding
 		err error
 	}
-	res, done := call(l, ctx.Done(), nil, func() result {
+	res, done := tasks.Call(l.bg, ctx.Done(), nil, func() result {
 		h, err := f(ctx)
 		return result{h, err}
 	}, nil)
@@ -105,7 +108,7 @@ type holding struct {
 // inspect reads the lock at key and its fence counter in one step, then,
 // with waiters, counts the subscribers of its channel.
 func (d *deployment) inspect(ctx context.Context, key, fenceKey string, waiters bool) (holding, error) {
-	reply, err := evalScript(ctx, d.client, inspectScript, false, []any{key, fenceKey}, nil).Slice()
+	reply, err := evalScript(ctx, d.client, script.Inspect, false, []any{key, fenceKey}, nil).Slice()
 	if err != nil {
 		return holding{}, err
 	}

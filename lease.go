@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/fencelock/fencelock/internal/tasks"
 )
 
 // A Lease is one acquisition of a lock. Its methods are safe for concurrent
@@ -130,7 +132,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		return ctxEnded(ctx, "extend")
 	}
 	var ec extendState
-	err, done := call(l.locker, ctx.Done(), nil, func() error { return l.extend(ctx, ttl, false, &ec) }, nil)
+	err, done := tasks.Call(l.locker.bg, ctx.Done(), nil, func() error { return l.extend(ctx, ttl, false, &ec) }, nil)
 	if !done {
 		l.mu.Lock()
 		if !ec.sent.IsZero() && !ec.finished { // sent, and no reply yet
@@ -323,7 +325,7 @@ func (l *Lease) releaseOp(ctx context.Context, notHeld func(error)) error {
 		defer cancel()
 		return l.release(rctx)
 	}
-	err, done := call(l.locker, ctx.Done(), rctx.Done(), func() error { return l.release(rctx) }, func(err error) {
+	err, done := tasks.Call(l.locker.bg, ctx.Done(), rctx.Done(), func() error { return l.release(rctx) }, func(err error) {
 		cancel()
 		l.releasedLate(err, notHeld)
 	})
@@ -402,7 +404,7 @@ func (l *Locker) releaseLeases(ctx context.Context, leases []*Lease, notHeld fun
 		}
 		return errs
 	}
-	res, done := call(l, ctx.Done(), rctx.Done(), run, func(res []error) {
+	res, done := tasks.Call(l.bg, ctx.Done(), rctx.Done(), run, func(res []error) {
 		cancel()
 		for j, err := range res {
 			lease := todo[j]

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	mathrand "math/rand/v2"
 	"net"
 	"reflect"
 	"strings"
@@ -15,6 +14,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/fencelock/fencelock/internal/deadline"
+	"github.com/fencelock/fencelock/internal/tasks"
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 )
@@ -26,10 +27,10 @@ type Locker struct {
 	b     backend
 	opts  Options
 	clock Clock
-	bg    tasks
+	bg    *tasks.Group
 	// deadlines ends the contexts of the calls that run on their
-	// caller's goroutine (see withTimeout).
-	deadlines deadlines
+	// caller's goroutine.
+	deadlines deadline.Heap
 
 	releaseTimeoutMillis any // opts.ReleaseTimeout in ms, boxed once for the scripts' ARGV
 	retentionMillis      any // opts.FenceRetention in ms, boxed once
@@ -80,7 +81,7 @@ func newLocker(o Options) *Locker {
 		ownerArg:             o.Owner,
 		defaultTTLArg:        ttlMillis(o.TTL),
 		closed:               make(chan struct{}),
-		bg:                   tasks{jobs: make(chan job)},
+		bg:                   tasks.New(o.Clock, o.ReleaseTimeout, o.Logger, func(err error) bool { return errors.Is(err, ErrMisconfigured) }),
 	}
 }
 
@@ -153,7 +154,7 @@ func (l *Locker) Close() error {
 	l.closeOnce.Do(func() { close(l.closed) })
 	by := l.clock.Now().Add(l.opts.ReleaseTimeout + closeGrace)
 	l.b.close(by)
-	l.bg.close(l.clock, by)
+	l.bg.Close(by)
 	return nil
 }
 
@@ -312,8 +313,8 @@ func (l *Locker) acquireObserved(ctx context.Context, name string, co callOption
 
 // acquireWith is acquireObserved without the Observer's Start and End.
 func (l *Locker) acquireWith(ctx context.Context, name string, co callOptions, open bool, st *acquireStats) (*Lease, error) {
-	l.bg.add() // Close waits for the call, and for the clean-ups it starts when Close ends it
-	defer l.bg.finish()
+	l.bg.Add() // Close waits for the call, and for the clean-ups it starts when Close ends it
+	defer l.bg.Done()
 	lease := l.leaseOf(co.kind, name, co.ttl)
 	if co.owner != "" {
 		lease.owner, lease.ownerArg = co.owner, co.owner
@@ -477,40 +478,7 @@ func (l *Locker) releaseInBackground(lease *Lease) {
 // ReleaseTimeout. A try sent to a hung server runs there when the server
 // resumes, even after the client gave up on it.
 func (l *Locker) giveBack(lease *Lease, what string, try func(ctx context.Context) (deleted bool, err error)) {
-	log := l.opts.Logger
-	bg := context.Background()
-	l.bg.goBackground(func(stop <-chan struct{}) {
-		end := l.clock.Now().Add(max(lease.currentTTL(), l.opts.ReleaseTimeout))
-		bo := backoff{min: 10 * time.Millisecond, max: time.Second}
-		for tries := 1; ; tries++ {
-			ctx, cancel := context.WithTimeout(bg, l.opts.ReleaseTimeout)
-			deleted, err := try(ctx)
-			cancel()
-			if err == nil {
-				log.LogAttrs(bg, slog.LevelDebug, "fencelock: "+what+" done in the background",
-					slog.String("lock", lease.name), slog.Bool("lock_deleted", deleted), slog.Int("tries", tries))
-				return
-			}
-			if errors.Is(err, ErrMisconfigured) || !l.clock.Now().Before(end) {
-				log.LogAttrs(bg, slog.LevelWarn, "fencelock: "+what+" failed in the background, the lock expires after its TTL",
-					slog.String("lock", lease.name), slog.Int("tries", tries), slog.Any("error", err))
-				return
-			}
-			if tries == 1 {
-				log.LogAttrs(bg, slog.LevelDebug, "fencelock: "+what+" goes on in the background",
-					slog.String("lock", lease.name), slog.Any("error", err))
-			}
-			t := l.clock.NewTimer(bo.next())
-			select {
-			case <-stop:
-				t.Stop()
-				log.LogAttrs(bg, slog.LevelWarn, "fencelock: "+what+" stopped by Close, the lock expires after its TTL",
-					slog.String("lock", lease.name), slog.Int("tries", tries), slog.Any("error", err))
-				return
-			case <-t.C:
-			}
-		}
-	})
+	l.bg.GiveBack(what, lease.name, lease.currentTTL(), try)
 }
 
 // warnPublish logs, once per Locker, that a release could not publish its
@@ -530,7 +498,7 @@ func (l *Locker) detached(ctx context.Context) (context.Context, context.CancelF
 	if ctx.Done() != nil {
 		ctx = context.WithoutCancel(ctx)
 	}
-	return l.withTimeout(ctx, l.opts.ReleaseTimeout)
+	return l.deadlines.WithTimeout(ctx, l.opts.ReleaseTimeout)
 }
 
 // ctxErr is ctx.Err(), or context.DeadlineExceeded once ctx's deadline has
@@ -546,208 +514,6 @@ func ctxErr(ctx context.Context) error {
 	return nil
 }
 
-// call runs f and returns its result with done true, or returns done false
-// as soon as stop1 or stop2 is closed: f then runs to its end on a goroutine
-// that the Locker tracks (see Close), and late, if not nil, gets its result
-// there. With two nil channels f runs on the caller's goroutine.
-//
-// This is how every call returns by its caller's deadline whatever the
-// go-redis client's options: without ContextTimeoutEnabled, go-redis waits
-// for ReadTimeout on a hung connection, and it retries a command that timed
-// out (MaxRetries).
-func call[T any](l *Locker, stop1, stop2 <-chan struct{}, f func() T, late func(T)) (res T, done bool) {
-	if stop1 == nil && stop2 == nil {
-		return f(), true
-	}
-	c := &pending[T]{done: make(chan struct{}), f: f, late: late}
-	l.bg.run(c)
-	select {
-	case <-c.done:
-		return c.res, true
-	case <-stop1:
-	case <-stop2:
-	}
-	// A call that honours the context (go-redis's dial loop, a client with
-	// ContextTimeoutEnabled) returns at once, often with the cause of its
-	// failure ("connection refused"): give it a moment.
-	t := l.clock.NewTimer(callGrace)
-	select {
-	case <-c.done:
-	case <-t.C:
-	}
-	t.Stop()
-	if !c.state.CompareAndSwap(0, 2) { // finished meanwhile
-		<-c.done
-		return c.res, true
-	}
-	return res, false
-}
-
-// callGrace is how long a call whose caller's context has ended still waits
-// for its result.
-const callGrace = 5 * time.Millisecond
-
-// pending is a call's result in transit.
-type pending[T any] struct {
-	f     func() T
-	late  func(T)       // nil, or what gets the result once the caller has gone
-	res   T             // written before done is closed
-	done  chan struct{} // closed when f has returned
-	state atomic.Int32  // 0 running, 1 result taken by the caller, 2 caller gone
-}
-
-func (c *pending[T]) run() {
-	c.res = c.f()
-	close(c.done)
-	if !c.state.CompareAndSwap(0, 1) && c.late != nil {
-		c.late(c.res) // the caller has returned
-	}
-}
-
-// A job is what a worker of tasks.run runs.
-type job interface{ run() }
-
-// tasks tracks the goroutines that outlive the call that started them.
-type tasks struct {
-	mu     sync.Mutex
-	n      int           // guarded by mu; goroutines running
-	idle   chan struct{} // guarded by mu; closed when n drops to 0 while close waits
-	stop   chan struct{} // guarded by mu; closed by close: clean-ups stop retrying, workers exit
-	closed bool          // guarded by mu
-	// jobs is made with the Locker, and never changes: the workers that
-	// wait for work receive on it (see run).
-	jobs   chan job
-	idlers atomic.Int32 // workers waiting for work
-}
-
-// run runs j on a tracked goroutine: a worker that waits for work, or a
-// new one. A worker waits workerIdle for more after each job, unless
-// maxIdlers already do, and exits then or at close. A goroutine made for
-// each call would grow its stack anew in go-redis's calls, every time:
-// runtime.copystack took 14% of the CPU of a loop of acquire+release on
-// go-redis's default options, where each of them needs one (see call).
-func (t *tasks) run(j job) {
-	select {
-	case t.jobs <- j: // a worker was waiting
-		return
-	default:
-	}
-	t.mu.Lock()
-	t.n++
-	stop := t.stopLocked()
-	t.mu.Unlock()
-	go t.work(j, stop)
-}
-
-// work runs j, then the jobs it receives, until it waits workerIdle for
-// none or stop is closed.
-func (t *tasks) work(j job, stop <-chan struct{}) {
-	defer t.finish()
-	// Real time, not Options.Clock's: Reset, which each job needs, would be
-	// real time on a Clock's timer too, and a new timer a job would cost an
-	// allocation on the hot path; the timer only reclaims the goroutine.
-	idle := time.NewTimer(workerIdle)
-	defer idle.Stop()
-	for {
-		j.run()
-		if t.idlers.Add(1) > maxIdlers {
-			t.idlers.Add(-1)
-			return
-		}
-		idle.Reset(workerIdle)
-		var more bool
-		select {
-		case j = <-t.jobs:
-			more = true
-		case <-idle.C:
-		case <-stop:
-		}
-		t.idlers.Add(-1)
-		if !more {
-			return
-		}
-	}
-}
-
-// How long a worker of tasks.run waits for more work, and how many wait
-// at most: a burst of calls leaves no more goroutines behind.
-const (
-	workerIdle = 250 * time.Millisecond
-	maxIdlers  = 16
-)
-
-// stopLocked returns the channel that close closes, making it if needed.
-func (t *tasks) stopLocked() chan struct{} {
-	if t.stop == nil {
-		t.stop = make(chan struct{})
-		if t.closed {
-			close(t.stop)
-		}
-	}
-	return t.stop
-}
-
-func (t *tasks) add() {
-	t.mu.Lock()
-	t.n++
-	t.mu.Unlock()
-}
-
-func (t *tasks) finish() {
-	t.mu.Lock()
-	t.n--
-	if t.n == 0 && t.idle != nil {
-		close(t.idle)
-		t.idle = nil
-	}
-	t.mu.Unlock()
-}
-
-// goBackground runs f on a tracked goroutine; stop is closed by close.
-func (t *tasks) goBackground(f func(stop <-chan struct{})) {
-	t.mu.Lock()
-	t.n++
-	stop := t.stopLocked()
-	t.mu.Unlock()
-	go func() {
-		defer t.finish()
-		f(stop)
-	}()
-}
-
-// close tells the clean-ups to stop retrying and waits until no tracked
-// goroutine is running, until by at most: a goroutine still running then is
-// in a Redis call that go-redis has not given up on, and ends with it.
-func (t *tasks) close(clock Clock, by time.Time) {
-	t.mu.Lock()
-	if !t.closed {
-		t.closed = true
-		if t.stop != nil {
-			close(t.stop)
-		}
-	}
-	if t.n == 0 {
-		t.mu.Unlock()
-		return
-	}
-	if t.idle == nil {
-		t.idle = make(chan struct{})
-	}
-	idle := t.idle
-	t.mu.Unlock()
-	waitUntil(clock, idle, by)
-}
-
-// waitUntil waits until done is closed, or until by on clock at most.
-func waitUntil(clock Clock, done <-chan struct{}, by time.Time) {
-	t := clock.NewTimer(by.Sub(clock.Now()))
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
-	}
-}
-
 // pause sleeps for d on the Locker's clock, and reports false when ctx
 // ended or Close was called first.
 func (l *Locker) pause(ctx context.Context, d time.Duration) bool {
@@ -761,27 +527,4 @@ func (l *Locker) pause(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
-}
-
-// backoff is the per-call retry pause: exponential from min to max, each
-// value jittered to between half and all of it.
-type backoff struct {
-	min, max time.Duration
-	cur      time.Duration
-}
-
-// reset starts the backoff over at min.
-func (b *backoff) reset() { b.cur = 0 }
-
-func (b *backoff) next() time.Duration {
-	switch {
-	case b.cur == 0:
-		b.cur = b.min
-	case b.cur > b.max/2:
-		b.cur = b.max
-	default:
-		b.cur *= 2
-	}
-	half := b.cur / 2
-	return half + mathrand.N(b.cur-half+1)
 }

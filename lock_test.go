@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock/internal/redistest"
+	"github.com/fencelock/fencelock/internal/script"
 )
 
 var ctx = context.Background()
@@ -247,7 +248,7 @@ func TestRetryAfterLostReplyIsIdempotent(t *testing.T) {
 	// reply was lost) finds the lock its own and returns the same fence.
 	run := func(token string) []any {
 		t.Helper()
-		reply, err := acquireScript.Run(ctx, e.admin, []string{key, key + ":t:" + token, fenceKey, key + ":q", key + ":qi"},
+		reply, err := runScript(script.Acquire, ctx, e.admin, []string{key, key + ":t:" + token, fenceKey, key + ":q", key + ":qi"},
 			token, 5000, 60000, "pod", "0", 2000).Slice()
 		require.NoError(t, err)
 		return reply
@@ -323,7 +324,7 @@ func TestAutoPipelinedRetryAfterLostBatchIsIdempotent(t *testing.T) {
 		return lock{key, fenceKey}
 	}
 	run := func(k lock, token string) ([]any, error) {
-		return acquireScript.Run(ctx, ap, []string{k.key, k.key + ":t:" + token, k.fenceKey, k.key + ":q", k.key + ":qi"},
+		return runScript(script.Acquire, ctx, ap, []string{k.key, k.key + ":t:" + token, k.fenceKey, k.key + ":q", k.key + ":qi"},
 			token, 60000, 60000, "pod", "0", 2000).Slice()
 	}
 	// The fence the server issued for k: in the lock's value, and the
@@ -355,7 +356,7 @@ func TestAutoPipelinedRetryAfterLostBatchIsIdempotent(t *testing.T) {
 	// NOSCRIPT that took no effect; and the pipeliner's pooled connection
 	// must be dialled already, or the drop would hit the dial's HELLO
 	// (DropNextReply). Only the pipeliner's traffic goes through the proxy.
-	require.NoError(t, acquireScript.Load(ctx, e.admin).Err())
+	require.NoError(t, loadScript(script.Acquire, ctx, e.admin).Err())
 	require.NoError(t, ap.Ping(ctx).Err())
 	before := evalshas()
 
@@ -769,16 +770,6 @@ func TestTTLRounding(t *testing.T) {
 		{30 * time.Second, 30000},
 	} {
 		assert.Equal(t, tc.want, ttlMillis(tc.ttl), "ttlMillis(%v)", tc.ttl)
-	}
-}
-
-func TestBackoff(t *testing.T) {
-	b := backoff{min: 8 * time.Millisecond, max: 64 * time.Millisecond}
-	for i, ceil := range []time.Duration{8, 16, 32, 64, 64, 64} {
-		ceil *= time.Millisecond
-		d := b.next()
-		assert.GreaterOrEqual(t, d, ceil/2, "pause %d", i)
-		assert.LessOrEqual(t, d, ceil, "pause %d", i)
 	}
 }
 

@@ -10,13 +10,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fencelock/fencelock/internal/script"
 	"github.com/redis/go-redis/v9"
 )
 
 // maxNames is the most names one AcquireAll takes.
 const maxNames = 1000
-
-var multiAcquireScript = newScript("multi_acquire", true)
 
 // AcquireAll takes the locks called names, all or none, and returns their
 // leases in the order given ("Several names at once"); WithWait bounds the
@@ -196,8 +195,8 @@ func keySlot(tag string) int {
 // acquireTogether takes names in one script per attempt, through one
 // acquisition whose lease stands for the set.
 func (l *Locker) acquireTogether(ctx context.Context, d *deployment, names []string, co callOptions, open bool, st *acquireStats) ([]*Lease, error) {
-	l.bg.add() // as acquireWith
-	defer l.bg.finish()
+	l.bg.Add() // as acquireWith
+	defer l.bg.Done()
 	s := &set{d: d, names: names, members: make(map[*Lease][]*Lease)}
 	stand := l.newLease(strings.Join(names, ","), co.ttl)
 	stand.kind = s
@@ -256,7 +255,7 @@ func (s *set) acquire(ctx context.Context, stand *Lease) attempt {
 		keys = append(keys, m.keyArgs[:]...)
 		argv = append(argv, m.tokenArg)
 	}
-	reply, err := s.d.run(ctx, multiAcquireScript, false, keys, argv...)
+	reply, err := s.d.run(ctx, script.MultiAcquire, false, keys, argv...)
 	fences, a := decodeAcquireAll(reply, s.names) // the locks' fences, when taken
 	a = s.d.attempted(ctx, stand, reply, err, a)
 	if a.ok {

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock/internal/redistest"
+	"github.com/fencelock/fencelock/internal/script"
 )
 
 // isMultiAcquire tells whether cmd runs multi_acquire.lua.
@@ -26,7 +27,7 @@ func isMultiAcquire(cmd redis.Cmder) bool {
 		return false
 	}
 	body, _ := args[1].(string)
-	return body == multiAcquireScript.hash || body == multiAcquireScript.src
+	return body == script.MultiAcquire.Hash || body == script.MultiAcquire.Src
 }
 
 // prefixed returns name with the test's prefix, for each name.
@@ -252,7 +253,7 @@ func TestAcquireAllUnknownOutcomeIsMadeHarmless(t *testing.T) {
 	}
 	// The attempt arrives again, late (as go-redis may resend it).
 	late := *lost.Load()
-	late[0], late[1] = "eval", multiAcquireScript.src
+	late[0], late[1] = "eval", script.MultiAcquire.Src
 	reply, err := e.admin.Do(ctx, late...).Result()
 	require.NoError(t, err)
 	assert.Equal(t, []any{int64(2)}, reply, "the tokens are retired")

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fencelock/fencelock/internal/script"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -135,9 +136,9 @@ func each[T any](ctx context.Context, q *quorum, timeout time.Duration, detach b
 	r := &results[T]{ch: make(chan T, len(q.nodes)), n: len(q.nodes), ctx: ctx, timer: q.l.clock.NewTimer(timeout),
 		clock: q.l.clock, start: q.l.clock.Now()}
 	for i, d := range q.nodes {
-		q.l.bg.add()
+		q.l.bg.Add()
 		go func() {
-			defer q.l.bg.finish()
+			defer q.l.bg.Done()
 			defer returned()
 			r.ch <- f(nctx, i, d)
 		}()
@@ -234,7 +235,7 @@ type nodeGrant struct {
 // joins (or keeps its place in) the node's line when the lock is busy, and
 // leaves it when it is granted (see line).
 func (d *deployment) grant(ctx context.Context, lease *Lease, ttl time.Duration, fence int64, lineID string, entryTTL any) nodeGrant {
-	reply, err := d.run(ctx, grantScript, false, lease.keyArgs[:], lease.tokenArg,
+	reply, err := d.run(ctx, script.RedlockGrant, false, lease.keyArgs[:], lease.tokenArg,
 		ttlMillis(ttl), strconv.FormatInt(fence, 10), lease.ownerArg, d.l.retentionMillis, lineID, entryTTL)
 	if err != nil {
 		// With Options.Replicas, too few replicas count as no grant; a
@@ -258,7 +259,7 @@ func (d *deployment) releaseNode(ctx context.Context, lease *Lease, mode, lineID
 	if lineID != "" {
 		argv = append(argv, lineID)
 	}
-	reply, err := evalScript(ctx, d.client, redlockReleaseScript, false, keys, argv).Result()
+	reply, err := evalScript(ctx, d.client, script.RedlockRelease, false, keys, argv).Result()
 	if err != nil {
 		return 0, nil, err
 	}
@@ -398,7 +399,7 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 			if !behind[i] {
 				return nodeGrant{node: i}
 			}
-			reply, err := d.run(ctx, setFenceScript, false, []any{lease.keyArgs[keyLock], lease.keyArgs[keyCounter]}, lease.tokenArg,
+			reply, err := d.run(ctx, script.RedlockFence, false, []any{lease.keyArgs[keyLock], lease.keyArgs[keyCounter]}, lease.tokenArg,
 				fenceArg, q.l.retentionMillis)
 			return nodeGrant{node: i, ok: err == nil && reply == int64(1), err: err}
 		})
@@ -526,16 +527,16 @@ func (q *quorum) settle(lease *Lease, grants *results[nodeGrant], pending int, f
 		return
 	}
 	fenceArg := strconv.FormatInt(fence, 10)
-	q.l.bg.add()
+	q.l.bg.Add()
 	go func() {
-		defer q.l.bg.finish()
+		defer q.l.bg.Done()
 		for range pending {
 			g := <-grants.ch // every node's call sends its result, within its timeout
 			if !g.ok || g.fence == fence || !q.l.clock.Now().Before(end) {
 				continue
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), end.Sub(q.l.clock.Now()))
-			_, _ = q.nodes[g.node].run(ctx, setFenceScript, false, []any{lease.keyArgs[keyLock], lease.keyArgs[keyCounter]},
+			_, _ = q.nodes[g.node].run(ctx, script.RedlockFence, false, []any{lease.keyArgs[keyLock], lease.keyArgs[keyCounter]},
 				lease.tokenArg, fenceArg, q.l.retentionMillis)
 			cancel()
 		}
@@ -644,9 +645,9 @@ func (q *quorum) retire(lease *Lease, nodes []int) {
 		out := make(chan nodeReply, len(nodes))
 		for _, i := range nodes {
 			d := q.nodes[i]
-			q.l.bg.add()
+			q.l.bg.Add()
 			go func() {
-				defer q.l.bg.finish()
+				defer q.l.bg.Done()
 				// The call goes on waiting: it keeps its place in line.
 				code, _, err := d.releaseNode(ctx, lease, modeAbandon, "")
 				out <- nodeReply{code: code, err: err}

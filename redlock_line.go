@@ -195,7 +195,7 @@ func (lw *lineWakeup) leave(gaveUp *Lease, _ bool) {
 		return
 	}
 	l := lw.q.l
-	l.bg.goBackground(func(<-chan struct{}) {
+	l.bg.Go(func(<-chan struct{}) {
 		ctx, cancel := context.WithTimeout(context.Background(), l.opts.ReleaseTimeout)
 		defer cancel()
 		_, _, _ = lw.q.nodes[0].releaseNode(ctx, gaveUp, modeAbandon, gaveUp.line)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/fencelock/fencelock/internal/script"
 )
 
 // An RWLock is a read-write lock: shared leases or one exclusive lease, never
@@ -150,21 +152,17 @@ func (k *rwKind) setKeys(lease *Lease) {
 
 // The read-write lock's scripts, each declared by the method that runs it,
 // run after prelude.lua and rwlock_prelude.lua.
-var (
-	rwReadScript  = newScript("rwlock_read", true, "rwlock_prelude")
-	rwWriteScript = newScript("rwlock_write", true, "rwlock_prelude")
-)
 
 func (k *rwKind) acquire(ctx context.Context, lease *Lease) attempt {
 	l := k.d.l
 	var reply any
 	var err error
 	if k.exclusive {
-		reply, err = k.d.run(ctx, rwWriteScript, false, lease.keyArgs[:], lease.tokenArg,
+		reply, err = k.d.run(ctx, script.RWWrite, false, lease.keyArgs[:], lease.tokenArg,
 			l.ttlArg(lease.ttl), l.retentionMillis, lease.ownerArg, k.intent)
 	} else {
 		keys := append(lease.keyArgs[:nKeys:nKeys], k.rw.writerArg)
-		reply, err = k.d.run(ctx, rwReadScript, false, keys, lease.tokenArg,
+		reply, err = k.d.run(ctx, script.RWRead, false, keys, lease.tokenArg,
 			l.ttlArg(lease.ttl), l.retentionMillis, lease.ownerArg)
 	}
 	// The scripts answer as acquire.lua, but for rwlock_read.lua's -3: free
@@ -176,19 +174,15 @@ func (k *rwKind) acquire(ctx context.Context, lease *Lease) attempt {
 	return a
 }
 
-var rwExtendScript = newScript("rwlock_extend", true, "rwlock_prelude")
-
 func (k *rwKind) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
-	reply, err := k.d.run(ctx, rwExtendScript, renewal, []any{lease.keyArgs[keyLock], k.rw.readersArg, k.rw.writerArg},
+	reply, err := k.d.run(ctx, script.RWExtend, renewal, []any{lease.keyArgs[keyLock], k.rw.readersArg, k.rw.writerArg},
 		lease.tokenArg, k.d.l.ttlArg(ttl))
-	return decodeExtend(rwExtendScript, reply, err)
+	return decodeExtend(script.RWExtend, reply, err)
 }
-
-var rwReleaseScript = newScript("rwlock_release", true, "rwlock_prelude")
 
 func (k *rwKind) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
 	keys := []any{lease.keyArgs[keyLock], lease.keyArgs[keyMarker], k.rw.readersArg, k.rw.intentsArg, k.rw.writerArg}
-	return k.d.releaseKind(ctx, rwReleaseScript, keys, lease, k.d.channel(k.rw.base), mode)
+	return k.d.releaseKind(ctx, script.RWRelease, keys, lease, k.d.channel(k.rw.base), mode)
 }
 
 // wakeup wakes a waiting call on every release that may let it in (see
@@ -232,8 +226,6 @@ func (r *rwReleases) leave(gaveUp *Lease, _ bool) {
 	}
 }
 
-var rwInspectScript = newScript("rwlock_inspect", true, "rwlock_prelude")
-
 // Inspect reads the lock in one atomic step, changing nothing. It returns
 // ErrInvalid for a bad name or a NewRedlock Locker, ErrUnavailable or
 // ErrMisconfigured, or an error matching ctx.Err().
@@ -246,7 +238,7 @@ func (rw *RWLock) Inspect(ctx context.Context) (RWLockInfo, error) {
 	}
 	var info RWLockInfo // set by the read, read only once it returned
 	_, err := rw.l.read(ctx, rw.name, fmt.Sprintf("inspect %q", rw.name), func(ctx context.Context) (holding, error) {
-		reply, err := evalScript(ctx, rw.l.fair.client, rwInspectScript, false,
+		reply, err := evalScript(ctx, rw.l.fair.client, script.RWInspect, false,
 			[]any{rw.writerArg, rw.readersArg, rw.intentsArg, rw.counter}, nil).Result()
 		if err == nil {
 			info, err = decodeRWInspect(reply)

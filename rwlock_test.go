@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock/internal/redistest"
+	"github.com/fencelock/fencelock/internal/script"
 )
 
 func TestRWLockInvalid(t *testing.T) {
@@ -401,7 +402,7 @@ func TestRWLockUnknownOutcomeIsGivenBack(t *testing.T) {
 	rw := l.RWLock(uniqueName(t))
 	var dropped atomic.Bool
 	e.hook.set(nil, func(_ context.Context, cmd redis.Cmder) error {
-		if args := cmd.Args(); len(args) > 1 && (args[1] == rwReadScript.hash || args[1] == rwReadScript.src) && !dropped.Swap(true) {
+		if args := cmd.Args(); len(args) > 1 && (args[1] == script.RWRead.Hash || args[1] == script.RWRead.Src) && !dropped.Swap(true) {
 			return errReplyLost
 		}
 		return nil

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock/internal/redistest"
+	"github.com/fencelock/fencelock/internal/script"
 )
 
 // The scripts as they were at commit 5fbfc5a, before the prelude and
@@ -54,9 +55,9 @@ func newCompatSide(t *testing.T, c *redis.Client, old bool, name string) *compat
 	return s
 }
 
-func (s *compatSide) run(ctx context.Context, sc *script, keys []string, argv ...any) (any, error) {
+func (s *compatSide) run(ctx context.Context, sc *script.Script, keys []string, argv ...any) (any, error) {
 	if s.old {
-		return s.load(sc.name).Run(ctx, s.c, keys, argv...).Result()
+		return s.load(sc.Name).Run(ctx, s.c, keys, argv...).Result()
 	}
 	k := make([]any, len(keys))
 	for i := range keys {
@@ -76,7 +77,7 @@ func (s *compatSide) acquire(ctx context.Context, token, owner string, fair bool
 	if fair {
 		f = "1"
 	}
-	return s.run(ctx, acquireScript, s.all(token), token, compatTTL, compatRetention, owner, f, compatEntry)
+	return s.run(ctx, script.Acquire, s.all(token), token, compatTTL, compatRetention, owner, f, compatEntry)
 }
 
 func (s *compatSide) release(ctx context.Context, token, mode string) (any, error) {
@@ -84,23 +85,23 @@ func (s *compatSide) release(ctx context.Context, token, mode string) (any, erro
 	if mode == modeAbandon {
 		ttl = compatAbandon
 	}
-	return s.run(ctx, releaseScript, s.all(token), token, s.keys[0], mode, ttl, compatRetention)
+	return s.run(ctx, script.Release, s.all(token), token, s.keys[0], mode, ttl, compatRetention)
 }
 
 func (s *compatSide) extend(ctx context.Context, token string) (any, error) {
-	return s.run(ctx, extendScript, s.keys[:1], token, compatTTL)
+	return s.run(ctx, script.Extend, s.keys[:1], token, compatTTL)
 }
 
 func (s *compatSide) queue(ctx context.Context, token, mode, owner string) (any, error) {
-	return s.run(ctx, queueScript, []string{s.keys[0], s.keys[2], s.keys[3]}, token, mode, compatEntry, compatTTL, owner)
+	return s.run(ctx, script.Queue, []string{s.keys[0], s.keys[2], s.keys[3]}, token, mode, compatEntry, compatTTL, owner)
 }
 
 func (s *compatSide) grant(ctx context.Context, token, fence, owner, line string) (any, error) {
-	return s.run(ctx, grantScript, s.all(token), token, compatTTL, fence, owner, compatRetention, line, compatEntry)
+	return s.run(ctx, script.RedlockGrant, s.all(token), token, compatTTL, fence, owner, compatRetention, line, compatEntry)
 }
 
 func (s *compatSide) setFence(ctx context.Context, token, fence string) (any, error) {
-	return s.run(ctx, setFenceScript, s.keys[:2], token, fence, compatRetention)
+	return s.run(ctx, script.RedlockFence, s.keys[:2], token, fence, compatRetention)
 }
 
 // nodeRelease is a release on a Redlock node: release.lua's 'q' and 'b'
@@ -118,11 +119,11 @@ func (s *compatSide) nodeRelease(ctx context.Context, token, mode, line string) 
 	if line != "" {
 		argv = append(argv, line)
 	}
-	return s.run(ctx, redlockReleaseScript, []string{s.keys[0], s.marker(token), s.keys[2], s.keys[3]}, argv...)
+	return s.run(ctx, script.RedlockRelease, []string{s.keys[0], s.marker(token), s.keys[2], s.keys[3]}, argv...)
 }
 
 func (s *compatSide) inspect(ctx context.Context) (any, error) {
-	return s.run(ctx, inspectScript, s.keys[:2])
+	return s.run(ctx, script.Inspect, s.keys[:2])
 }
 
 var (

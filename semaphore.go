@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/fencelock/fencelock/internal/script"
 )
 
 // A Semaphore lets at most its number of permits hold a name at once, each
@@ -124,14 +126,13 @@ func (s *Semaphore) allKeys(lease *Lease) []any {
 
 // The semaphore's scripts, each declared by the method that runs it, run
 // after prelude.lua and semaphore_prelude.lua.
-var semAcquireScript = newScript("semaphore_acquire", true, "semaphore_prelude")
 
 func (s *Semaphore) acquire(ctx context.Context, lease *Lease) attempt {
 	fair := "0"
 	if lease.fair {
 		fair = "1"
 	}
-	reply, err := s.d.run(ctx, semAcquireScript, false, s.allKeys(lease), lease.tokenArg,
+	reply, err := s.d.run(ctx, script.SemAcquire, false, s.allKeys(lease), lease.tokenArg,
 		s.d.l.ttlArg(lease.ttl), s.d.l.retentionMillis, lease.ownerArg, fair, queueEntryMillis, s.permitsArg, s.wakeWindow)
 	return s.d.attempted(ctx, lease, reply, err, s.attemptOf(reply))
 }
@@ -200,23 +201,17 @@ func (e *permitsError) Error() string {
 // Is reports whether target is ErrMisconfigured.
 func (e *permitsError) Is(target error) bool { return target == ErrMisconfigured }
 
-var semExtendScript = newScript("semaphore_extend", true, "semaphore_prelude")
-
 func (s *Semaphore) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
-	reply, err := s.d.run(ctx, semExtendScript, renewal, []any{lease.keyArgs[keyLock], s.info}, lease.tokenArg, s.d.l.ttlArg(ttl))
-	return decodeExtend(semExtendScript, reply, err)
+	reply, err := s.d.run(ctx, script.SemExtend, renewal, []any{lease.keyArgs[keyLock], s.info}, lease.tokenArg, s.d.l.ttlArg(ttl))
+	return decodeExtend(script.SemExtend, reply, err)
 }
-
-var semReleaseScript = newScript("semaphore_release", true, "semaphore_prelude")
 
 func (s *Semaphore) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
-	return s.d.releaseKind(ctx, semReleaseScript, s.allKeys(lease), lease, s.d.channelArg(lease), mode, s.d.l.retentionMillis)
+	return s.d.releaseKind(ctx, script.SemRelease, s.allKeys(lease), lease, s.d.channelArg(lease), mode, s.d.l.retentionMillis)
 }
 
-var semQueueScript = newScript("semaphore_queue", true, "semaphore_prelude")
-
 func (s *Semaphore) queue(ctx context.Context, lease *Lease, ttl time.Duration, mode string) (queueReply, error) {
-	reply, err := evalScript(ctx, s.d.client, semQueueScript, false,
+	reply, err := evalScript(ctx, s.d.client, script.SemQueue, false,
 		[]any{lease.keyArgs[keyLock], lease.keyArgs[keyQueue], lease.keyArgs[keyQueueInfo], s.info},
 		[]any{lease.tokenArg, mode, queueEntryMillis, s.d.l.ttlArg(ttl), lease.ownerArg, s.permitsArg}).Slice()
 	if err != nil {
@@ -290,10 +285,8 @@ type semRead struct {
 	holders []HolderInfo // oldest fence first
 }
 
-var semInspectScript = newScript("semaphore_inspect", true, "semaphore_prelude")
-
 func (s *Semaphore) read(ctx context.Context) (semRead, error) {
-	reply, err := evalScript(ctx, s.d.client, semInspectScript, false,
+	reply, err := evalScript(ctx, s.d.client, script.SemInspect, false,
 		[]any{s.keyArgs[keyLock], s.info, s.keyArgs[keyCounter]}, nil).Slice()
 	if err != nil {
 		return semRead{}, err

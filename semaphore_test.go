@@ -20,10 +20,6 @@ import (
 // expiry, waiting, keys; the property test, the paused holder and Cluster
 // are in semaphore_props_test.go.
 
-func init() {
-	allScripts = append(allScripts, semAcquireScript, semReleaseScript, semExtendScript, semQueueScript, semInspectScript)
-}
-
 // semKey returns the semaphore name's key with suffix ("", ":h", ...).
 func semKey(name, suffix string) string { return "lock:{" + name + "}:sem" + suffix }
 

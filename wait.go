@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fencelock/fencelock/internal/backoff"
+	"github.com/fencelock/fencelock/internal/tasks"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -410,7 +412,7 @@ func (n *notifier) close(by time.Time) {
 		n.wg.Wait()
 		close(done)
 	}()
-	waitUntil(n.clock, done, by)
+	tasks.WaitUntil(n.clock, done, by)
 }
 
 // subscriber opens subscription connections: a client for one node, or the
@@ -488,9 +490,9 @@ func (c *conn) close() {
 // forgive starts the reopen backoff over if c, now ending, lasted for its
 // longest step: a connection that breaks after a while is reopened at once,
 // one that breaks as soon as it is opened ever less often.
-func (c *conn) forgive(reopen *backoff, now time.Time) {
-	if !c.opened.IsZero() && !now.Before(c.opened.Add(reopen.max)) {
-		reopen.reset()
+func (c *conn) forgive(reopen *backoff.Backoff, now time.Time) {
+	if !c.opened.IsZero() && !now.Before(c.opened.Add(reopen.Max)) {
+		reopen.Reset()
 	}
 }
 
@@ -542,7 +544,7 @@ func (h *hub) run() {
 
 	var (
 		c       *conn
-		reopen  = backoff{min: 10 * time.Millisecond, max: time.Second}
+		reopen  = backoff.Backoff{Min: 10 * time.Millisecond, Max: time.Second}
 		retryAt time.Time // no new connection before then
 		idle    time.Time // when the hub last had no channel; zero while it has some
 		failing time.Time // since when no connection to the node could be made; zero after one was
@@ -638,7 +640,7 @@ func (h *hub) run() {
 					n.mu.Unlock()
 					failing = now // for channels routed here again
 				}
-				retryAt = now.Add(reopen.next())
+				retryAt = now.Add(reopen.Next())
 				continue
 			}
 			failing = time.Time{}
@@ -673,7 +675,7 @@ func (h *hub) run() {
 				n.mu.Lock()
 				n.signalLocked(h)
 				n.mu.Unlock()
-				retryAt = h.now().Add(reopen.next())
+				retryAt = h.now().Add(reopen.Next())
 			}
 		}
 		if timer != nil {

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+
+	"github.com/fencelock/fencelock/internal/backoff"
 )
 
 // RunWithLock acquires the lock called name as Acquire does, runs work under
@@ -386,7 +388,7 @@ func (l *Lease) watch(wd *watchdog) {
 		failing     bool               // the last renewal failed: renewTimer holds its retry
 		cancelRenew context.CancelFunc = func() {}
 		lastErr     error
-		retry       backoff
+		retry       backoff.Backoff
 	)
 	defer func() { cancelRenew() }()
 	schedule := func() {
@@ -446,9 +448,9 @@ func (l *Lease) watch(wd *watchdog) {
 			ctx, cancel := context.WithTimeout(context.Background(), remaining)
 			cancelRenew = cancel
 			inFlight = true
-			l.locker.bg.add()
+			l.locker.bg.Add()
 			go func() {
-				defer l.locker.bg.finish()
+				defer l.locker.bg.Done()
 				results <- l.extend(ctx, 0, true, new(extendState))
 			}()
 
@@ -462,7 +464,7 @@ func (l *Lease) watch(wd *watchdog) {
 			switch {
 			case err == nil:
 				lastErr, failing = nil, false
-				retry = backoff{}
+				retry = backoff.Backoff{}
 				schedule()
 			case errors.Is(err, ErrNotHeld):
 				if l.isReleasing() {
@@ -475,11 +477,11 @@ func (l *Lease) watch(wd *watchdog) {
 					err = fmt.Errorf("%w: no reply before the deadline", ErrUnavailable)
 				}
 				lastErr, failing = err, true
-				if retry.min == 0 {
+				if retry.Min == 0 {
 					interval := o.renewInterval(l.currentTTL())
-					retry = backoff{min: max(interval/16, time.Millisecond), max: max(interval/2, time.Millisecond)}
+					retry = backoff.Backoff{Min: max(interval/16, time.Millisecond), Max: max(interval/2, time.Millisecond)}
 				}
-				pause := retry.next()
+				pause := retry.Next()
 				remaining := l.Deadline().Sub(clock.Now())
 				l.locker.opts.Logger.LogAttrs(context.Background(), slog.LevelWarn, "fencelock: renewal failed",
 					slog.String("lock", l.name), slog.Int64("fence", l.fence),

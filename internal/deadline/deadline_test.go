@@ -1,4 +1,4 @@
-package fencelock
+package deadline
 
 import (
 	"context"
@@ -9,21 +9,21 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestWithTimeoutEndsAtTheDeadline: the contexts of the Locker's deadlines
+// TestWithTimeoutEndsAtTheDeadline: the contexts of the heap
 // end at their deadline, earliest first, whatever the order they were made
 // in; one cancelled first ends as cancelled; a cancellable parent gets
 // context.WithTimeout.
 func TestWithTimeoutEndsAtTheDeadline(t *testing.T) {
 	t.Parallel()
-	var l Locker
+	var l Heap
 	type key struct{}
 	parent := context.WithValue(context.Background(), key{}, "v")
 	start := time.Now()
-	late, cancelLate := l.withTimeout(parent, 200*time.Millisecond)
+	late, cancelLate := l.WithTimeout(parent, 200*time.Millisecond)
 	defer cancelLate()
-	early, cancelEarly := l.withTimeout(parent, 50*time.Millisecond)
+	early, cancelEarly := l.WithTimeout(parent, 50*time.Millisecond)
 	defer cancelEarly()
-	gone, cancelGone := l.withTimeout(parent, 100*time.Millisecond)
+	gone, cancelGone := l.WithTimeout(parent, 100*time.Millisecond)
 
 	assert.Equal(t, "v", late.Value(key{}), "the parent's values")
 	d, ok := early.Deadline()
@@ -45,12 +45,12 @@ func TestWithTimeoutEndsAtTheDeadline(t *testing.T) {
 	cancelLate() // after the end: nothing
 	assert.ErrorIs(t, late.Err(), context.DeadlineExceeded)
 
-	l.deadlines.mu.Lock()
-	assert.Empty(t, l.deadlines.due, "every context is out")
-	l.deadlines.mu.Unlock()
+	l.mu.Lock()
+	assert.Empty(t, l.due, "every context is out")
+	l.mu.Unlock()
 
 	cctx, cancel := context.WithCancel(parent)
-	child, cancelChild := l.withTimeout(cctx, time.Minute)
+	child, cancelChild := l.WithTimeout(cctx, time.Minute)
 	defer cancelChild()
 	_, isBound := child.(*boundCtx)
 	assert.False(t, isBound, "a cancellable parent's cancellation must reach the child")
@@ -62,13 +62,13 @@ func TestWithTimeoutEndsAtTheDeadline(t *testing.T) {
 // goroutines leave none behind, and those left to expire all end.
 func TestWithTimeoutManyAtOnce(t *testing.T) {
 	t.Parallel()
-	var l Locker
+	var l Heap
 	done := make(chan struct{})
 	for i := range 64 {
 		go func() {
 			defer func() { done <- struct{}{} }()
 			for j := range 100 {
-				c, cancel := l.withTimeout(context.Background(), time.Duration(1+(i+j)%20)*time.Millisecond)
+				c, cancel := l.WithTimeout(context.Background(), time.Duration(1+(i+j)%20)*time.Millisecond)
 				if j%2 == 0 {
 					cancel()
 				} else {
@@ -80,7 +80,7 @@ func TestWithTimeoutManyAtOnce(t *testing.T) {
 	for range 64 {
 		<-done
 	}
-	l.deadlines.mu.Lock()
-	defer l.deadlines.mu.Unlock()
-	assert.Empty(t, l.deadlines.due)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	assert.Empty(t, l.due)
 }

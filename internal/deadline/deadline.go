@@ -1,4 +1,7 @@
-package fencelock
+// Package deadline bounds calls whose context is never cancelled (Done nil)
+// with one timer for all of them, armed for the earliest deadline, where
+// context.WithTimeout takes a timer and four allocations per call.
+package deadline
 
 import (
 	"container/heap"
@@ -8,13 +11,12 @@ import (
 	"time"
 )
 
-// A deadlines ends the contexts that bound a Locker's calls (withTimeout):
-// one timer, armed for the earliest deadline, for all of them, where
-// context.WithTimeout takes a timer and four allocations per call. A call
-// that completes takes its context out; an expired one's Done is closed,
-// as a timer context's. Its time is the real one, not Options.Clock's: a
-// context's deadline is, for go-redis and for every caller that reads it.
-type deadlines struct {
+// A Heap ends the contexts made by WithTimeout: a call that completes takes
+// its context out; an expired one's Done is closed, as a timer context's.
+// Its time is the real one, not a test clock's: a context's deadline is,
+// for the Redis client and for every caller that reads it. The zero Heap
+// is ready to use.
+type Heap struct {
 	mu    sync.Mutex
 	due   dueHeap     // guarded by mu; the contexts not yet ended, earliest first
 	timer *time.Timer // guarded by mu; nil until the first deadline
@@ -28,7 +30,7 @@ type boundCtx struct {
 	at    time.Time
 	done  chan struct{}
 	state atomic.Int32 // 0 running; boundExpired, boundCancelled once done is closed
-	i     int          // its index in deadlines.due, guarded by deadlines.mu; -1 out of it
+	i     int          // its index in Heap.due, guarded by Heap.mu; -1 out of it
 }
 
 const (
@@ -49,21 +51,20 @@ func (c *boundCtx) Err() error {
 	return nil
 }
 
-// withTimeout returns a context with ctx's values that ends after timeout,
+// WithTimeout returns a context with ctx's values that ends after timeout,
 // or when ctx does, and its cancel function, as context.WithTimeout. A ctx
-// that is never cancelled (Done nil: context.Background, WithoutCancel),
-// as the calls that run on their caller's goroutine have, gets a context of
-// the Locker's deadlines.
-func (l *Locker) withTimeout(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+// that is never cancelled (Done nil: context.Background, WithoutCancel)
+// gets a context of the heap's.
+func (d *Heap) WithTimeout(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
 	if ctx.Done() != nil {
 		return context.WithTimeout(ctx, timeout)
 	}
 	c := &boundCtx{Context: ctx, at: time.Now().Add(timeout), done: make(chan struct{})}
-	l.deadlines.add(c)
-	return c, func() { l.deadlines.end(c, boundCancelled) }
+	d.add(c)
+	return c, func() { d.end(c, boundCancelled) }
 }
 
-func (d *deadlines) add(c *boundCtx) {
+func (d *Heap) add(c *boundCtx) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	heap.Push(&d.due, c)
@@ -79,7 +80,7 @@ func (d *deadlines) add(c *boundCtx) {
 }
 
 // end takes c out and closes its Done, if it is still in.
-func (d *deadlines) end(c *boundCtx, state int32) {
+func (d *Heap) end(c *boundCtx, state int32) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if c.i < 0 {
@@ -92,7 +93,7 @@ func (d *deadlines) end(c *boundCtx, state int32) {
 
 // fire ends the contexts whose deadline has passed, and arms the timer for
 // the next. A fire that finds none (its context ended early) only arms.
-func (d *deadlines) fire() {
+func (d *Heap) fire() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	now := time.Now()
