@@ -9,7 +9,7 @@
 //
 // Usage:
 //
-//	fencelock COMMAND [flags] [arguments]
+//	fencelock [connection flags] COMMAND [flags] [arguments]
 //
 // The commands are:
 //
@@ -26,11 +26,20 @@
 //
 //	fencelock release --url redis://127.0.0.1:6379 --force --yes settlement:2026-11-29
 //
+// The connection flags (see Connecting) go before the command too, as
+// redis-cli and kubectl users type them; the command's own flags do not:
+//
+//	fencelock --url redis://127.0.0.1:6379 inspect settlement:2026-11-29
+//
+// A flag given both before and after the command takes the value after
+// it, as a flag given twice takes the last. Any other flag before the
+// command is a usage error.
+//
 // Errors are printed on stderr, on one line that starts with "fencelock: ".
 //
 // # Connecting
 //
-// Every command takes these flags:
+// Every command takes these flags, before or after its name:
 //
 //	--url URL          a redis:// or rediss:// URL (go-redis's ParseURL):
 //	                   address, user, password, database, TLS, and go-redis
@@ -236,6 +245,7 @@
 //	   nor the read-write lock of the name; release),
 //	   release without --yes, a critical doctor finding, Redis unreachable
 //	   or refusing (a password, an ACL), --timeout passed
-//	2  usage: an unknown command or flag, a missing or extra argument, a
-//	   flag's bad value
+//	2  usage: an unknown command or flag, a flag before the command that
+//	   is not a connection flag, a missing or extra argument, a flag's bad
+//	   value
 package main
