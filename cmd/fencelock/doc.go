@@ -117,11 +117,24 @@
 // fence; the last fence issued for the name, kept for FenceRetention after
 // its last acquisition; and how many Lockers wait for it (subscribers of
 // its wake-up channel; a running watch counts as one). When the semaphore
-// of the name has holders, it shows each one's owner, fence, TTL left and
-// token; when the read-write lock of the name is in use, its writer,
-// readers (owner, TTL, fence) and waiting writers follow. It exits 1 when
-// neither the lock, a permit of the semaphore, nor the read-write lock is
-// held, after printing what it found.
+// of the name has holders, it shows its permits held of how many, and each
+// holder's owner, fence, TTL left and token; when the read-write lock of
+// the name is in use, its writer, readers (owner, TTL, fence) and waiting
+// writers. It leads with what the name is: the lock when it is held, else
+// the semaphore when it has holders, else the read-write lock; the lock of
+// the name, not held, comes last, under "lock":
+//
+//	name        reports
+//	semaphore   lock:{reports}:sem
+//	permits     3 held of 3
+//	holder      pod-1 (pid 4), fence 1764525481123456, 28.4s left, token 3f0c...
+//	...
+//
+//	lock        lock:{reports}
+//	held        no
+//
+// It exits 1 when neither the lock, a permit of the semaphore, nor the
+// read-write lock is held, after printing what it found.
 //
 // # watch
 //
