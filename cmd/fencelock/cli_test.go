@@ -48,7 +48,12 @@ func TestUsageErrors(t *testing.T) {
 		args []string
 		err  string
 	}{
-		{[]string{"--url", nowhere, "ls"}, "flags go after the command"},
+		{[]string{"--nope", nowhere, "ls"}, "only the connection flags go before the command"},
+		{[]string{"--json", "--url", nowhere, "ls"}, "only the connection flags go before the command"},
+		{[]string{"--url", nowhere}, "missing the command"},
+		{[]string{"--url", nowhere, "--", "ls", "a", "b"}, "one PATTERN only"},
+		{[]string{"--url", nowhere, "inspect", "--timeout", "0s", "a"}, "--timeout 0s is not positive"},
+		{[]string{"--timeout", "0s", "--url", nowhere, "inspect", "a"}, "--timeout 0s is not positive"},
 		{[]string{"help", "bogus"}, "unknown command"},
 		{[]string{"inspect", "--url", nowhere}, "missing the lock's NAME"},
 		{[]string{"inspect", "--url", nowhere, "a", "b"}, "one NAME only"},

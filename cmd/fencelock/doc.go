@@ -9,13 +9,13 @@
 //
 // Usage:
 //
-//	fencelock COMMAND [flags] [arguments]
+//	fencelock [connection flags] COMMAND [flags] [arguments]
 //
 // The commands are:
 //
 //	ls [PATTERN]          the locks held, with owner, TTL left and fence
 //	inspect NAME          one lock: owner, TTL left, fence, last fence, waiters
-//	watch NAME            every grant, hand-off, release and expiry as it happens
+//	watch NAME            every grant, release and expiry, of permits too, as it happens
 //	release --force NAME  delete a lock whoever holds it
 //	doctor                the deployment's settings, against the lock's guarantees
 //	help [COMMAND]        the usage, or a command's
@@ -26,11 +26,20 @@
 //
 //	fencelock release --url redis://127.0.0.1:6379 --force --yes settlement:2026-11-29
 //
+// The connection flags (see Connecting) go before the command too, as
+// redis-cli and kubectl users type them; the command's own flags do not:
+//
+//	fencelock --url redis://127.0.0.1:6379 inspect settlement:2026-11-29
+//
+// A flag given both before and after the command takes the value after
+// it, as a flag given twice takes the last. Any other flag before the
+// command is a usage error.
+//
 // Errors are printed on stderr, on one line that starts with "fencelock: ".
 //
 // # Connecting
 //
-// Every command takes these flags:
+// Every command takes these flags, before or after its name:
 //
 //	--url URL          a redis:// or rediss:// URL (go-redis's ParseURL):
 //	                   address, user, password, database, TLS, and go-redis
@@ -108,18 +117,32 @@
 // fence; the last fence issued for the name, kept for FenceRetention after
 // its last acquisition; and how many Lockers wait for it (subscribers of
 // its wake-up channel; a running watch counts as one). When the semaphore
-// of the name has holders, it shows each one's owner, fence, TTL left and
-// token; when the read-write lock of the name is in use, its writer,
-// readers (owner, TTL, fence) and waiting writers follow. It exits 1 when
-// neither the lock, a permit of the semaphore, nor the read-write lock is
-// held, after printing what it found.
+// of the name has holders, it shows its permits held of how many, and each
+// holder's owner, fence, TTL left and token; when the read-write lock of
+// the name is in use, its writer, readers (owner, TTL, fence) and waiting
+// writers. It leads with what the name is: the lock when it is held, else
+// the semaphore when it has holders, else the read-write lock; the lock of
+// the name, not held, comes last, under "lock":
+//
+//	name        reports
+//	semaphore   lock:{reports}:sem
+//	permits     3 held of 3
+//	holder      pod-1 (pid 4), fence 1764525481123456, 28.4s left, token 3f0c...
+//	...
+//
+//	lock        lock:{reports}
+//	held        no
+//
+// It exits 1 when neither the lock, a permit of the semaphore, nor the
+// read-write lock is held, after printing what it found.
 //
 // # watch
 //
 //	fencelock watch [--json] [--interval D] [--for D] NAME
 //
-// Prints each change of the lock as it happens, one line each, until
-// SIGINT or SIGTERM (exit 0), or for --for:
+// Prints each change of the lock NAME, and of the semaphore and the
+// read-write lock of the name, as it happens, one line each, until SIGINT
+// or SIGTERM (exit 0), or for --for. The lock's:
 //
 //	held      the state when watch started: held (fence, owner, TTL)
 //	free      the state when watch started: free (the last fence)
@@ -131,28 +154,49 @@
 //	expiry    the lock's TTL ran out: its holder neither renewed nor
 //	          released it
 //
+// A semaphore's permits and a read-write lock's holders, one line per
+// holder, with kind=semaphore and the permits held after the event of how
+// many, or kind=rwlock and the holder's mode (shared or exclusive):
+//
+//	holding   the state when watch started: a holder (fence, owner, TTL;
+//	          a permit's token)
+//	taken     a holder took a permit, or the read-write lock
+//	freed     the holder gave it back; "forced": release --force --permit
+//	          freed it
+//	expired   its TTL ran out
+//
+// When watch starts on a name whose semaphore or read-write lock is held
+// and whose lock is not, it prints their holders, not "free".
+//
 // For people, in logfmt:
 //
 //	15:04:05.123 grant fence=1764525481123456 owner="pod-2 (pid 7)" ttl=30s
 //	15:04:07.002 release fence=1764525481123456 owner="pod-2 (pid 7)"
 //	15:04:07.004 hand-off fence=1764525487003817 owner="pod-3 (pid 9)" ttl=30s from_fence=1764525481123456
 //	15:04:37.010 expiry fence=1764525487003817 owner="pod-3 (pid 9)"
+//	15:05:01.200 taken kind=semaphore permits=3/3 fence=1764525501190311 owner="pod-4" ttl=30s token=3f0c...
+//	15:05:02.310 freed kind=semaphore permits=2/3 fence=1764525481923005 owner="pod-1" token=9a1e...
 //
-// It subscribes to the lock's wake-up channel (SSUBSCRIBE, or SUBSCRIBE
-// before Redis 7; on a Cluster, on the master of the lock's slot) to see a
-// release the moment it is published, and reads the lock (Locker.Inspect)
-// every --interval (default 50ms) and right after each message. A holding
-// is known by its fence, which every grant renews. A holding that is gone
-// is a release when a release message came, or when it went before its
-// TTL could have run out; an expiry when it went after, with no message
-// within 100ms (the message and the read travel on two connections). A
-// holding granted and gone between two reads is reported from the fence
-// counter, marked "unseen", unless another holder has taken the lock by
-// the next read; a shorter --interval narrows that window. Messages only
-// make watch see sooner: with a subscription refused (an ACL without the
-// channel) it says so on stderr and goes on reading. A Redis that stops
-// answering is reported once on stderr, and watch goes on trying; only a
-// first read that fails ends it (exit 1).
+// It subscribes to the wake-up channels of the lock, the semaphore and the
+// read-write lock (SSUBSCRIBE, or SUBSCRIBE before Redis 7; on a Cluster,
+// on the master of the name's slot) to see a release the moment it is
+// published, and reads them (Locker.Inspect, Semaphore.Inspect,
+// RWLock.Inspect) every --interval (default 50ms) and right after each
+// message. A holding is known by its fence, which every grant renews. A
+// holding that is gone is a release when a release message came, or when
+// it went before its TTL could have run out; an expiry when it went after,
+// with no message within 100ms (the message and the read travel on two
+// connections). A holding granted and gone between two reads is reported
+// from the fence counter, marked "unseen", unless another holder has taken
+// the lock by the next read; a shorter --interval narrows that window. A
+// permit is known by its token, a read-write lock's holder by its fence: one
+// gone before its TTL could have run out is freed, after it expired; a
+// semaphore publishes a release only when someone waits, so a freed line
+// may come the 100ms a message is waited for late. Messages only make watch
+// see sooner: with a subscription refused (an ACL without the channel) it
+// says so on stderr and goes on reading. A Redis that stops answering is
+// reported once on stderr, and watch goes on trying; only a first read
+// that fails ends it (exit 1).
 //
 // # release
 //
@@ -228,9 +272,12 @@
 // within --timeout), "critical": n, "warning": n, "info": n, "findings":
 // [{"severity", "check", "node", "seen", "means", "fix"}, ...]} (see
 // fencelock.Finding). watch prints, per event, {"time" (RFC 3339, with
-// nanoseconds), "event", "name", "fence", "owner"}, and where they apply
-// "ttl_ms" (held, grant, hand-off), "last_fence" (free), "from_fence"
-// (hand-off), "forced" (release) and "unseen" (grant, release).
+// nanoseconds), "event", "name", "fence", "owner", "kind" ("lock",
+// "semaphore" or "rwlock")}, and where they apply "ttl_ms" (held, grant,
+// hand-off, holding, taken), "last_fence" (free), "from_fence"
+// (hand-off), "forced" (release, freed), "unseen" (grant, release, taken,
+// freed), "token", "permits_held" and "permits" (a semaphore's), and
+// "mode" (a read-write lock's: "shared" or "exclusive").
 //
 // # Exit status
 //
@@ -239,6 +286,7 @@
 //	   nor the read-write lock of the name; release),
 //	   release without --yes, a critical doctor finding, Redis unreachable
 //	   or refusing (a password, an ACL), --timeout passed
-//	2  usage: an unknown command or flag, a missing or extra argument, a
-//	   flag's bad value
+//	2  usage: an unknown command or flag, a flag before the command that
+//	   is not a connection flag, a missing or extra argument, a flag's bad
+//	   value
 package main

@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"text/tabwriter"
+
+	"github.com/fencelock/fencelock"
 )
 
 var inspectCommand = &command{
@@ -16,11 +19,14 @@ held, by which owner (Options.Owner or WithOwner), for how long more, with
 which fence; the last fence issued for the name (kept for FenceRetention
 after its last acquisition); and how many Lockers wait for it. A running
 fencelock watch counts as one waiter. When the semaphore NAME
-(fencelock.Semaphore) has holders, it shows them too: each one's owner,
-fence, TTL left and token (for release --force --permit).
+(fencelock.Semaphore) has holders, it shows them too: its permits held of
+how many, and each holder's owner, fence, TTL left and token (for release
+--force --permit). When the read-write lock (RWLock) of the name is in
+use, it shows its writer, readers and waiting writers.
 
-When the read-write lock (RWLock) of the name is in use, its writer,
-readers and waiting writers follow.
+It leads with what the name is: the lock when it is held, else the
+semaphore when it has holders, else the read-write lock; the lock of the
+name, not held, then comes last, under "lock".
 
 It exits 1 when neither the lock, a permit of the semaphore, nor the
 read-write lock is held, after printing what it found.
@@ -85,39 +91,75 @@ func runInspect(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 	} else {
-		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintf(tw, "name\t%s\n", name)
-		fmt.Fprintf(tw, "key\t%s\n", s.key(name))
-		if info.Held {
-			fmt.Fprintf(tw, "held\tyes\n")
-			fmt.Fprintf(tw, "owner\t%s\n", fmtOwner(info.Owner))
-			fmt.Fprintf(tw, "ttl\t%s\n", fmtTTL(info.TTL))
-			fmt.Fprintf(tw, "fence\t%d\n", info.Fence)
-		} else {
-			fmt.Fprintf(tw, "held\tno\n")
-		}
-		if info.LastFence != 0 {
-			fmt.Fprintf(tw, "last fence\t%d\n", info.LastFence)
-		} else {
-			fmt.Fprintf(tw, "last fence\tnone kept\n")
-		}
-		if info.Waiters > 0 {
-			// Waiters are the channel's subscribers, and watch is one.
-			fmt.Fprintf(tw, "waiters\t%d (a running watch counts too)\n", info.Waiters)
-		} else {
-			fmt.Fprintf(tw, "waiters\t0\n")
-		}
-		_ = tw.Flush()
-		if semHeld {
-			fmt.Fprintln(e.stdout)
-			printSemaphore(e.stdout, s.key(name)+semSuffix, sem)
-		}
-		if rwInUse(rw) {
-			printRWInspect(e.stdout, s.rwKey(name), rw)
-		}
+		printInspect(e.stdout, s, name, info, sem, rw)
 	}
 	if !info.Held && !semHeld && !rwInUse(rw) {
 		return &cmdError{code: exitFailed}
 	}
 	return nil
+}
+
+// printInspect prints inspect's text for people, leading with what the
+// name is: the lock when it is held, else the semaphore when it has
+// holders, else the read-write lock when it is in use; the lock of the
+// name, not held, then comes last.
+func printInspect(w io.Writer, s *session, name string, info fencelock.LockInfo, sem fencelock.SemaphoreInfo, rw fencelock.RWLockInfo) {
+	semHeld := len(sem.Holders) > 0
+	if info.Held || (!semHeld && !rwInUse(rw)) {
+		printLock(w, "name", name, s.key(name), info)
+		if semHeld {
+			fmt.Fprintln(w)
+			printSemaphore(w, "", s.key(name)+semSuffix, sem)
+		}
+		if rwInUse(rw) {
+			fmt.Fprintln(w)
+			printRWInspect(w, "", s.rwKey(name), rw)
+		}
+		return
+	}
+	lead := name
+	if semHeld {
+		printSemaphore(w, lead, s.key(name)+semSuffix, sem)
+		lead = ""
+	}
+	if rwInUse(rw) {
+		if lead == "" {
+			fmt.Fprintln(w)
+		}
+		printRWInspect(w, lead, s.rwKey(name), rw)
+	}
+	fmt.Fprintln(w)
+	printLock(w, "lock", "", s.key(name), info)
+}
+
+// printLock prints the lock of a name for inspect: under "name" with the
+// name and its key when it leads, under "lock" with its key otherwise.
+func printLock(w io.Writer, heading, name, key string, info fencelock.LockInfo) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	if name != "" {
+		fmt.Fprintf(tw, "%s\t%s\n", heading, name)
+		fmt.Fprintf(tw, "key\t%s\n", key)
+	} else {
+		fmt.Fprintf(tw, "%s\t%s\n", heading, key)
+	}
+	if info.Held {
+		fmt.Fprintf(tw, "held\tyes\n")
+		fmt.Fprintf(tw, "owner\t%s\n", fmtOwner(info.Owner))
+		fmt.Fprintf(tw, "ttl\t%s\n", fmtTTL(info.TTL))
+		fmt.Fprintf(tw, "fence\t%d\n", info.Fence)
+	} else {
+		fmt.Fprintf(tw, "held\tno\n")
+	}
+	if info.LastFence != 0 {
+		fmt.Fprintf(tw, "last fence\t%d\n", info.LastFence)
+	} else {
+		fmt.Fprintf(tw, "last fence\tnone kept\n")
+	}
+	if info.Waiters > 0 {
+		// Waiters are the channel's subscribers, and watch is one.
+		fmt.Fprintf(tw, "waiters\t%d (a running watch counts too)\n", info.Waiters)
+	} else {
+		fmt.Fprintf(tw, "waiters\t0\n")
+	}
+	_ = tw.Flush()
 }

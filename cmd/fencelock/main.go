@@ -100,21 +100,30 @@ func run(ctx context.Context, args []string, e *env) int {
 		fmt.Fprint(e.stderr, usage())
 		return exitUsage
 	}
-	name, rest := args[0], args[1:]
-	switch name {
+	switch args[0] {
 	case "help", "-h", "-help", "--help":
+		return help(e, args[1:])
+	}
+	global, name, rest, err := splitGlobal(args)
+	if err != nil {
+		e.warn("%s", err.Error())
+		return exitUsage
+	}
+	switch name {
+	case "":
+		e.warn("missing the command after the connection flags: fencelock [connection flags] COMMAND ... (run 'fencelock help' for usage)")
+		return exitUsage
+	case "help":
 		return help(e, rest)
 	}
 	c := lookup(name)
 	if c == nil {
-		if strings.HasPrefix(name, "-") {
-			e.warn("flags go after the command: fencelock COMMAND %s ... (run 'fencelock help' for usage)", name)
-		} else {
-			e.warn("unknown command %q (run 'fencelock help' for usage)", name)
-		}
+		e.warn("unknown command %q (run 'fencelock help' for usage)", name)
 		return exitUsage
 	}
-	err := c.run(ctx, e, rest)
+	// The connection flags given before the command go first: one given
+	// after it too is parsed later, and wins.
+	err = c.run(ctx, e, append(global, rest...))
 	var ce *cmdError
 	switch {
 	case err == nil:
@@ -154,7 +163,7 @@ keeps in Redis: who holds them, for how long, with which fence.
 
 Usage:
 
-	fencelock COMMAND [flags] [arguments]
+	fencelock [connection flags] COMMAND [flags] [arguments]
 
 Commands:
 
@@ -163,7 +172,13 @@ Commands:
 		fmt.Fprintf(&b, "\t%-20s  %s\n", strings.TrimSpace(c.name+" "+c.list), c.short)
 	}
 	fmt.Fprintf(&b, "\t%-20s  %s\n", "help [COMMAND]", "this text, or a command's")
-	b.WriteString("\nFlags go after the command, before or after its arguments (after --,\neverything is an argument).\n\n")
+	b.WriteString(`
+Flags go after the command, before or after its arguments (after --,
+everything is an argument). The connection flags go before the command
+too: fencelock --url URL inspect NAME. A flag given before and after the
+command takes the value after it.
+
+`)
 	b.WriteString(connectionHelp)
 	b.WriteString(exitHelp)
 	return b.String()
@@ -173,7 +188,7 @@ func commandHelp(c *command) string {
 	return "Usage: fencelock " + c.name + " " + c.synopsis + "\n\n" + c.help + "\n" + connectionHelp + exitHelp
 }
 
-const connectionHelp = `Connection flags (every command):
+const connectionHelp = `Connection flags (every command; before or after it):
 
 	--url URL          a redis:// or rediss:// URL: address, user, password,
 	                   database, TLS, go-redis options (?dial_timeout=1s).
@@ -262,6 +277,45 @@ func parse(e *env, c *command, fs *flag.FlagSet, args []string) ([]string, error
 		pos = append(pos, rest[0])
 		args = rest[1:]
 	}
+}
+
+// splitGlobal splits args into the connection flags before the command,
+// as given, the command's name ("" when there is none) and the arguments
+// after it. Any other flag before the command is a usage error.
+func splitGlobal(args []string) (global []string, name string, rest []string, err error) {
+	var cf connFlags
+	fs := flag.NewFlagSet("fencelock", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	cf.register(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, "help", nil, nil
+		}
+		if strings.HasPrefix(err.Error(), "flag provided but not defined") {
+			return nil, "", nil, fmt.Errorf("%v: only the connection flags go before the command (%s); the command's own flags go after the command (run 'fencelock help' for usage)",
+				err, strings.Join(connFlagNames(fs), ", "))
+		}
+		return nil, "", nil, fmt.Errorf("%v (run 'fencelock help' for usage)", err)
+	}
+	after := fs.Args()
+	global = args[:len(args)-len(after)]
+	if n := len(global); n > 0 && global[n-1] == "--" {
+		global = global[:n-1] // the next argument is the command, whatever it looks like
+	}
+	if len(after) == 0 {
+		return global, "", nil, nil
+	}
+	// Every connection flag takes a value, so the tokens before the
+	// command read the same when the command parses them again.
+	return global, after[0], after[1:], nil
+}
+
+// connFlagNames returns the names of the flags of fs, as --name.
+func connFlagNames(fs *flag.FlagSet) []string {
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) { names = append(names, "--"+f.Name) })
+	return names
 }
 
 // oneName returns the single lock name in pos.

@@ -127,11 +127,14 @@ func rwHolders(info fencelock.RWLockInfo, f func(mode string, h fencelock.RWHold
 	}
 }
 
-// printRWInspect prints, after inspect's lock, the read-write lock of the
-// name, for people.
-func printRWInspect(w io.Writer, key string, info fencelock.RWLockInfo) {
+// printRWInspect prints the read-write lock of a name for inspect, after
+// its name when it leads (name is not "").
+func printRWInspect(w io.Writer, name, key string, info fencelock.RWLockInfo) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "\nrwlock\t%s\n", key)
+	if name != "" {
+		fmt.Fprintf(tw, "name\t%s\n", name)
+	}
+	fmt.Fprintf(tw, "rwlock\t%s\n", key)
 	if h := info.Writer; h != nil {
 		fmt.Fprintf(tw, "writer\t%s, ttl %s, fence %d\n", fmtOwner(h.Owner), fmtTTL(h.TTL), h.Fence)
 	}

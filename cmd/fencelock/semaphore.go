@@ -122,9 +122,13 @@ func printSemaphoreLines(w io.Writer, sems []fencelock.SemaphoreInfo) {
 	}
 }
 
-// printSemaphore prints a semaphore's holders for inspect.
-func printSemaphore(w io.Writer, key string, info fencelock.SemaphoreInfo) {
+// printSemaphore prints a semaphore's holders for inspect, after its name
+// when it leads (name is not "").
+func printSemaphore(w io.Writer, name, key string, info fencelock.SemaphoreInfo) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	if name != "" {
+		fmt.Fprintf(tw, "name\t%s\n", name)
+	}
 	fmt.Fprintf(tw, "semaphore\t%s\n", key)
 	fmt.Fprintf(tw, "permits\t%d held of %d\n", len(info.Holders), info.Permits)
 	for _, h := range info.Holders {

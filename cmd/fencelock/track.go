@@ -26,7 +26,15 @@ type event struct {
 	LastFence int64         // free: the last fence issued
 	From      int64         // hand-off: the fence of the holding released before
 	Forced    bool          // release: by fencelock release --force
-	Unseen    bool          // grant, release: a holding granted and gone between two reads
+	Unseen    bool          // grant, release, taken, freed: a holding granted and gone between two reads
+
+	// A semaphore's permit or a read-write lock's holder (holding, taken,
+	// freed, expired); "" for the lock's events.
+	Of      string // kindSemaphore or kindRWLock
+	Token   string // a permit's
+	Mode    string // a read-write lock's holder's: shared or exclusive
+	Held    int    // a semaphore's permits held after the event
+	Permits int    // a semaphore's permits, as its holders last used them
 }
 
 // A tracker turns reads of a lock (Locker.Inspect) and the release

@@ -164,6 +164,118 @@ func describe(ev event) string {
 	return s
 }
 
+// TestHoldersTracker: a semaphore's permits, read by Semaphore.Inspect,
+// become taken, freed and expired events, each with the permits held
+// after it.
+func TestHoldersTracker(t *testing.T) {
+	t.Parallel()
+	type read struct {
+		msgs    []bool // messages before the read: forced or not
+		at      int    // milliseconds since the start
+		holders []heldBy
+		last    int64
+		want    []string // the events: "kind fence held/permits [forced] [unseen]"
+	}
+	// p is a permit: its token is "t<fence>", ttl in milliseconds (-1: no
+	// expiry).
+	p := func(fence int64, ttl int) heldBy {
+		d := time.Duration(ttl) * time.Millisecond
+		if ttl < 0 {
+			d = -1
+		}
+		return heldBy{id: fmt.Sprintf("t%d", fence), token: fmt.Sprintf("t%d", fence), fence: fence, ttl: d}
+	}
+	r := func(at int, last int64, holders []heldBy, want ...string) read {
+		return read{at: at, last: last, holders: holders, want: want}
+	}
+	msg := func(r read, forced ...bool) read {
+		r.msgs = forced
+		return r
+	}
+	hs := func(h ...heldBy) []heldBy { return h }
+	for _, tc := range []struct {
+		name  string
+		reads []read
+	}{
+		{"held at the start, taken, freed", []read{
+			r(0, 11, hs(p(10, 1000), p(11, 1000)), "holding 10 2/3", "holding 11 2/3"),
+			r(50, 12, hs(p(10, 950), p(11, 950), p(12, 1000)), "taken 12 3/3"),
+			r(100, 12, hs(p(11, 900), p(12, 950))), // 10 gone before its TTL: wait for a message
+			r(200, 13, hs(p(11, 800), p(12, 850), p(13, 1000)), "freed 10 2/3", "taken 13 3/3"),
+		}},
+		{"nothing held at the start", []read{
+			r(0, 0, nil),
+			r(50, 10, hs(p(10, 1000)), "taken 10 1/3"),
+		}},
+		{"expired", []read{
+			r(0, 10, hs(p(10, 100)), "holding 10 1/3"),
+			r(100, 10, nil),
+			r(150, 10, nil),
+			r(200, 10, nil, "expired 10 0/3"),
+		}},
+		{"a renewal moves the deadline", []read{
+			r(0, 10, hs(p(10, 100)), "holding 10 1/3"),
+			r(90, 10, hs(p(10, 100))),
+			r(150, 10, nil),
+			r(250, 10, nil, "freed 10 0/3"), // gone at 150, before 190
+		}},
+		{"forced, by a message", []read{
+			r(0, 11, hs(p(10, 1000), p(11, 1000)), "holding 10 2/3", "holding 11 2/3"),
+			msg(r(50, 11, hs(p(10, 950)), "freed 11 1/3 forced"), true),
+			r(60, 11, hs(p(10, 940))),
+		}},
+		{"forced, the message late", []read{
+			r(0, 10, hs(p(10, 1000)), "holding 10 1/3"),
+			r(50, 10, nil),
+			msg(r(70, 10, nil, "freed 10 0/3 forced"), true),
+		}},
+		{"any message decides at once", []read{
+			r(0, 11, hs(p(10, 1000), p(11, 1000)), "holding 10 2/3", "holding 11 2/3"),
+			msg(r(50, 12, hs(p(11, 950), p(12, 1000)), "freed 10 1/3", "taken 12 2/3"), false),
+		}},
+		{"taken and freed between two reads", []read{
+			r(0, 10, hs(p(10, 1000)), "holding 10 1/3"),
+			r(50, 11, hs(p(10, 950)), "taken 11 2/3 unseen", "freed 11 1/3 unseen"),
+			r(100, 11, hs(p(10, 900))),
+		}},
+		{"no expiry", []read{
+			r(0, 10, hs(p(10, -1)), "holding 10 1/3"),
+			r(5000, 10, nil),
+			r(5100, 10, nil, "freed 10 0/3"),
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tr := newHoldersTracker(kindSemaphore, 100*time.Millisecond)
+			t0 := time.Now()
+			for i, rd := range tc.reads {
+				for _, forced := range rd.msgs {
+					tr.message(forced)
+				}
+				at := t0.Add(time.Duration(rd.at) * time.Millisecond)
+				hr := holdersRead{holders: rd.holders, lastFence: rd.last}
+				if len(rd.holders) > 0 {
+					hr.permits = 3
+				}
+				var got []string
+				for _, ev := range tr.observe(at, at, hr) {
+					d := fmt.Sprintf("%s %d %d/%d", ev.Kind, ev.Fence, ev.Held, ev.Permits)
+					if ev.Forced {
+						d += " forced"
+					}
+					if ev.Unseen {
+						d += " unseen"
+					}
+					got = append(got, d)
+				}
+				if !slices.Equal(got, rd.want) {
+					t.Fatalf("read %d (at %dms): got events %q, want %q", i, rd.at, got, rd.want)
+				}
+			}
+		})
+	}
+}
+
 func TestParseFlagsAnywhere(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -279,6 +391,12 @@ func TestFormatEvent(t *testing.T) {
 			`15:04:05.123 free last_fence=19`},
 		{event{Kind: evExpiry, At: at, Fence: 19, Owner: ""},
 			`15:04:05.123 expiry fence=19 owner=""`},
+		{event{Kind: evTaken, At: at, Fence: 20, Owner: "c", TTL: 30 * time.Second, Of: kindSemaphore, Token: "ab12", Held: 3, Permits: 3},
+			`15:04:05.123 taken kind=semaphore permits=3/3 fence=20 owner="c" ttl=30s token=ab12`},
+		{event{Kind: evFreed, At: at, Fence: 20, Owner: "c", Of: kindSemaphore, Token: "ab12", Held: 2, Permits: 3, Forced: true},
+			`15:04:05.123 freed kind=semaphore permits=2/3 fence=20 owner="c" token=ab12 forced`},
+		{event{Kind: evExpired, At: at, Fence: 21, Owner: "d", Of: kindRWLock, Mode: "shared"},
+			`15:04:05.123 expired kind=rwlock mode=shared fence=21 owner="d"`},
 	} {
 		if got := formatEvent(tc.ev); got != tc.want {
 			t.Errorf("got  %s\nwant %s", got, tc.want)

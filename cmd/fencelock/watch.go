@@ -19,9 +19,10 @@ var watchCommand = &command{
 	name:     "watch",
 	synopsis: "[flags] NAME",
 	list:     "NAME",
-	short:    "every grant, hand-off, release and expiry as it happens",
-	help: `Prints every change of the lock NAME as it happens, one line each, until
-interrupted (SIGINT, SIGTERM: exit 0) or for --for:
+	short:    "every grant, release and expiry, of permits too, as it happens",
+	help: `Prints every change of the lock NAME, and of the semaphore and the
+read-write lock of the name, as it happens, one line each, until
+interrupted (SIGINT, SIGTERM: exit 0) or for --for. The lock's:
 
 	held      the state when watch started: held, with fence, owner, TTL
 	free      the state when watch started: free, with the last fence
@@ -33,25 +34,40 @@ interrupted (SIGINT, SIGTERM: exit 0) or for --for:
 	expiry    the lock's TTL ran out: its holder neither renewed nor
 	          released it
 
-It subscribes to the lock's wake-up channel (SSUBSCRIBE, or SUBSCRIBE
-before Redis 7) to see releases as they happen, and reads the lock
-(Locker.Inspect) every --interval to see grants, hand-offs and expiries.
-A holding is known by its fence. A holding granted and gone between two
-reads is reported from the fence counter ("unseen"), unless another holder
-has taken the lock by the next read; a shorter --interval narrows that
-window. A running watch counts as one waiter in inspect and ls.
+A semaphore's permits and a read-write lock's holders, one line per
+holder, with kind=semaphore and permits=HELD/PERMITS after the event, or
+kind=rwlock and mode=shared or exclusive:
+
+	holding   the state when watch started: a holder, with fence, owner,
+	          TTL (and a permit's token)
+	taken     a holder took a permit, or the read-write lock
+	freed     the holder gave it back ("forced": release --force --permit
+	          freed it)
+	expired   its TTL ran out
+
+It subscribes to their wake-up channels (SSUBSCRIBE, or SUBSCRIBE before
+Redis 7) to see releases as they happen, and reads them (Locker.Inspect,
+Semaphore.Inspect, RWLock.Inspect) every --interval to see grants,
+hand-offs and expiries. A holding is known by its fence, a permit by its
+token. A holding granted and gone between two reads is reported from the
+fence counter ("unseen"), unless another holder has taken the lock by the
+next read; a shorter --interval narrows that window. A running watch
+counts as one waiter in inspect and ls.
 
 Lines look like
 	15:04:05.123 grant fence=1764525481123456 owner="pod-2 (pid 7)" ttl=30s
+	15:04:06.210 freed kind=semaphore permits=2/3 fence=1764525480992317 owner="pod-1" token=9a1e...
 and with --json each is a JSON object on a line of its own:
-	{"time", "event", "name", "fence", "owner"}, with "ttl_ms" (held,
-	grant, hand-off), "last_fence" (free), "from_fence" (hand-off), "forced"
-	(release) and "unseen" (grant, release) where they apply.
+	{"time", "event", "name", "fence", "owner", "kind"}, with "ttl_ms"
+	(held, grant, hand-off, holding, taken), "last_fence" (free),
+	"from_fence" (hand-off), "forced" (release, freed), "unseen" (grant,
+	release, taken, freed), "token", "permits_held" and "permits" (a
+	semaphore's) and "mode" (a read-write lock's) where they apply.
 
 Flags:
 
 	--json             JSON lines.
-	--interval D       how often to read the lock (default 50ms).
+	--interval D       how often to read them (default 50ms).
 	--for D            stop after D and exit 0 (default: until interrupted).
 `,
 }
@@ -80,6 +96,13 @@ type eventJSON struct {
 	FromFence int64  `json:"from_fence,omitempty"`
 	Forced    bool   `json:"forced,omitempty"`
 	Unseen    bool   `json:"unseen,omitempty"`
+	// What the event is of: "lock", "semaphore" (with "token",
+	// "permits_held" and "permits") or "rwlock" (with "mode").
+	Kind        string `json:"kind"`
+	Token       string `json:"token,omitempty"`
+	PermitsHeld *int   `json:"permits_held,omitempty"`
+	Permits     *int   `json:"permits,omitempty"`
+	Mode        string `json:"mode,omitempty"`
 }
 
 func runWatch(ctx context.Context, e *env, args []string) error {
@@ -124,8 +147,8 @@ func runWatch(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintln(e.stdout, formatEvent(ev))
 	}
 
-	channel := s.channel(s.key(name))
-	l := listen(ctx, s.client, channel, func(msg string) { e.warn("watch: %s", msg) })
+	f := newFollower(s, name)
+	l := listen(ctx, s.client, f.channels(), func(msg string) { e.warn("watch: %s", msg) })
 	defer l.stop()
 	select { // the first read after the subscription: no release in between is missed
 	case <-l.ready:
@@ -133,18 +156,15 @@ func runWatch(ctx context.Context, e *env, args []string) error {
 		return nil
 	}
 
-	tr := &tracker{handoff: handoffWindow, grace: messageGrace}
 	failing := false
 	read := func() error {
 		rctx, cancel := context.WithTimeout(ctx, cf.timeout)
 		defer cancel()
-		start := time.Now()
-		info, err := s.locker.Inspect(rctx, name)
-		end := time.Now()
+		events, err := f.read(rctx)
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return nil // stopping
-		case err != nil && !tr.started:
+		case err != nil && !f.started():
 			return redisError("watch", &cf, err)
 		case err != nil:
 			if !failing {
@@ -156,7 +176,7 @@ func runWatch(ctx context.Context, e *env, args []string) error {
 			failing = false
 			e.warn("watch: Redis answers again")
 		}
-		for _, ev := range tr.observe(start, end, info) {
+		for _, ev := range events {
 			emit(ev)
 		}
 		return nil
@@ -170,12 +190,12 @@ func runWatch(ctx context.Context, e *env, args []string) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case forced := <-l.msgs:
-			tr.message(forced)
+		case m := <-l.msgs:
+			f.message(m)
 			for more := true; more; { // the messages that came together, then one read
 				select {
-				case forced := <-l.msgs:
-					tr.message(forced)
+				case m := <-l.msgs:
+					f.message(m)
 				default:
 					more = false
 				}
@@ -186,15 +206,89 @@ func runWatch(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		next := *interval
-		if tr.waiting() {
+		if f.waiting() {
 			next = min(next, messageGrace)
 		}
 		timer.Reset(next)
 	}
 }
 
+// A follower reads the lock, the semaphore and the read-write lock of one
+// name for watch, and turns the reads and the messages of their wake-up
+// channels into events.
+type follower struct {
+	s       *session
+	name    string
+	lock    *tracker
+	sem, rw *holdersTracker
+}
+
+func newFollower(s *session, name string) *follower {
+	return &follower{s: s, name: name,
+		lock: &tracker{handoff: handoffWindow, grace: messageGrace},
+		sem:  newHoldersTracker(kindSemaphore, messageGrace),
+		rw:   newHoldersTracker(kindRWLock, messageGrace)}
+}
+
+// channels returns the wake-up channels of the lock, the semaphore and
+// the read-write lock: one hash tag, so one node of a Cluster has them all.
+func (f *follower) channels() []string {
+	key := f.s.key(f.name)
+	return []string{f.s.channel(key), f.s.channel(key + semSuffix), f.s.channel(f.s.rwKey(f.name))}
+}
+
+// message hands a wake-up message to the tracker of its channel.
+func (f *follower) message(m message) {
+	switch ch := f.channels(); m.channel {
+	case ch[0]:
+		f.lock.message(m.forced)
+	case ch[1]:
+		f.sem.message(m.forced)
+	case ch[2]:
+		f.rw.message(m.forced)
+	}
+}
+
+func (f *follower) started() bool { return f.lock.started }
+
+// waiting reports whether a tracker waits for a late message.
+func (f *follower) waiting() bool { return f.lock.waiting() || f.sem.waiting() || f.rw.waiting() }
+
+// read reads the three and returns the events they reveal: the lock's,
+// then the semaphore's, then the read-write lock's. Nothing is observed
+// unless all three reads succeed. The first read leads with what the name
+// is: it omits "free" when the semaphore or the read-write lock is held.
+func (f *follower) read(ctx context.Context) ([]event, error) {
+	start := time.Now()
+	info, err := f.s.locker.Inspect(ctx, f.name)
+	if err != nil {
+		return nil, err
+	}
+	end := time.Now()
+	sem, err := f.s.inspectSemaphore(ctx, f.name)
+	if err != nil {
+		return nil, err
+	}
+	semEnd := time.Now()
+	rw, err := f.s.locker.RWLock(f.name).Inspect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rwEnd := time.Now()
+	first := !f.lock.started
+	events := f.lock.observe(start, end, info)
+	others := append(f.sem.observe(end, semEnd, semRead(sem)), f.rw.observe(semEnd, rwEnd, rwRead(rw))...)
+	if first && len(others) > 0 && !info.Held {
+		events = nil // not "free": the name is a semaphore's or a read-write lock's
+	}
+	return append(events, others...), nil
+}
+
 // formatEvent formats ev as a line for people, in logfmt.
 func formatEvent(ev event) string {
+	if ev.Of != "" {
+		return formatHolderEvent(ev)
+	}
 	line := ev.At.Format("15:04:05.000") + " " + ev.Kind
 	switch ev.Kind {
 	case evFree:
@@ -225,11 +319,45 @@ func formatEvent(ev event) string {
 	return line
 }
 
+// formatHolderEvent formats the event of a semaphore's permit or a
+// read-write lock's holder, in logfmt.
+func formatHolderEvent(ev event) string {
+	line := ev.At.Format("15:04:05.000") + " " + ev.Kind + " kind=" + ev.Of
+	if ev.Of == kindSemaphore {
+		line += fmt.Sprintf(" permits=%d/%d", ev.Held, ev.Permits)
+	} else if ev.Mode != "" {
+		line += " mode=" + ev.Mode
+	}
+	line += " fence=" + strconv.FormatInt(ev.Fence, 10)
+	if !ev.Unseen || ev.Owner != "" {
+		line += " owner=" + strconv.Quote(ev.Owner)
+	}
+	if (ev.Kind == evHolding || ev.Kind == evTaken) && !ev.Unseen {
+		line += " ttl=" + fmtTTL(ev.TTL)
+	}
+	if ev.Token != "" {
+		line += " token=" + ev.Token
+	}
+	if ev.Forced {
+		line += " forced"
+	}
+	if ev.Unseen {
+		line += " unseen"
+	}
+	return line
+}
+
 func eventToJSON(name string, ev event) eventJSON {
 	j := eventJSON{Time: ev.At.Format(time.RFC3339Nano), Event: ev.Kind, Name: name, Fence: ev.Fence, Owner: ev.Owner,
-		FromFence: ev.From, Forced: ev.Forced, Unseen: ev.Unseen}
+		FromFence: ev.From, Forced: ev.Forced, Unseen: ev.Unseen, Kind: kindLock}
+	if ev.Of != "" {
+		j.Kind, j.Token, j.Mode = ev.Of, ev.Token, ev.Mode
+		if ev.Of == kindSemaphore {
+			j.PermitsHeld, j.Permits = &ev.Held, &ev.Permits
+		}
+	}
 	switch ev.Kind {
-	case evHeld, evGrant, evHandoff:
+	case evHeld, evGrant, evHandoff, evHolding, evTaken:
 		if !ev.Unseen {
 			ms := ttlMillis(ev.TTL)
 			j.TTLMillis = &ms
@@ -246,22 +374,28 @@ func eventToJSON(name string, ev event) eventJSON {
 // ends the subscription (a Cluster slot moved). stop ends it and waits for
 // it.
 type listener struct {
-	client  redis.UniversalClient
-	channel string
-	warn    func(string)
-	msgs    chan bool     // forced
-	ready   chan struct{} // closed after the first subscription, made or refused
-	cancel  context.CancelFunc
-	done    chan struct{} // closed when run returns
+	client   redis.UniversalClient
+	channels []string // one hash tag: one node of a Cluster has them all
+	warn     func(string)
+	msgs     chan message
+	ready    chan struct{} // closed after the first subscription, made or refused
+	cancel   context.CancelFunc
+	done     chan struct{} // closed when run returns
 
 	mu      sync.Mutex
 	ps      *redis.PubSub // guarded by mu; nil between subscriptions
 	stopped bool          // guarded by mu
 }
 
-func listen(ctx context.Context, client redis.UniversalClient, channel string, warn func(string)) *listener {
-	l := &listener{client: client, channel: channel, warn: warn,
-		msgs: make(chan bool, 64), ready: make(chan struct{}), done: make(chan struct{})}
+// message is one message of a wake-up channel.
+type message struct {
+	channel string
+	forced  bool // "forced": release --force
+}
+
+func listen(ctx context.Context, client redis.UniversalClient, channels []string, warn func(string)) *listener {
+	l := &listener{client: client, channels: channels, warn: warn,
+		msgs: make(chan message, 64), ready: make(chan struct{}), done: make(chan struct{})}
 	ctx, l.cancel = context.WithCancel(ctx)
 	go func() {
 		defer close(l.done)
@@ -304,7 +438,7 @@ func (l *listener) run(ctx context.Context) {
 			if refused(err) {
 				// An ACL without the channel, say: there is nothing to
 				// wait for; the reads still see every change.
-				l.warn(fmt.Sprintf("cannot subscribe to %s (%s): releases are seen by reading every --interval only", l.channel, oneLine(err.Error())))
+				l.warn(fmt.Sprintf("cannot subscribe to %s (%s): releases are seen by reading every --interval only", strings.Join(l.channels, ", "), oneLine(err.Error())))
 				return
 			}
 			readyOnce() // unreachable: the first read reports it
@@ -332,9 +466,9 @@ func (l *listener) subscribe(ctx context.Context, sharded *bool) (*redis.PubSub,
 	for {
 		var ps *redis.PubSub
 		if *sharded {
-			ps = l.client.SSubscribe(ctx, l.channel)
+			ps = l.client.SSubscribe(ctx, l.channels...)
 		} else {
-			ps = l.client.Subscribe(ctx, l.channel)
+			ps = l.client.Subscribe(ctx, l.channels...)
 		}
 		_, err := ps.ReceiveTimeout(ctx, 5*time.Second)
 		if err != nil && *sharded && isUnknownCommand(err) {
@@ -367,7 +501,7 @@ func (l *listener) receive(ctx context.Context, ps *redis.PubSub) {
 		switch m := m.(type) {
 		case *redis.Message:
 			select {
-			case l.msgs <- m.Payload == "forced":
+			case l.msgs <- message{channel: m.Channel, forced: m.Payload == "forced"}:
 			case <-ctx.Done():
 				return
 			}
