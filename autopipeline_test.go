@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/redistest"
 )
 
@@ -275,10 +276,10 @@ func TestAutoPipelinerBatchReplyLost(t *testing.T) {
 		require.NoError(t, errs[i], "caller %d", i)
 		v, err := admin.Get(ctx, lease.Key()).Result()
 		require.NoError(t, err)
-		token, fence, _ := parseValue(v)
+		token, fence, _ := keys.Parse(v)
 		assert.Equal(t, lease.Token(), token, "caller %d holds its lock", i)
 		assert.Equal(t, fence, lease.Fence(), "caller %d: the fence the server stored", i)
-		counter, err := admin.Get(ctx, lease.keys[keyCounter]).Int64()
+		counter, err := admin.Get(ctx, lease.keys[keys.CounterKey]).Int64()
 		require.NoError(t, err)
 		assert.Equal(t, fence, counter, "caller %d: one fence issued", i)
 	}

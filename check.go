@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencelock/fencelock/internal/glob"
+	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/tasks"
 )
 
@@ -443,9 +444,9 @@ func (c *checker) permissions(ctx context.Context, d *deployment, master *redis.
 		return
 	}
 	lease := c.l.newLease(name, time.Second)
-	c.written = append(c.written, testLock{d, append(lease.keys[:], lease.keys[keyLock]+":acl")}) // one hash tag: one slot on a Cluster
-	channel := d.channel(lease.keys[keyLock])
-	if !c.tryRules(ctx, d, master, node, lease.keys[keyLock]+":acl", channel) {
+	c.written = append(c.written, testLock{d, append(lease.keys[:], lease.keys[keys.LockKey]+":acl")}) // one hash tag: one slot on a Cluster
+	channel := d.channel(lease.keys[keys.LockKey])
+	if !c.tryRules(ctx, d, master, node, lease.keys[keys.LockKey]+":acl", channel) {
 		return
 	}
 	a := d.acquire(ctx, lease)

@@ -10,6 +10,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/script"
 	"github.com/redis/go-redis/v9"
 )
@@ -220,7 +221,7 @@ func decodeAcquire(reply any) (ok bool, value int64, owner string, err error) {
 }
 
 func (d *deployment) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
-	reply, err := d.run(ctx, script.Extend, renewal, lease.keyArgs[keyLock:keyLock+1], lease.tokenArg, d.l.ttlArg(ttl))
+	reply, err := d.run(ctx, script.Extend, renewal, lease.keyArgs[keys.LockKey:keys.LockKey+1], lease.tokenArg, d.l.ttlArg(ttl))
 	return decodeExtend(script.Extend, reply, err)
 }
 
@@ -474,9 +475,9 @@ func (d *deployment) abandonMarkerMillis(lease *Lease) int64 {
 // channelArg returns the wake-up channel of lease's lock, boxed.
 func (d *deployment) channelArg(lease *Lease) any {
 	if d.dbTag == "" {
-		return lease.keyArgs[keyLock] // the lock key on database 0
+		return lease.keyArgs[keys.LockKey] // the lock key on database 0
 	}
-	return d.channel(lease.keys[keyLock])
+	return d.channel(lease.keys[keys.LockKey])
 }
 
 func (d *deployment) register(key string, h hearer) *waiter {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/script"
 	"github.com/fencelock/fencelock/internal/tasks"
 )
@@ -52,7 +53,7 @@ type queueReply struct {
 
 func (d *deployment) queue(ctx context.Context, lease *Lease, ttl time.Duration, mode string) (queueReply, error) {
 	reply, err := evalScript(ctx, d.client, script.Queue, false,
-		[]any{lease.keyArgs[keyLock], lease.keyArgs[keyQueue], lease.keyArgs[keyQueueInfo]},
+		[]any{lease.keyArgs[keys.LockKey], lease.keyArgs[keys.QueueKey], lease.keyArgs[keys.QueueInfoKey]},
 		[]any{lease.tokenArg, mode, queueEntryMillis, d.l.ttlArg(ttl), lease.ownerArg}).Slice()
 	if err != nil {
 		return queueReply{}, err
@@ -73,7 +74,7 @@ func decodeQueue(reply []any) (queueReply, error) {
 		ok = len(reply) == 3
 		if ok {
 			s, _ := reply[1].(string)
-			_, r.fence, _ = parseValue("x " + s)
+			_, r.fence, _ = keys.Parse("x " + s)
 			pttl, _ := reply[2].(int64)
 			r.pttl = time.Duration(pttl) * time.Millisecond
 			ok = r.fence > 0
@@ -125,7 +126,7 @@ func (a *acquisition) fair() (*Lease, error) {
 		short      bool
 		attemptNow = true
 		g          = &grantee{token: a.lease.token, granted: make(chan int64, 1)}
-		w          = l.b.register(a.lease.keys[keyLock], g) // nil after Close, which the wait below hears
+		w          = l.b.register(a.lease.keys[keys.LockKey], g) // nil after Close, which the wait below hears
 	)
 	defer func() {
 		if w != nil {
@@ -161,7 +162,7 @@ func (a *acquisition) fair() (*Lease, error) {
 			w.leave()
 		}
 		g = &grantee{token: a.lease.token, granted: make(chan int64, 1)}
-		w = l.b.register(a.lease.keys[keyLock], g)
+		w = l.b.register(a.lease.keys[keys.LockKey], g)
 	}
 	// obtained completes a lease whose lock was taken or granted with
 	// fence, its Deadline counting from from, or from bound if later. It

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/redistest"
 )
 
@@ -62,7 +63,7 @@ func holderOf(t *testing.T, admin *redis.Client, name string) (token string, fen
 		return "", 0
 	}
 	require.NoError(t, err)
-	token, fence, _ = parseValue(v)
+	token, fence, _ = keys.Parse(v)
 	return token, fence
 }
 

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/script"
 	"github.com/fencelock/fencelock/internal/tasks"
 )
@@ -43,7 +44,7 @@ func (l *Locker) Inspect(ctx context.Context, name string) (LockInfo, error) {
 	}
 	info := LockInfo{Name: name, LastFence: h.counter, Waiters: h.waiters}
 	if h.value != "" {
-		_, info.Fence, info.Owner = parseValue(h.value)
+		_, info.Fence, info.Owner = keys.Parse(h.value)
 		info.Held, info.TTL = true, h.pttl
 	}
 	return info, nil
@@ -61,12 +62,12 @@ func (l *Lease) TTL(ctx context.Context) (time.Duration, error) {
 		if o, ok := l.kind.(ownKeys); ok { // a semaphore's permit, ...
 			return o.holding(ctx, l)
 		}
-		return l.locker.b.inspect(ctx, l.keys[keyLock], l.keys[keyCounter], false)
+		return l.locker.b.inspect(ctx, l.keys[keys.LockKey], l.keys[keys.CounterKey], false)
 	})
 	if err != nil {
 		return 0, err
 	}
-	token, _, _ := parseValue(h.value)
+	token, _, _ := keys.Parse(h.value)
 	switch {
 	case h.value == "":
 		return 0, errGone
@@ -183,7 +184,7 @@ func (q *quorum) inspect(ctx context.Context, key, fenceKey string, waiters bool
 		} else {
 			counters = append(counters, r.h.counter)
 			out.waiters = max(out.waiters, r.h.waiters)
-			if token, _, _ := parseValue(r.h.value); r.h.value != "" {
+			if token, _, _ := keys.Parse(r.h.value); r.h.value != "" {
 				byToken[token] = append(byToken[token], r.h)
 				most = max(most, len(byToken[token]))
 			}
@@ -223,7 +224,7 @@ func (q *quorum) inspect(ctx context.Context, key, fenceKey string, waiters bool
 		var bestFence int64
 		for _, h := range hs {
 			pttls = append(pttls, h.pttl)
-			_, f, _ := parseValue(h.value)
+			_, f, _ := keys.Parse(h.value)
 			fences[f]++
 			if n, bn := fences[f], fences[bestFence]; best.value == "" || n > bn || (n == bn && f > bestFence) {
 				best, bestFence = h, f

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/tasks"
 )
 
@@ -18,9 +19,9 @@ type Lease struct {
 	locker  *Locker
 	kind    kind // what the lease holds: a lock, or a semaphore's permit, ...
 	name    string
-	keys    [nKeys]string // lock, token marker, fence counter, queue, queue entries: the scripts' KEYS
-	keyArgs [nKeys]any    // keys, boxed once
-	fair    bool          // WithFair
+	keys    [keys.N]string // lock, token marker, fence counter, queue, queue entries: the scripts' KEYS
+	keyArgs [keys.N]any    // keys, boxed once
+	fair    bool           // WithFair
 	// line is the id of the waiting Acquire call the lease is an attempt
 	// of, in a Redlock line (see line in redlock.go); "" when it does not
 	// wait.
@@ -75,7 +76,7 @@ func (l *Lease) Key() string {
 	if l == nil {
 		return ""
 	}
-	return l.keys[keyLock]
+	return l.keys[keys.LockKey]
 }
 
 // Token returns the random token (a UUID v4) of this acquisition in Redis.

@@ -15,6 +15,7 @@ import (
 	"unsafe"
 
 	"github.com/fencelock/fencelock/internal/deadline"
+	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/tasks"
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
@@ -208,11 +209,10 @@ func isNil(c redis.UniversalClient) bool {
 	return v.Kind() == reflect.Pointer && v.IsNil()
 }
 
-// keys returns the lock key and the fence counter key of name. They share the
-// hash tag {name}.
+// keys returns the lock key and the fence counter key of name.
 func (l *Locker) keys(name string) (key, fenceKey string) {
-	fenceKey = l.opts.KeyPrefix + "{" + name + "}:fence"
-	return fenceKey[:len(fenceKey)-len(":fence")], fenceKey
+	key = keys.Lock(l.opts.KeyPrefix, name)
+	return key, key + keys.Fence
 }
 
 func checkName(name string) error {
@@ -329,7 +329,7 @@ func (l *Locker) acquireWith(ctx context.Context, name string, co callOptions, o
 	case co.wait > 0 && l.rl != nil:
 		return a.plain(l.rl.wakeup(lease))
 	}
-	return a.plain(&releases{l: l, key: lease.keys[keyLock]})
+	return a.plain(&releases{l: l, key: lease.keys[keys.LockKey]})
 }
 
 // outage reports whether err, an Acquire's, is one that a fail-open call
@@ -345,7 +345,7 @@ func (l *Locker) degraded(ctx context.Context, name string, k kind, err error) *
 	l.opts.Logger.LogAttrs(ctx, slog.LevelError, "fencelock: redis unavailable, running without the lock (fail-open)",
 		slog.String("lock", name), slog.Any("error", err))
 	lease := &Lease{locker: l, kind: l.b, name: name, degraded: true}
-	lease.keys[keyLock], lease.keys[keyCounter] = l.keys(name)
+	lease.keys[keys.LockKey], lease.keys[keys.CounterKey] = l.keys(name)
 	if k != nil {
 		lease.setKind(k)
 	}
@@ -369,26 +369,9 @@ func (l *Locker) newLease(name string, ttl time.Duration) *Lease {
 	var token [36]byte
 	hexUUID(&token, &u)
 
-	// One string holds them all: P{name}:fence P{name}:qi P{name}:t:<token>,
-	// each key a slice of it (P{name} and P{name}:q are prefixes).
-	prefix := len(l.opts.KeyPrefix) + len(name) + 2
-	var b strings.Builder
-	b.Grow(3*prefix + len(":fence") + len(":qi") + len(":t:") + len(token))
-	for _, s := range [...]string{l.opts.KeyPrefix, "{", name, "}", ":fence",
-		l.opts.KeyPrefix, "{", name, "}", ":qi", l.opts.KeyPrefix, "{", name, "}", ":t:"} {
-		b.WriteString(s)
-	}
-	b.Write(token[:])
-	s := b.String()
 	lease := &Lease{locker: l, kind: l.b, name: name, ttl: ttl, owner: l.opts.Owner, ownerArg: l.ownerArg}
-	qi := prefix + len(":fence")       // where P{name}:qi starts
-	marker := qi + prefix + len(":qi") // where P{name}:t:<token> starts
-	lease.keys[keyLock] = s[:prefix]
-	lease.keys[keyMarker] = s[marker:]
-	lease.keys[keyCounter] = s[:qi]
-	lease.keys[keyQueue] = s[qi : qi+prefix+len(":q")]
-	lease.keys[keyQueueInfo] = s[qi:marker]
-	lease.token = s[len(s)-len(token):]
+	lease.keys = keys.ForLease(l.opts.KeyPrefix, name, token[:])
+	lease.token = lease.keys[keys.MarkerKey][len(lease.keys[keys.MarkerKey])-len(token):]
 	lease.tokenArg = boxed(&lease.token)
 	for i := range lease.keys {
 		lease.keyArgs[i] = boxed(&lease.keys[i])
@@ -418,16 +401,6 @@ func boxed(p *string) any {
 	(*[2]unsafe.Pointer)(unsafe.Pointer(&v))[1] = unsafe.Pointer(p)
 	return v
 }
-
-// A lease's keys, in the order the scripts take them.
-const (
-	keyLock      = iota // P{name}
-	keyMarker           // P{name}:t:<token>
-	keyCounter          // P{name}:fence
-	keyQueue            // P{name}:q
-	keyQueueInfo        // P{name}:qi
-	nKeys
-)
 
 // hexUUID writes u in its canonical text form.
 func hexUUID(dst *[36]byte, u *uuid.UUID) {

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/redistest"
 	"github.com/fencelock/fencelock/internal/script"
 )
@@ -333,7 +334,7 @@ func TestAutoPipelinedRetryAfterLostBatchIsIdempotent(t *testing.T) {
 		t.Helper()
 		v, err := e.admin.Get(ctx, k.key).Result()
 		require.NoError(t, err)
-		holder, fence, _ := parseValue(v)
+		holder, fence, _ := keys.Parse(v)
 		require.Equal(t, token, holder, "%s is held by the token", k.key)
 		counter, err := e.admin.Get(ctx, k.fenceKey).Int64()
 		require.NoError(t, err)

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/script"
 	"github.com/redis/go-redis/v9"
 )
@@ -248,7 +249,7 @@ func (s *set) leases(stand *Lease) []*Lease {
 
 func (s *set) acquire(ctx context.Context, stand *Lease) attempt {
 	ls := s.leases(stand)
-	keys := make([]any, 0, nKeys*len(ls))
+	keys := make([]any, 0, keys.N*len(ls))
 	argv := make([]any, 3, 3+len(ls))
 	argv[0], argv[1], argv[2] = s.d.l.ttlArg(stand.ttl), s.d.l.retentionMillis, stand.ownerArg
 	for _, m := range ls {

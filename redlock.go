@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/script"
 	"github.com/redis/go-redis/v9"
 )
@@ -254,7 +255,7 @@ func (d *deployment) grant(ctx context.Context, lease *Lease, ttl time.Duration,
 // the lock would live, whatever the mode: a grant still in flight to a slow
 // node must not take the lock.
 func (d *deployment) releaseNode(ctx context.Context, lease *Lease, mode, lineID string) (int64, error, error) {
-	keys := []any{lease.keyArgs[keyLock], lease.keyArgs[keyMarker], lease.keyArgs[keyQueue], lease.keyArgs[keyQueueInfo]}
+	keys := []any{lease.keyArgs[keys.LockKey], lease.keyArgs[keys.MarkerKey], lease.keyArgs[keys.QueueKey], lease.keyArgs[keys.QueueInfoKey]}
 	argv := []any{lease.tokenArg, d.channelArg(lease), modeArg(mode), d.abandonMarkerMillis(lease)}
 	if lineID != "" {
 		argv = append(argv, lineID)
@@ -399,7 +400,7 @@ func (q *quorum) acquire(ctx context.Context, lease *Lease) attempt {
 			if !behind[i] {
 				return nodeGrant{node: i}
 			}
-			reply, err := d.run(ctx, script.RedlockFence, false, []any{lease.keyArgs[keyLock], lease.keyArgs[keyCounter]}, lease.tokenArg,
+			reply, err := d.run(ctx, script.RedlockFence, false, []any{lease.keyArgs[keys.LockKey], lease.keyArgs[keys.CounterKey]}, lease.tokenArg,
 				fenceArg, q.l.retentionMillis)
 			return nodeGrant{node: i, ok: err == nil && reply == int64(1), err: err}
 		})
@@ -536,7 +537,7 @@ func (q *quorum) settle(lease *Lease, grants *results[nodeGrant], pending int, f
 				continue
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), end.Sub(q.l.clock.Now()))
-			_, _ = q.nodes[g.node].run(ctx, script.RedlockFence, false, []any{lease.keyArgs[keyLock], lease.keyArgs[keyCounter]},
+			_, _ = q.nodes[g.node].run(ctx, script.RedlockFence, false, []any{lease.keyArgs[keys.LockKey], lease.keyArgs[keys.CounterKey]},
 				lease.tokenArg, fenceArg, q.l.retentionMillis)
 			cancel()
 		}

@@ -5,6 +5,8 @@ import (
 	mathrand "math/rand/v2"
 	"sync/atomic"
 	"time"
+
+	"github.com/fencelock/fencelock/internal/keys"
 )
 
 // A line is a waiting Acquire's place in the line of a Redlock quorum's
@@ -142,7 +144,7 @@ type lineWakeup struct {
 // wakeup gives lease's Acquire its id in the line.
 func (q *quorum) wakeup(lease *Lease) *lineWakeup {
 	lease.line = q.l.lineTag + "." + lease.token
-	return &lineWakeup{q: q, key: lease.keys[keyLock], id: lease.line}
+	return &lineWakeup{q: q, key: lease.keys[keys.LockKey], id: lease.line}
 }
 
 func (lw *lineWakeup) next(at attempt, busy bool, d time.Duration) (<-chan struct{}, time.Duration) {

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/script"
 )
 
@@ -137,14 +138,14 @@ var (
 // own; the others are the RWLock's (see rwlock_prelude.lua).
 func (k *rwKind) setKeys(lease *Lease) {
 	rw := k.rw
-	lease.keys[keyLock] = rw.writer
+	lease.keys[keys.LockKey] = rw.writer
 	if !k.exclusive {
-		lease.keys[keyLock] = rw.base + ":r:" + lease.token
+		lease.keys[keys.LockKey] = rw.base + ":r:" + lease.token
 	}
-	lease.keys[keyMarker] = rw.base + ":t:" + lease.token
-	lease.keys[keyCounter] = rw.counter
-	lease.keys[keyQueue] = rw.readers
-	lease.keys[keyQueueInfo] = rw.intents
+	lease.keys[keys.MarkerKey] = rw.base + ":t:" + lease.token
+	lease.keys[keys.CounterKey] = rw.counter
+	lease.keys[keys.QueueKey] = rw.readers
+	lease.keys[keys.QueueInfoKey] = rw.intents
 	for i, key := range lease.keys {
 		lease.keyArgs[i] = key
 	}
@@ -161,7 +162,7 @@ func (k *rwKind) acquire(ctx context.Context, lease *Lease) attempt {
 		reply, err = k.d.run(ctx, script.RWWrite, false, lease.keyArgs[:], lease.tokenArg,
 			l.ttlArg(lease.ttl), l.retentionMillis, lease.ownerArg, k.intent)
 	} else {
-		keys := append(lease.keyArgs[:nKeys:nKeys], k.rw.writerArg)
+		keys := append(lease.keyArgs[:keys.N:keys.N], k.rw.writerArg)
 		reply, err = k.d.run(ctx, script.RWRead, false, keys, lease.tokenArg,
 			l.ttlArg(lease.ttl), l.retentionMillis, lease.ownerArg)
 	}
@@ -175,13 +176,13 @@ func (k *rwKind) acquire(ctx context.Context, lease *Lease) attempt {
 }
 
 func (k *rwKind) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
-	reply, err := k.d.run(ctx, script.RWExtend, renewal, []any{lease.keyArgs[keyLock], k.rw.readersArg, k.rw.writerArg},
+	reply, err := k.d.run(ctx, script.RWExtend, renewal, []any{lease.keyArgs[keys.LockKey], k.rw.readersArg, k.rw.writerArg},
 		lease.tokenArg, k.d.l.ttlArg(ttl))
 	return decodeExtend(script.RWExtend, reply, err)
 }
 
 func (k *rwKind) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
-	keys := []any{lease.keyArgs[keyLock], lease.keyArgs[keyMarker], k.rw.readersArg, k.rw.intentsArg, k.rw.writerArg}
+	keys := []any{lease.keyArgs[keys.LockKey], lease.keyArgs[keys.MarkerKey], k.rw.readersArg, k.rw.intentsArg, k.rw.writerArg}
 	return k.d.releaseKind(ctx, script.RWRelease, keys, lease, k.d.channel(k.rw.base), mode)
 }
 
@@ -285,13 +286,13 @@ func decodeRWInspect(reply any) (RWLockInfo, error) {
 		return info, bad
 	}
 	if writer != "" {
-		_, fence, owner := parseValue(writer)
+		_, fence, owner := keys.Parse(writer)
 		info.Writer = &RWHolder{Owner: owner, TTL: time.Duration(pttl) * time.Millisecond, Fence: fence}
 	}
 	for i := 0; i < len(readers); i += 2 {
 		value, _ := readers[i].(string)
 		left, _ := readers[i+1].(int64)
-		_, fence, owner := parseValue(value)
+		_, fence, owner := keys.Parse(value)
 		info.Readers = append(info.Readers, RWHolder{Owner: owner, TTL: time.Duration(left) * time.Millisecond, Fence: fence})
 	}
 	info.WritersWaiting = int(waiting)

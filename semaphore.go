@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/script"
 )
 
@@ -21,10 +22,10 @@ type Semaphore struct {
 	permits int
 	err     error // why its calls fail with no Redis call (ErrInvalid); nil when usable
 
-	keys       [nKeys]string // its leases' keys, but the token marker
-	keyArgs    [nKeys]any    // keys, boxed once
-	marker     string        // the token markers' prefix, P{name}:sem:t:
-	info       any           // the info key, P{name}:sem:h, boxed
+	keys       [keys.N]string // its leases' keys, but the token marker
+	keyArgs    [keys.N]any    // keys, boxed once
+	marker     string         // the token markers' prefix, P{name}:sem:t:
+	info       any            // the info key, P{name}:sem:h, boxed
 	permitsArg any
 	// wakeWindow is how long, in ms, the releases after a plain waiter
 	// found all permits taken publish a wake-up: longer than its pause
@@ -66,10 +67,10 @@ func (l *Locker) Semaphore(name string, permits int) *Semaphore {
 	// lock's keys (P{name}, P{name}:fence, P{name}:t:<token>, P{name}:q,
 	// P{name}:qi).
 	base := l.opts.KeyPrefix + "{" + name + "}:sem"
-	s.keys[keyLock] = base
-	s.keys[keyCounter] = base + ":fence"
-	s.keys[keyQueue] = base + ":q"
-	s.keys[keyQueueInfo] = base + ":qi"
+	s.keys[keys.LockKey] = base
+	s.keys[keys.CounterKey] = base + ":fence"
+	s.keys[keys.QueueKey] = base + ":q"
+	s.keys[keys.QueueInfoKey] = base + ":qi"
 	for i, k := range s.keys {
 		s.keyArgs[i] = k
 	}
@@ -115,13 +116,13 @@ func (s *Semaphore) with(opts []Option) []Option {
 // setKeys gives lease the semaphore's keys in place of the lock's.
 func (s *Semaphore) setKeys(lease *Lease) {
 	lease.keys, lease.keyArgs = s.keys, s.keyArgs
-	lease.keys[keyMarker] = s.marker + lease.token
-	lease.keyArgs[keyMarker] = lease.keys[keyMarker]
+	lease.keys[keys.MarkerKey] = s.marker + lease.token
+	lease.keyArgs[keys.MarkerKey] = lease.keys[keys.MarkerKey]
 }
 
 // allKeys returns the KEYS of the acquire and release scripts for lease.
 func (s *Semaphore) allKeys(lease *Lease) []any {
-	return append(lease.keyArgs[:nKeys:nKeys], s.info)
+	return append(lease.keyArgs[:keys.N:keys.N], s.info)
 }
 
 // The semaphore's scripts, each declared by the method that runs it, run
@@ -202,7 +203,7 @@ func (e *permitsError) Error() string {
 func (e *permitsError) Is(target error) bool { return target == ErrMisconfigured }
 
 func (s *Semaphore) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
-	reply, err := s.d.run(ctx, script.SemExtend, renewal, []any{lease.keyArgs[keyLock], s.info}, lease.tokenArg, s.d.l.ttlArg(ttl))
+	reply, err := s.d.run(ctx, script.SemExtend, renewal, []any{lease.keyArgs[keys.LockKey], s.info}, lease.tokenArg, s.d.l.ttlArg(ttl))
 	return decodeExtend(script.SemExtend, reply, err)
 }
 
@@ -212,7 +213,7 @@ func (s *Semaphore) release(ctx context.Context, lease *Lease, mode string) (int
 
 func (s *Semaphore) queue(ctx context.Context, lease *Lease, ttl time.Duration, mode string) (queueReply, error) {
 	reply, err := evalScript(ctx, s.d.client, script.SemQueue, false,
-		[]any{lease.keyArgs[keyLock], lease.keyArgs[keyQueue], lease.keyArgs[keyQueueInfo], s.info},
+		[]any{lease.keyArgs[keys.LockKey], lease.keyArgs[keys.QueueKey], lease.keyArgs[keys.QueueInfoKey], s.info},
 		[]any{lease.tokenArg, mode, queueEntryMillis, s.d.l.ttlArg(ttl), lease.ownerArg, s.permitsArg}).Slice()
 	if err != nil {
 		return queueReply{}, err
@@ -265,7 +266,7 @@ func (s *Semaphore) Inspect(ctx context.Context) (SemaphoreInfo, error) {
 		if r, err = s.read(ctx); err != nil {
 			return holding{}, err
 		}
-		n, err := s.d.subscribers(ctx, s.d.channel(s.keys[keyLock]))
+		n, err := s.d.subscribers(ctx, s.d.channel(s.keys[keys.LockKey]))
 		return holding{waiters: n}, err
 	})
 	if err != nil {
@@ -287,7 +288,7 @@ type semRead struct {
 
 func (s *Semaphore) read(ctx context.Context) (semRead, error) {
 	reply, err := evalScript(ctx, s.d.client, script.SemInspect, false,
-		[]any{s.keyArgs[keyLock], s.info, s.keyArgs[keyCounter]}, nil).Slice()
+		[]any{s.keyArgs[keys.LockKey], s.info, s.keyArgs[keys.CounterKey]}, nil).Slice()
 	if err != nil {
 		return semRead{}, err
 	}
@@ -308,7 +309,7 @@ func (s *Semaphore) read(ctx context.Context) (semRead, error) {
 		token, _ := items[i].(string)
 		pttl, _ := items[i+1].(int64)
 		value, _ := items[i+2].(string)
-		_, fence, owner := parseValue("x " + value)
+		_, fence, owner := keys.Parse("x " + value)
 		r.holders = append(r.holders, HolderInfo{Token: token, Owner: owner, TTL: time.Duration(pttl) * time.Millisecond, Fence: fence})
 	}
 	slices.SortFunc(r.holders, func(a, b HolderInfo) int { return cmp.Compare(a.Fence, b.Fence) })

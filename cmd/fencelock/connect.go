@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/keys"
 )
 
 const (
@@ -96,17 +97,12 @@ func (s *session) close() {
 }
 
 // key returns the lock key of name: KeyPrefix+"{"+name+"}".
-func (s *session) key(name string) string { return s.prefix + "{" + name + "}" }
+func (s *session) key(name string) string { return keys.Lock(s.prefix, name) }
 
 // channel returns the wake-up channel of the lock key: the key, plus
 // "@<db>" on a database other than 0 (pub/sub channels are shared by all
 // databases), as release.lua publishes it.
-func (s *session) channel(key string) string {
-	if s.db == 0 {
-		return key
-	}
-	return key + "@" + strconv.Itoa(s.db)
-}
+func (s *session) channel(key string) string { return keys.Channel(key, s.db) }
 
 // client builds the go-redis client the flags describe, and returns its
 // database number.

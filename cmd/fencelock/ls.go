@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strings"
 	"sync"
 	"text/tabwriter"
 
@@ -13,6 +12,7 @@ import (
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/internal/glob"
+	"github.com/fencelock/fencelock/internal/keys"
 )
 
 var lsCommand = &command{
@@ -221,17 +221,7 @@ func (s *session) scanMatching(ctx context.Context, match string, nameOf func(ke
 // false for a fence counter (":fence"), a token marker (":t:<token>"), a
 // line of fair or Redlock waiters (":q", ":qi") or a key that is not the
 // library's.
-func (s *session) nameOf(key string) (string, bool) {
-	rest, ok := strings.CutPrefix(key, s.prefix+"{")
-	if !ok {
-		return "", false
-	}
-	name, ok := strings.CutSuffix(rest, "}")
-	if !ok || name == "" || strings.ContainsAny(name, "{}") {
-		return "", false
-	}
-	return name, true
-}
+func (s *session) nameOf(key string) (string, bool) { return keys.NameOf(s.prefix, key) }
 
 // inspectAll inspects the named locks, a few at a time, and returns their
 // infos in order (a zero one where it failed) and the errors.

@@ -5,10 +5,9 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
+	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -97,7 +96,7 @@ func runRelease(ctx context.Context, e *env, args []string) error {
 	if value == "" {
 		return failf("release: lock %q is not held: nothing to delete", name)
 	}
-	token, fence, owner := parseValue(value)
+	token, fence, owner := keys.Parse(value)
 	left := fmtTTL(pttl) + " left"
 	if pttl < 0 {
 		left = "no expiry"
@@ -108,7 +107,7 @@ func runRelease(ctx context.Context, e *env, args []string) error {
 		return failf("release: not deleted: add --yes to delete it")
 	}
 	reply, err := s.client.Eval(ctx, forceReleaseLua,
-		[]string{key, key + ":t:" + token}, value, s.channel(key), markerMillis).Slice()
+		[]string{key, key + keys.Marker + token}, value, s.channel(key), markerMillis).Slice()
 	if err != nil {
 		return redisError("release", &cf, err)
 	}
@@ -166,14 +165,4 @@ func decodeForce(reply []any) (deleted bool, publishErr string, err error) {
 		}
 	}
 	return false, "", fmt.Errorf("unexpected reply from the force-release script: %v", reply)
-}
-
-// parseValue splits a lock's value, "<token> <fence> <owner>" (see the
-// library's Keys documentation); the owner may be missing, or contain
-// spaces.
-func parseValue(v string) (token string, fence int64, owner string) {
-	token, rest, _ := strings.Cut(v, " ")
-	f, owner, _ := strings.Cut(rest, " ")
-	fence, _ = strconv.ParseInt(f, 10, 64)
-	return token, fence, owner
 }

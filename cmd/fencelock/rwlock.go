@@ -9,6 +9,7 @@ import (
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/internal/glob"
+	"github.com/fencelock/fencelock/internal/keys"
 )
 
 // Read-write locks (fencelock.RWLock) in ls and inspect: found by their
@@ -26,7 +27,7 @@ type rwlockJSON struct {
 	LastFence      int64        `json:"last_fence"`
 }
 
-func (s *session) rwKey(name string) string { return s.key(name) + ":rw" }
+func (s *session) rwKey(name string) string { return s.key(name) + keys.RW }
 
 func rwToJSON(key string, info fencelock.RWLockInfo) rwlockJSON {
 	out := rwlockJSON{Name: info.Name, Key: key, Readers: []holderJSON{}, WritersWaiting: info.WritersWaiting, LastFence: info.LastFence}

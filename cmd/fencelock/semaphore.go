@@ -11,6 +11,7 @@ import (
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/internal/glob"
+	"github.com/fencelock/fencelock/internal/keys"
 )
 
 // What ls, inspect and release --force show and do of semaphores
@@ -18,9 +19,7 @@ import (
 // <prefix>{<name>}:sem, its holders' fences and owners the hash
 // <prefix>{<name>}:sem:h (see the library's GUARANTEES.md, "Semaphores").
 
-// semSuffix is what a semaphore's holders key adds to the lock key of its
-// name.
-const semSuffix = ":sem"
+const semSuffix = keys.Sem // a semaphore's key, after the lock key of its name
 
 // semJSON is one semaphore in the JSON of ls and inspect. Fields are only
 // ever added.
@@ -179,7 +178,7 @@ func releasePermit(ctx context.Context, e *env, s *session, cf *connFlags, name,
 	}
 	key := s.key(name) + semSuffix
 	reply, err := s.client.Eval(ctx, forceReleasePermitLua,
-		[]string{key, key + ":h", key + ":t:" + h.Token},
+		[]string{key, key + keys.SemInfo, key + keys.Marker + h.Token},
 		h.Token, fmt.Sprintf("%d %s", h.Fence, h.Owner), s.channel(key), markerMillis).Slice()
 	if err != nil {
 		return redisError("release", cf, err)

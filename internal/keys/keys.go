@@ -51,16 +51,18 @@ const (
 )
 
 // ForLease returns the keys of the lease of token on the lock called name,
-// as slices of one string: one allocation for all five.
-func ForLease(prefix, name, token string) Lease {
+// as slices of one string: one allocation for all five, the token's text
+// included (the marker key ends with it).
+func ForLease(prefix, name string, token []byte) Lease {
 	// P{name}:fence P{name}:qi P{name}:t:<token>; P{name} and P{name}:q
 	// are prefixes of the first two.
 	n := len(prefix) + len(name) + 2
 	var b strings.Builder
 	b.Grow(3*n + len(Fence) + len(QueueInfo) + len(Marker) + len(token))
-	for _, s := range [...]string{prefix, "{", name, "}", Fence, prefix, "{", name, "}", QueueInfo, prefix, "{", name, "}", Marker, token} {
+	for _, s := range [...]string{prefix, "{", name, "}", Fence, prefix, "{", name, "}", QueueInfo, prefix, "{", name, "}", Marker} {
 		b.WriteString(s)
 	}
+	b.Write(token)
 	s := b.String()
 	qi := n + len(Fence)
 	marker := qi + n + len(QueueInfo)

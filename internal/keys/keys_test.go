@@ -1,0 +1,49 @@
+package keys
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
+
+func TestForLease(t *testing.T) {
+	k := ForLease("lock:", "nightly", []byte("tok"))
+	assert.Equal(t, Lease{
+		LockKey:      "lock:{nightly}",
+		MarkerKey:    "lock:{nightly}:t:tok",
+		CounterKey:   "lock:{nightly}:fence",
+		QueueKey:     "lock:{nightly}:q",
+		QueueInfoKey: "lock:{nightly}:qi",
+	}, k)
+	assert.Equal(t, Lock("lock:", "nightly"), k[LockKey])
+}
+
+func TestNameOf(t *testing.T) {
+	for key, want := range map[string]string{
+		"lock:{a}":       "a",
+		"lock:{a b}":     "a b",
+		"lock:{a}:fence": "",
+		"lock:{a}:t:x":   "",
+		"lock:{}":        "",
+		"other:{a}":      "",
+		"lock:{a{b}":     "",
+	} {
+		got, ok := NameOf("lock:", key)
+		assert.Equal(t, want, got, key)
+		assert.Equal(t, want != "", ok, key)
+	}
+}
+
+func TestValue(t *testing.T) {
+	v := Value("tok", 42, "pod-2 (pid 7)")
+	assert.Equal(t, "tok 42 pod-2 (pid 7)", v)
+	token, fence, owner := Parse(v)
+	assert.Equal(t, "tok", token)
+	assert.Equal(t, int64(42), fence)
+	assert.Equal(t, "pod-2 (pid 7)", owner)
+	_, fence, owner = Parse("tok x")
+	assert.Zero(t, fence, "not a number")
+	assert.Empty(t, owner)
+	assert.Equal(t, "lock:{a}@3", Channel("lock:{a}", 3))
+	assert.Equal(t, "lock:{a}", Channel("lock:{a}", 0))
+}
