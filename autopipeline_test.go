@@ -55,29 +55,6 @@ func (h *batchCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 	}
 }
 
-// TestAutoPipelinerClientFound: what fencelock reads of the client behind an
-// AutoPipeliner, found in go-redis's unexported field: its database for
-// the wake-up channels, and that a batched call honours no deadline, even
-// with ContextTimeoutEnabled.
-func TestAutoPipelinerClientFound(t *testing.T) {
-	t.Parallel()
-	srv := redistest.Start(t)
-	c := srv.Client(&redis.Options{DB: 3, ContextTimeoutEnabled: true})
-	ap := autoPipeline(t, c)
-	assert.Same(t, c, behind(ap), "the client behind the AutoPipeliner")
-	assert.Equal(t, "@3", dbTag(ap), "its client's database")
-	assert.True(t, honoursDeadlines(c))
-	assert.False(t, honoursDeadlines(ap), "it runs batches on its own context")
-	require.NoError(t, checkClient(ap))
-
-	l, err := New(ap, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = l.Close() })
-	d := l.b.(*deployment)
-	assert.Same(t, ap, d.client, "the scripts go through the AutoPipeliner")
-	assert.Same(t, c, d.base, "subscriptions and WAIT through its client")
-}
-
 // TestAutoPipelinerEveryFeature runs a Locker through an AutoPipeliner of a
 // client on database 2, beside one through a plain client of the same
 // database: locks exclude each other across them, releases through either
@@ -279,7 +256,7 @@ func TestAutoPipelinerBatchReplyLost(t *testing.T) {
 		token, fence, _ := keys.Parse(v)
 		assert.Equal(t, lease.Token(), token, "caller %d holds its lock", i)
 		assert.Equal(t, fence, lease.Fence(), "caller %d: the fence the server stored", i)
-		counter, err := admin.Get(ctx, lease.keys[keys.CounterKey]).Int64()
+		counter, err := admin.Get(ctx, lease.Key()+keys.Fence).Int64()
 		require.NoError(t, err)
 		assert.Equal(t, fence, counter, "caller %d: one fence issued", i)
 	}

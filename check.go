@@ -12,8 +12,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fencelock/fencelock/internal/deployment"
 	"github.com/fencelock/fencelock/internal/glob"
 	"github.com/fencelock/fencelock/internal/keys"
+	"github.com/fencelock/fencelock/internal/store"
 	"github.com/fencelock/fencelock/internal/tasks"
 )
 
@@ -103,29 +105,37 @@ type checker struct {
 	servers []serverInfo // Redlock: what each node said, for the independence check
 }
 
-// A testLock is a test lock of the permissions check, on d.
+// A checkNode is a deployment Check looks at: New's, or a Redlock node.
+type checkNode struct {
+	name   string                // a Redlock node's; "" for New's
+	client redis.UniversalClient // as given: the scripts go through it
+	single store.Single          // for the test lock
+}
+
+// base returns the client that knows n's servers and serves its
+// subscriptions: the one behind an AutoPipeliner.
+func (n checkNode) base() redis.UniversalClient { return deployment.Base(n.client) }
+
+// A testLock is a test lock of the permissions check, on client.
 type testLock struct {
-	d    *deployment
-	keys []string
+	client redis.UniversalClient
+	keys   []string
 }
 
 // run runs every check, then deletes the test locks' keys.
 func (c *checker) run(ctx context.Context) {
 	defer c.cleanUp(ctx)
-	switch b := c.l.b.(type) {
-	case *deployment:
-		c.deployment(ctx, b, "")
-	case *quorum:
-		for _, d := range b.nodes {
-			if c.cut(ctx) {
-				return
-			}
-			c.deployment(ctx, d, d.name)
-		}
+	for _, n := range c.l.checks {
 		if c.cut(ctx) {
 			return
 		}
-		c.independence(b)
+		c.deployment(ctx, n)
+	}
+	if len(c.l.checks) > 1 { // a Redlock
+		if c.cut(ctx) {
+			return
+		}
+		c.independence(len(c.l.checks))
 	}
 	if !c.cut(ctx) {
 		c.mu.Lock()
@@ -174,15 +184,16 @@ func (c *checker) add(f Finding) {
 	}
 }
 
-// deployment checks each server of d; node names a Redlock node.
-func (c *checker) deployment(ctx context.Context, d *deployment, node string) {
-	servers, err := serversOf(ctx, d.base)
+// deployment checks each server of n.
+func (c *checker) deployment(ctx context.Context, n checkNode) {
+	node := n.name
+	servers, err := serversOf(ctx, n.base())
 	if err != nil {
 		if c.cut(ctx) {
 			return
 		}
 		c.add(Finding{Severity: SeverityCritical, Check: "reachable", Node: node,
-			Seen:  "could not list the servers: " + oneLine(err.Error()),
+			Seen:  "could not list the servers: " + store.OneLine(err.Error()),
 			Means: "the lock cannot be taken there", Fix: "check the address and the network"})
 		return
 	}
@@ -191,18 +202,18 @@ func (c *checker) deployment(ctx context.Context, d *deployment, node string) {
 		if node != "" {
 			name = node
 		}
-		c.server(ctx, d, s, name)
+		c.server(ctx, s, name)
 		if c.ended {
 			return
 		}
 	}
-	if !c.roundTrip(ctx, d, node) { // unreachable: reported by the server checks, and nothing to try
+	if !c.roundTrip(ctx, n.client, node) { // unreachable: reported by the server checks, and nothing to try
 		return
 	}
-	base := "fencelock-check:" + c.l.newLease("x", time.Second).token
-	cl, ok := d.base.(*redis.ClusterClient)
+	base := "fencelock-check:" + string(newToken())
+	cl, ok := n.base().(*redis.ClusterClient)
 	if !ok {
-		c.permissions(ctx, d, nil, node, base)
+		c.permissions(ctx, n, nil, node, base)
 		return
 	}
 	// ACLs are each node's own: try them on every master, each with a test
@@ -217,7 +228,7 @@ func (c *checker) deployment(ctx context.Context, d *deployment, node string) {
 		case c.cut(ctx):
 			return
 		case ok:
-			c.permissions(ctx, d, m, where, name)
+			c.permissions(ctx, n, m, where, name)
 		default:
 			c.add(Finding{Severity: SeverityInfo, Check: "permissions", Node: where,
 				Seen:  "no test lock name found whose keys the master serves",
@@ -232,8 +243,7 @@ func (c *checker) nameOn(ctx context.Context, cl *redis.ClusterClient, m *redis.
 	addr := m.Options().Addr
 	for i := range 1 << 16 { // a master with one slot of 16384 is found 98 times in 100
 		name := base + ":" + strconv.Itoa(i)
-		key, _ := c.l.keys(name)
-		s, err := cl.MasterForKey(ctx, key)
+		s, err := cl.MasterForKey(ctx, keys.Lock(c.l.opts.KeyPrefix, name))
 		if err != nil {
 			return "", false
 		}
@@ -287,22 +297,22 @@ func (c *checker) info(ctx context.Context, s *redis.Client, node, section strin
 // notPermitted records a command Check could not run.
 func (c *checker) notPermitted(node, cmd string, err error) {
 	sev, means := SeverityInfo, "Check could not look at this"
-	if classify(err) == classUnavailable {
+	if classify(err) == store.Unavailable {
 		sev, means = SeverityCritical, "the server did not answer: the lock cannot be taken there"
 	}
 	c.add(Finding{Severity: sev, Check: "config", Node: node,
-		Seen: fmt.Sprintf("%s not answered: %s", cmd, oneLine(err.Error())), Means: means})
+		Seen: fmt.Sprintf("%s not answered: %s", cmd, store.OneLine(err.Error())), Means: means})
 }
 
 // server checks one server's role, memory policy, persistence and
 // replicas.
-func (c *checker) server(ctx context.Context, d *deployment, s *redis.Client, node string) {
-	if err := s.Ping(ctx).Err(); err != nil && classify(err) != classMisconfigured {
+func (c *checker) server(ctx context.Context, s *redis.Client, node string) {
+	if err := s.Ping(ctx).Err(); err != nil && classify(err) != store.Misconfigured {
 		if c.cut(ctx) { // no verdict: the server may answer yet
 			return
 		}
 		c.add(Finding{Severity: SeverityCritical, Check: "reachable", Node: node,
-			Seen: "PING failed: " + oneLine(err.Error()), Means: "the lock cannot be taken there",
+			Seen: "PING failed: " + store.OneLine(err.Error()), Means: "the lock cannot be taken there",
 			Fix: "check the address, the network and the server"})
 		return
 	}
@@ -408,16 +418,17 @@ func pairs(s, sep, eq string) map[string]string {
 	return m
 }
 
-// roundTrip measures PING's round trip to d and compares it with the
-// drift allowance of the default TTL. It reports whether d answered.
-func (c *checker) roundTrip(ctx context.Context, d *deployment, node string) bool {
+// roundTrip measures PING's round trip through client and compares it
+// with the drift allowance of the default TTL. It reports whether the
+// server answered.
+func (c *checker) roundTrip(ctx context.Context, client redis.UniversalClient, node string) bool {
 	var worst time.Duration
 	for range 5 {
 		start := c.l.clock.Now()
-		if err := d.client.Ping(ctx).Err(); err != nil {
+		if err := client.Ping(ctx).Err(); err != nil {
 			// Unreachable: reported by the server checks. A refusal
 			// (an ACL without +ping) is the permissions check's.
-			return !c.cut(ctx) && classify(err) != classUnavailable
+			return !c.cut(ctx) && classify(err) != store.Unavailable
 		}
 		worst = max(worst, c.l.clock.Now().Sub(start))
 	}
@@ -439,62 +450,54 @@ func (c *checker) roundTrip(ctx context.Context, d *deployment, node string) boo
 // channel, as the library does. On a Cluster, master is the master that
 // serves name's keys, which the commands without a key are sent to;
 // otherwise nil.
-func (c *checker) permissions(ctx context.Context, d *deployment, master *redis.Client, node, name string) {
+func (c *checker) permissions(ctx context.Context, n checkNode, master *redis.Client, node, name string) {
 	if c.cut(ctx) { // nothing sent, nothing to delete
 		return
 	}
-	lease := c.l.newLease(name, time.Second)
-	c.written = append(c.written, testLock{d, append(lease.keys[:], lease.keys[keys.LockKey]+":acl")}) // one hash tag: one slot on a Cluster
-	channel := d.channel(lease.keys[keys.LockKey])
-	if !c.tryRules(ctx, d, master, node, lease.keys[keys.LockKey]+":acl", channel) {
+	token := newToken()
+	ks := keys.ForLease(c.l.opts.KeyPrefix, name, token)
+	key := ks[keys.LockKey]
+	c.written = append(c.written, testLock{n.client, append(ks[:], key+":acl")}) // one hash tag: one slot on a Cluster
+	channel := keys.Channel(key, clientDB(n.base()))
+	if !c.tryRules(ctx, n, master, node, key+":acl", channel) {
 		return
 	}
-	a := d.acquire(ctx, lease)
-	var replicas *replicaError
+	h := n.single.Lock(store.Spec{Name: name, Token: token, TTL: time.Second, Owner: c.l.opts.Owner})
+	a := h.Acquire(ctx)
+	var replicas *store.ReplicaError
 	switch {
-	case a.err != nil && c.cut(ctx):
+	case a.Err != nil && c.cut(ctx):
 		return
-	case a.err != nil && errors.As(a.err, &replicas):
+	case a.Err != nil && errors.As(a.Err, &replicas):
 		// Reported by the replicas check; cleanUp deletes the lock.
-	case a.err != nil:
+	case a.Err != nil:
 		sev := SeverityCritical
-		if classify(a.err) == classUnavailable {
+		if classify(a.Err) == store.Unavailable {
 			sev = SeverityWarning // reported as unreachable elsewhere if it is
 		}
 		c.add(Finding{Severity: sev, Check: "permissions", Node: node,
-			Seen:  "taking a test lock failed: " + advice(name, a.err),
+			Seen:  "taking a test lock failed: " + advice(name, a.Err),
 			Means: "locks cannot be taken", Fix: "see the error"})
 		return
-	case a.ok:
-		code, perr, err := d.runRelease(ctx, lease, modeRelease, true) // publishing, with or without subscribers
-		switch {
-		case err != nil && c.cut(ctx):
+	case a.OK:
+		if !c.released(ctx, n, master, h, node, name, channel) {
 			return
-		case err != nil:
-			c.add(Finding{Severity: SeverityCritical, Check: "permissions", Node: node,
-				Seen:  "releasing a test lock failed: " + advice(name, err),
-				Means: "locks are not released: they expire after their TTL", Fix: "see the error"})
-		case code == 1 && perr != nil:
-			c.add(Finding{Severity: SeverityWarning, Check: "permissions", Node: node,
-				Seen:  "a release could not publish its wake-up: " + oneLine(perr.Error()),
-				Means: "waiters are not woken by releases: they poll (backoff, the holder's TTL)",
-				Fix:   "let the ACL user publish on the lock channels: &" + glob.Escape(c.l.opts.KeyPrefix) + "*"})
 		}
 	}
 	// Subscribing, as waiters do.
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	ps := d.client.SSubscribe(sctx, channel)
+	ps := n.client.SSubscribe(sctx, channel)
 	defer ps.Close()
 	_, err := ps.ReceiveTimeout(sctx, 2*time.Second)
-	if err != nil && isUnknownCommand(err) {
+	if err != nil && deployment.IsUnknownCommand(err) {
 		_ = ps.Close()
-		ps = d.client.Subscribe(sctx, channel)
+		ps = n.client.Subscribe(sctx, channel)
 		_, err = ps.ReceiveTimeout(sctx, 2*time.Second)
 	}
-	if err != nil && !c.cut(ctx) && classify(err) == classMisconfigured {
+	if err != nil && !c.cut(ctx) && classify(err) == store.Misconfigured {
 		c.add(Finding{Severity: SeverityWarning, Check: "permissions", Node: node,
-			Seen:  "subscribing to a lock channel failed: " + oneLine(err.Error()),
+			Seen:  "subscribing to a lock channel failed: " + store.OneLine(err.Error()),
 			Means: "waiters are not woken by releases: they poll (backoff, the holder's TTL)",
 			Fix:   "let the ACL user subscribe to the lock channels: &" + glob.Escape(c.l.opts.KeyPrefix) + "*"})
 		return
@@ -509,11 +512,53 @@ func (c *checker) permissions(ctx context.Context, d *deployment, master *redis.
 	}
 	if err := ps.SUnsubscribe(sctx, channel); err == nil {
 		_, err = ps.ReceiveTimeout(sctx, 2*time.Second)
-		if err != nil && isUnknownCommand(err) {
+		if err != nil && deployment.IsUnknownCommand(err) {
 			err = nil // classic pub/sub: UNSUBSCRIBE, as SUBSCRIBE was tried
 		}
 		c.refused(node, "SUNSUBSCRIBE", err)
 	}
+}
+
+// released releases the test lock h and publishes a wake-up on its
+// channel, as a release does where waiters subscribe, and reports whether
+// the check goes on (ctx has not ended).
+func (c *checker) released(ctx context.Context, n checkNode, master *redis.Client, h store.Lease, node, name, channel string) bool {
+	_, perr, err := h.Release(ctx, store.Release, time.Second)
+	if err == nil && perr == nil {
+		perr = publishTest(ctx, n.client, master, channel)
+	}
+	switch {
+	case (err != nil || perr != nil) && c.cut(ctx):
+		return false
+	case err != nil:
+		c.add(Finding{Severity: SeverityCritical, Check: "permissions", Node: node,
+			Seen:  "releasing a test lock failed: " + advice(name, err),
+			Means: "locks are not released: they expire after their TTL", Fix: "see the error"})
+	case perr != nil:
+		c.add(Finding{Severity: SeverityWarning, Check: "permissions", Node: node,
+			Seen:  "a release could not publish its wake-up: " + store.OneLine(perr.Error()),
+			Means: "waiters are not woken by releases: they poll (backoff, the holder's TTL)",
+			Fix:   "let the ACL user publish on the lock channels: &" + glob.Escape(c.l.opts.KeyPrefix) + "*"})
+	}
+	return true
+}
+
+// publishTest publishes "released" on channel as release.lua does
+// (SPUBLISH, or PUBLISH before Redis 7), through client or, on a Cluster,
+// master, and returns the error of a publish the server refused.
+func publishTest(ctx context.Context, client redis.UniversalClient, master *redis.Client, channel string) error {
+	via := redis.Cmdable(client)
+	if master != nil {
+		via = master
+	}
+	err := via.SPublish(ctx, channel, "released").Err()
+	if err != nil && deployment.IsUnknownCommand(err) {
+		err = via.Publish(ctx, channel, "released").Err()
+	}
+	if err != nil && !strings.Contains(err.Error(), "NOPERM") {
+		return nil // not a refusal: the network's, reported elsewhere
+	}
+	return err
 }
 
 // cleanUp deletes every key the permissions checks may have made: each
@@ -530,7 +575,7 @@ func (c *checker) cleanUp(ctx context.Context) {
 	defer cancel()
 	var wg sync.WaitGroup
 	for _, w := range c.written {
-		wg.Go(func() { _ = w.d.client.Del(ctx, w.keys...).Err() })
+		wg.Go(func() { _ = w.client.Del(ctx, w.keys...).Err() })
 	}
 	wg.Wait()
 }
@@ -542,10 +587,10 @@ func (c *checker) cleanUp(ctx context.Context) {
 // key, when not nil. It reports false when the client's connections
 // cannot be set up, which refuses every command, or when ctx ended:
 // nothing else is worth trying.
-func (c *checker) tryRules(ctx context.Context, d *deployment, master *redis.Client, node, key, channel string) bool {
+func (c *checker) tryRules(ctx context.Context, n checkNode, master *redis.Client, node, key, channel string) bool {
 	o := &c.l.opts
-	db := clientDB(d.base)
-	via := d.client
+	db := clientDB(n.base())
+	via := n.client
 	if master != nil {
 		via = master
 	}
@@ -581,7 +626,7 @@ func (c *checker) tryRules(ctx context.Context, d *deployment, master *redis.Cli
 		if r.rule == "+set" {
 			keySet = err == nil
 		}
-		if err != nil && r.try6 != "" && isUnknownCommand(err) {
+		if err != nil && r.try6 != "" && deployment.IsUnknownCommand(err) {
 			try = r.try6
 			err = via.Do(ctx, tryArgs(try, key, channel, db)...).Err()
 		}
@@ -628,7 +673,7 @@ func (c *checker) refused(node, what string, err error) bool {
 		return false
 	}
 	f := Finding{Severity: SeverityWarning, Check: "permissions", Node: node,
-		Seen: what + " refused: " + oneLine(err.Error()),
+		Seen: what + " refused: " + store.OneLine(err.Error()),
 		Fix:  "grant the ACL user " + aclAdviceFor(c.l.opts.KeyPrefix)}
 	for _, r := range aclRules {
 		for _, rule := range []string{r.rule, r.redis6} {
@@ -667,9 +712,10 @@ func clientDB(c redis.UniversalClient) int {
 	return 0
 }
 
-// independence reports Redlock nodes that are one server, or replicas of
-// one another: a failure of one then takes more than one node with it.
-func (c *checker) independence(q *quorum) {
+// independence reports Redlock nodes (nodes of them) that are one server,
+// or replicas of one another: a failure of one then takes more than one
+// node with it.
+func (c *checker) independence(nodes int) {
 	for i, a := range c.servers {
 		for _, b := range c.servers[i+1:] {
 			var seen string
@@ -686,7 +732,7 @@ func (c *checker) independence(q *quorum) {
 			}
 			c.add(Finding{Severity: SeverityCritical, Check: "independence", Node: a.node + ", " + b.node,
 				Seen:  seen,
-				Means: fmt.Sprintf("one failure takes both: the quorum of %d of %d is weaker than it looks", q.n, len(q.nodes)),
+				Means: fmt.Sprintf("one failure takes both: the quorum of %d of %d is weaker than it looks", nodes/2+1, nodes),
 				Fix:   "give each Redlock node its own server, with no replication between them"})
 		}
 	}

@@ -2,16 +2,16 @@ package fencelock
 
 import (
 	"context"
-	"log/slog"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock/internal/notify"
 )
 
 // These tests give the Locker a Clock of their own, and check that the
@@ -99,11 +99,11 @@ func TestHubLingersOnTheClock(t *testing.T) {
 	require.NoError(t, held.Release(ctx))
 	requireObtained(t, got, 5*time.Second, "not woken by the release")
 
-	// The waiter has left: the hub lingers, for hubLinger on the clock.
-	require.Eventually(t, func() bool { return clock.wasAsked(hubLinger) }, 5*time.Second, time.Millisecond,
+	// The waiter has left: the hub lingers, for notify.HubLinger on the clock.
+	require.Eventually(t, func() bool { return clock.wasAsked(notify.HubLinger) }, 5*time.Second, time.Millisecond,
 		"the hub asks the Locker's clock for its linger")
 	assert.Equal(t, 1, openHubs(l), "lingering")
-	clock.advance(hubLinger)
+	clock.advance(notify.HubLinger)
 	require.Eventually(t, func() bool { return openHubs(l) == 0 }, 5*time.Second, time.Millisecond,
 		"closed once the clock has passed its linger")
 }
@@ -161,67 +161,4 @@ func TestRedlockFanOutTimesOutOnTheClock(t *testing.T) {
 	assert.Regexp(t, "[01] of 3 nodes answered, 2 needed", err.Error())
 	unhang()
 	require.NoError(t, lease.Release(ctx))
-}
-
-// countingClock is the system's clock, except that its timers fire at once
-// when instant is set; it counts the timers asked for.
-type countingClock struct {
-	instant bool
-	timers  atomic.Int64
-}
-
-func (c *countingClock) Now() time.Time { return time.Now() }
-
-func (c *countingClock) NewTimer(d time.Duration) *time.Timer {
-	c.timers.Add(1)
-	if c.instant {
-		d = 0
-	}
-	return time.NewTimer(d)
-}
-
-func TestHubDoesNotSpinOnInstantTimers(t *testing.T) {
-	// A Clock whose timers fire at once (early: not what the library needs
-	// of a Clock) only hastens the hub's steps. Subscribed and confirmed,
-	// it has nothing due and asks for no timer; its linger then ends at
-	// once. A hub that kept a timer armed for "nothing due", or waited for
-	// Now to reach a time, would loop on the timer.
-	e := newEnv(t, nil)
-	clock := &countingClock{instant: true}
-	n := newNotifier(e.client, slog.New(slog.DiscardHandler), clock)
-	t.Cleanup(func() {
-		n.close(time.Now().Add(time.Minute))
-		n.wg.Wait() // close's wait ends at once on this clock
-	})
-	const ch = "lock:{TestHubDoesNotSpinOnInstantTimers}"
-	w := n.register(ch, nil, everyMessage{})
-	require.Eventually(t, func() bool { return subscribed(n, ch) }, 5*time.Second, time.Millisecond)
-	before := clock.timers.Load()
-	time.Sleep(20 * time.Millisecond) // a spinning hub asks for a timer at every turn
-	assert.Equal(t, before, clock.timers.Load(), "no timer while nothing is due")
-	w.leave()
-	require.Eventually(t, func() bool {
-		n.mu.Lock()
-		defer n.mu.Unlock()
-		return len(n.hubs) == 0
-	}, 5*time.Second, time.Millisecond, "the linger ends when its timer fires")
-	assert.Less(t, clock.timers.Load()-before, int64(10), "a few timers for the linger")
-}
-
-func TestHubLingerEndsOnAClockThatStandsStill(t *testing.T) {
-	// A Clock's Now need only be monotonic: one that never moves still
-	// ends the hub's linger, when the linger's timer fires.
-	e := newEnv(t, nil)
-	still := time.Now()
-	l := e.locker(t, &Options{Clock: fakeNow(func() time.Time { return still })})
-	waitsOf(l).linger = 20 * time.Millisecond
-	name := uniqueName(t)
-	held, err := l.Acquire(ctx, name, WithTTL(time.Minute))
-	require.NoError(t, err)
-	got := waitInBackground(l, name)
-	require.Eventually(t, func() bool { return pubsubClients(t, e) == 1 }, 5*time.Second, time.Millisecond, "the waiter subscribes")
-	require.NoError(t, held.Release(ctx))
-	requireObtained(t, got, 5*time.Second, "not woken by the release")
-	require.Eventually(t, func() bool { return openHubs(l) == 0 }, 5*time.Second, time.Millisecond,
-		"closed after its linger although Now stands still")
 }

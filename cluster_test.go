@@ -81,13 +81,12 @@ func TestRing(t *testing.T) {
 	}
 	// One subscription connection per shard, not per name.
 	require.Eventually(t, func() bool {
-		waitsOf(l).mu.Lock()
-		defer waitsOf(l).mu.Unlock()
-		confirmed := 0
-		for _, h := range waitsOf(l).hubs {
-			confirmed += len(h.confirmed)
+		for _, lease := range held {
+			if !waitsOf(l).Subscribed(lease.Key()) {
+				return false
+			}
 		}
-		return confirmed == len(held)
+		return true
 	}, 5*time.Second, time.Millisecond)
 	assert.Equal(t, 2, openHubs(l), "one subscription connection per shard")
 	time.Sleep(20 * time.Millisecond)

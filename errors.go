@@ -4,11 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/fencelock/fencelock/internal/store"
 )
 
 // Sentinel errors, to match with errors.Is; the package's errors wrap them in
@@ -122,96 +121,42 @@ func ctxEnded(ctx context.Context, what string) error {
 	return &opError{msg: msg, errs: errs}
 }
 
-// errClass is what a failed Redis call means for the lock.
-type errClass int
-
-const (
-	classUnavailable   errClass = iota // not reached, no answer, or a transient state
-	classMisconfigured                 // Redis answered and refuses
-	classNoVerdict                     // the caller's context ended first
-)
-
-// transient are the codes of a Redis that answers but cannot serve the lock
-// right now (see ErrUnavailable).
-var transient = map[string]bool{
-	"LOADING": true, "BUSY": true, "READONLY": true, "MASTERDOWN": true,
-	"CLUSTERDOWN": true, "TRYAGAIN": true, "NOREPLICAS": true, "OOM": true,
-}
-
-// classify tells what err, returned by a Redis call, means.
-func classify(err error) errClass {
-	var qe *quorumError
-	if errors.As(err, &qe) {
-		return qe.class
+// classify tells what err, returned by a store's call or by this package,
+// means (see store.ClassOf).
+func classify(err error) store.Class {
+	switch {
+	case errors.Is(err, ErrMisconfigured):
+		return store.Misconfigured // a refusal this package found (a Semaphore's permits)
+	case errors.Is(err, ErrUnavailable):
+		return store.Unavailable
 	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		var op *net.OpError
-		if !errors.As(err, &op) { // a context's own error, not a network timeout
-			return classNoVerdict
-		}
-	}
-	if errors.Is(err, redis.ErrClosed) || errors.Is(err, ErrMisconfigured) {
-		return classMisconfigured // a closed client; a refusal this package found (a Semaphore's permits)
-	}
-	var rerr redis.Error
-	if errors.As(err, &rerr) {
-		if transient[errCode(rerr.Error())] {
-			return classUnavailable
-		}
-		return classMisconfigured
-	}
-	if errors.Is(err, errReply) {
-		return classMisconfigured
-	}
-	return classUnavailable
-}
-
-// errReply marks a reply this package cannot decode: not a Redis it can
-// work with.
-var errReply = errors.New("unexpected reply")
-
-// errCode returns a Redis error's code: its first word, or, for an error
-// raised inside a script on Redis before 7 ("ERR Error running script ...:
-// @user_script:17: WRONGTYPE ..."), the code of the error the script met.
-func errCode(msg string) string {
-	code, rest, _ := strings.Cut(msg, " ")
-	if code == "ERR" {
-		if i := strings.Index(rest, "@user_script:"); i >= 0 {
-			rest = rest[i+len("@user_script:"):]
-			if _, after, ok := strings.Cut(rest, ": "); ok {
-				inner, _, _ := strings.Cut(after, " ")
-				if inner == strings.ToUpper(inner) && inner != "" {
-					return inner
-				}
-			}
-		}
-	}
-	return code
+	return store.ClassOf(err)
 }
 
 // callError turns the error of a Redis call for the lock named name into
 // one of this package's: ErrUnavailable or ErrMisconfigured, with a one-line
-// message. It is not used for errors of class classNoVerdict.
+// message. It is not used for errors of class store.NoVerdict.
 func callError(name string, err error) error {
 	if errors.Is(err, ErrMisconfigured) {
 		return err // its message is already this package's
 	}
-	if classify(err) == classMisconfigured {
+	if classify(err) == store.Misconfigured {
 		return &opError{msg: ErrMisconfigured.Error() + ": " + advice(name, err), errs: []error{ErrMisconfigured, err}}
 	}
-	return &opError{msg: ErrUnavailable.Error() + ": " + oneLine(err.Error()), errs: []error{ErrUnavailable, err}}
+	return &opError{msg: ErrUnavailable.Error() + ": " + store.OneLine(err.Error()), errs: []error{ErrUnavailable, err}}
 }
 
 // advice describes a refusal and what to change, without the script's
 // internals (its SHA and line numbers).
 func advice(name string, err error) string {
-	if errors.Is(err, redis.ErrClosed) {
-		return "the go-redis client is closed"
+	var refusal *store.Refusal
+	if errors.As(err, &refusal) {
+		return refusal.Msg
 	}
-	if errors.Is(err, errReply) {
-		return oneLine(err.Error()) + ": is this a Redis server (6.2 or later)?"
+	if errors.Is(err, store.ErrReply) {
+		return store.OneLine(err.Error()) + ": is this a Redis server (6.2 or later)?"
 	}
-	msg := oneLine(err.Error())
+	msg := store.OneLine(err.Error())
 	if i := strings.Index(msg, " script: "); i >= 0 { // Redis 7: "... script: <sha>, on @user_script:17."
 		msg = msg[:i]
 	}
@@ -238,7 +183,7 @@ func advice(name string, err error) string {
 		return "NOAUTH: the server requires a password and refused a command before login (" + msg +
 			"): set Password (and Username) in the go-redis options"
 	}
-	code := errCode(err.Error())
+	code := store.Code(err.Error())
 	if code == "ERR" && strings.Contains(msg, "The user executing the script can't") {
 		code = "NOPERM" // Redis 7.0 names a script's refused command so
 	}
@@ -267,45 +212,4 @@ func advice(name string, err error) string {
 			"delete it or use another KeyPrefix", msg, name)
 	}
 	return fmt.Sprintf("%s (in the script of lock %q)", msg, name)
-}
-
-// oneLine replaces line breaks, which break line-based logs.
-func oneLine(s string) string {
-	if !strings.ContainsAny(s, "\r\n") {
-		return s
-	}
-	return strings.Join(strings.Fields(s), " ")
-}
-
-// isTimeout reports whether err is a timeout: when the caller's context has
-// ended, that is the context cutting the call short, not a verdict of Redis.
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
-}
-
-// notSent reports whether err shows that the command never reached Redis:
-// the connection could not be made. go-redis returns the error of its last
-// try, so a command written by an earlier try of the same call, before the
-// server became unreachable, counts as not sent; the server then was going
-// away, and a lock it took expires after its TTL.
-func notSent(err error) bool {
-	var nr *noReplyError
-	if errors.As(err, &nr) { // a dial error as its cause proves nothing on a quorum
-		return nr.unsent
-	}
-	var qe *quorumError
-	if errors.As(err, &qe) { // not sent to any node
-		for _, e := range qe.errs {
-			if !notSent(e) {
-				return false
-			}
-		}
-		return len(qe.errs) > 0
-	}
-	if errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed) {
-		return true
-	}
-	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/fencelock/fencelock/internal/redistest"
 	"github.com/fencelock/fencelock/internal/script"
+	"github.com/fencelock/fencelock/internal/store"
 )
 
 // testRedisError is an error reply of Redis, as go-redis returns it: it
@@ -54,55 +55,55 @@ func TestClassify(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		err  error
-		want errClass
+		want store.Class
 	}{
-		{"LOADING", testRedisError("LOADING Redis is loading the dataset in memory"), classUnavailable},
-		{"BUSY", testRedisError("BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE."), classUnavailable},
-		{"READONLY", in7("READONLY You can't write against a read only replica."), classUnavailable},
-		{"READONLY on Redis 6", in6("READONLY You can't write against a read only replica."), classUnavailable},
-		{"MASTERDOWN", testRedisError("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'."), classUnavailable},
-		{"CLUSTERDOWN not served", testRedisError("CLUSTERDOWN Hash slot not served"), classUnavailable},
-		{"CLUSTERDOWN down", testRedisError("CLUSTERDOWN The cluster is down"), classUnavailable},
-		{"TRYAGAIN", testRedisError("TRYAGAIN Multiple keys request during rehashing of slot"), classUnavailable},
-		{"NOREPLICAS", in7("NOREPLICAS Not enough good replicas to write."), classUnavailable},
-		{"OOM", in7("OOM command not allowed when used memory > 'maxmemory'."), classUnavailable},
-		{"OOM on Redis 6", in6("OOM command not allowed when used memory > 'maxmemory'."), classUnavailable},
-		{"wrapped LOADING", fmt.Errorf("context: %w", testRedisError("LOADING Redis is loading the dataset in memory")), classUnavailable},
+		{"LOADING", testRedisError("LOADING Redis is loading the dataset in memory"), store.Unavailable},
+		{"BUSY", testRedisError("BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE."), store.Unavailable},
+		{"READONLY", in7("READONLY You can't write against a read only replica."), store.Unavailable},
+		{"READONLY on Redis 6", in6("READONLY You can't write against a read only replica."), store.Unavailable},
+		{"MASTERDOWN", testRedisError("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'."), store.Unavailable},
+		{"CLUSTERDOWN not served", testRedisError("CLUSTERDOWN Hash slot not served"), store.Unavailable},
+		{"CLUSTERDOWN down", testRedisError("CLUSTERDOWN The cluster is down"), store.Unavailable},
+		{"TRYAGAIN", testRedisError("TRYAGAIN Multiple keys request during rehashing of slot"), store.Unavailable},
+		{"NOREPLICAS", in7("NOREPLICAS Not enough good replicas to write."), store.Unavailable},
+		{"OOM", in7("OOM command not allowed when used memory > 'maxmemory'."), store.Unavailable},
+		{"OOM on Redis 6", in6("OOM command not allowed when used memory > 'maxmemory'."), store.Unavailable},
+		{"wrapped LOADING", fmt.Errorf("context: %w", testRedisError("LOADING Redis is loading the dataset in memory")), store.Unavailable},
 
-		{"connection refused", &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}, classUnavailable},
-		{"read timeout", &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}, classUnavailable},
-		{"dial cut by its DialTimeout", &net.OpError{Op: "dial", Net: "tcp", Err: context.DeadlineExceeded}, classUnavailable},
-		{"connection closed", io.EOF, classUnavailable},
-		{"pool timeout", redis.ErrPoolTimeout, classUnavailable},
+		{"connection refused", &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}, store.Unavailable},
+		{"read timeout", &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}, store.Unavailable},
+		{"dial cut by its DialTimeout", &net.OpError{Op: "dial", Net: "tcp", Err: context.DeadlineExceeded}, store.Unavailable},
+		{"connection closed", io.EOF, store.Unavailable},
+		{"pool timeout", redis.ErrPoolTimeout, store.Unavailable},
 
-		{"NOAUTH", testRedisError("NOAUTH Authentication required."), classMisconfigured},
-		{"unauthenticated long command", testRedisError("ERR Protocol error: unauthenticated multibulk length"), classMisconfigured},
-		{"WRONGPASS", testRedisError("WRONGPASS invalid username-password pair or user is disabled."), classMisconfigured},
-		{"NOPERM command", testRedisError("NOPERM this user has no permissions to run the 'evalsha' command"), classMisconfigured},
-		{"NOPERM key", testRedisError("NOPERM this user has no permissions to access one of the keys used as arguments"), classMisconfigured},
-		{"NOPERM in a script", in7("NOPERM this user has no permissions to access one of the keys used as arguments"), classMisconfigured},
-		{"WRONGTYPE", in7("WRONGTYPE Operation against a key holding the wrong kind of value"), classMisconfigured},
-		{"WRONGTYPE on Redis 6", in6("WRONGTYPE Operation against a key holding the wrong kind of value"), classMisconfigured},
-		{"unknown command", testRedisError("ERR unknown command 'evalsha', with args beginning with: '" + sha + "' '3' 'lock:{x}' "), classMisconfigured},
-		{"script error", in7("ERR value is not an integer or out of range"), classMisconfigured},
-		{"script error on Redis 6", in6("ERR value is not an integer or out of range"), classMisconfigured},
-		{"script runtime error", testRedisError("ERR user_script:1: Script attempted to access nonexistent global variable 'x' script: " + sha + ", on @user_script:1."), classMisconfigured},
-		{"closed client", redis.ErrClosed, classMisconfigured},
-		{"reply not understood", fmt.Errorf("%w from the acquire script: [7]", errReply), classMisconfigured},
+		{"NOAUTH", testRedisError("NOAUTH Authentication required."), store.Misconfigured},
+		{"unauthenticated long command", testRedisError("ERR Protocol error: unauthenticated multibulk length"), store.Misconfigured},
+		{"WRONGPASS", testRedisError("WRONGPASS invalid username-password pair or user is disabled."), store.Misconfigured},
+		{"NOPERM command", testRedisError("NOPERM this user has no permissions to run the 'evalsha' command"), store.Misconfigured},
+		{"NOPERM key", testRedisError("NOPERM this user has no permissions to access one of the keys used as arguments"), store.Misconfigured},
+		{"NOPERM in a script", in7("NOPERM this user has no permissions to access one of the keys used as arguments"), store.Misconfigured},
+		{"WRONGTYPE", in7("WRONGTYPE Operation against a key holding the wrong kind of value"), store.Misconfigured},
+		{"WRONGTYPE on Redis 6", in6("WRONGTYPE Operation against a key holding the wrong kind of value"), store.Misconfigured},
+		{"unknown command", testRedisError("ERR unknown command 'evalsha', with args beginning with: '" + sha + "' '3' 'lock:{x}' "), store.Misconfigured},
+		{"script error", in7("ERR value is not an integer or out of range"), store.Misconfigured},
+		{"script error on Redis 6", in6("ERR value is not an integer or out of range"), store.Misconfigured},
+		{"script runtime error", testRedisError("ERR user_script:1: Script attempted to access nonexistent global variable 'x' script: " + sha + ", on @user_script:1."), store.Misconfigured},
+		{"closed client", &store.Refusal{Msg: "the go-redis client is closed", Err: redis.ErrClosed, NotSent: true}, store.Misconfigured},
+		{"reply not understood", fmt.Errorf("%w from the acquire script: [7]", store.ErrReply), store.Misconfigured},
 
-		{"context canceled", context.Canceled, classNoVerdict},
-		{"context deadline", context.DeadlineExceeded, classNoVerdict},
-		{"wrapped context deadline", fmt.Errorf("redis: %w", context.DeadlineExceeded), classNoVerdict},
+		{"context canceled", context.Canceled, store.NoVerdict},
+		{"context deadline", context.DeadlineExceeded, store.NoVerdict},
+		{"wrapped context deadline", fmt.Errorf("redis: %w", context.DeadlineExceeded), store.NoVerdict},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			assert.Equal(t, tc.want, classify(tc.err), "classify(%q)", tc.err)
-			if tc.want == classNoVerdict {
+			if tc.want == store.NoVerdict {
 				return
 			}
 			err := callError("x", tc.err)
 			msg := err.Error()
 			assert.NotContains(t, msg, "\n", "one line")
-			if tc.want == classUnavailable {
+			if tc.want == store.Unavailable {
 				assert.ErrorIs(t, err, ErrUnavailable)
 				assert.NotErrorIs(t, err, ErrMisconfigured)
 				return

@@ -8,381 +8,383 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fencelock/fencelock/internal/keys"
-	"github.com/fencelock/fencelock/internal/script"
+	"github.com/fencelock/fencelock/internal/notify"
+	"github.com/fencelock/fencelock/internal/store"
 	"github.com/fencelock/fencelock/internal/tasks"
 )
 
-// queueEntryTTL is how long a fair waiter's queue entry lives without a
-// keep-alive: a waiter that crashed is skipped after it. A release within
-// it may still hand the lock to a waiter that has just crashed; the lock
-// then expires after that waiter's TTL.
-const queueEntryTTL = 2 * time.Second
-
-// queueKeepAlive is how often, at most, a fair waiter keeps its entry
-// alive; see keepAliveEvery.
-const queueKeepAlive = queueEntryTTL / 4
+// Fair waiting ("How fair waiting works" in GUARANTEES.md): an Acquire with
+// WithFair and WithWait subscribes first, joins the lock's line with its
+// first attempt, then waits for a release to grant it the lock, keeping its
+// entry alive (keepAliveEvery, and at the holder's expiry), until the wait
+// or ctx ends. A grant's Deadline counts from the send time of the last
+// request the server answered "still waiting", or, for a keep-alive that
+// brought the grant, from its send time plus the PTTL it read, if later.
 
 // keepAliveEvery is how often a fair waiter of a lock with ttl asks the
-// server: every queueKeepAlive, and at least three times a TTL, so that the
-// send time of the last answer "still waiting", from which a grant's
-// Deadline counts, is never more than a third of the TTL old.
+// server: every quarter of store.QueueEntryTTL, and at least three times a
+// TTL, so that the send time of the last answer "still waiting", from
+// which a grant's Deadline counts, is never more than a third of the TTL
+// old.
 func keepAliveEvery(ttl time.Duration) time.Duration {
-	return min(queueKeepAlive, max(ttl/3, 10*time.Millisecond))
+	return min(store.QueueEntryTTL/4, max(ttl/3, 10*time.Millisecond))
 }
 
-var queueEntryMillis any = ttlMillis(queueEntryTTL)
+// A fairWait is one fair Acquire's state: a state machine with one method
+// per event (an attempt, a grant, a wake-up, a keep-alive's answer).
+type fairWait struct {
+	*acquisition
+	queued func(store.Spec) store.Queued
+	spec   store.Spec
+	q      store.Queued // the current token's
+	every  time.Duration
+	retry  time.Duration // after an error: not a request per 10ms to a failing Redis
 
-// Queue script modes and replies (queue.lua).
-const (
-	queueKeep  = "k"
-	queueLeave = "d"
-
-	queueWaiting = 0
-	queueGranted = 1
-	queueGone    = 3
-	queueFirst   = 4
-)
-
-// queueReply is queue.lua's reply.
-type queueReply struct {
-	state int64
-	fence int64         // queueGranted
-	pttl  time.Duration // queueGranted, queueWaiting: the lock's PTTL (-2: free)
+	waiting  time.Time        // before the server last answered "waiting", or before the token existed
+	askAt    time.Time        // the next keep-alive's time, counted from the last one's send time
+	inflight chan queueResult // the outcome of the keep-alive in flight, if one is
+	sent     time.Time        // when it was sent
+	askAgain bool             // a wake-up came while it was in flight: ask again once it is answered
+	joined   bool             // the line has (or may have) an entry of this token
+	// trust: a grant's message for this token is current. Once the token
+	// may have been granted the lock unseen (an attempt of unknown
+	// outcome, an entry found gone) and joins the line again, a message
+	// could bring that earlier grant, expired since: from then on a
+	// message only makes the waiter ask the server with a keep-alive.
+	trust bool
+	// short: the last lock taken was short of replicas and given back.
+	// The next attempt comes after a pause, whatever wakes the waiter
+	// meanwhile: a release tells nothing about the replicas, and may be
+	// this waiter's own give-back, with the next still under way.
+	short      bool
+	attemptNow bool
+	g          *grantee
+	w          *notify.Waiter
 }
 
-func (d *deployment) queue(ctx context.Context, lease *Lease, ttl time.Duration, mode string) (queueReply, error) {
-	reply, err := evalScript(ctx, d.client, script.Queue, false,
-		[]any{lease.keyArgs[keys.LockKey], lease.keyArgs[keys.QueueKey], lease.keyArgs[keys.QueueInfoKey]},
-		[]any{lease.tokenArg, mode, queueEntryMillis, d.l.ttlArg(ttl), lease.ownerArg}).Slice()
-	if err != nil {
-		return queueReply{}, err
-	}
-	return decodeQueue(reply)
+type queueResult struct {
+	r   store.QueueReply
+	err error
 }
 
-// decodeQueue decodes the reply of queue.lua, and of a kind's own line
-// (semaphore_queue.lua), which answers alike.
-func decodeQueue(reply []any) (queueReply, error) {
-	r := queueReply{pttl: -2}
-	if len(reply) > 0 {
-		r.state, _ = reply[0].(int64)
-	}
-	ok := len(reply) > 0
-	switch r.state {
-	case queueGranted:
-		ok = len(reply) == 3
-		if ok {
-			s, _ := reply[1].(string)
-			_, r.fence, _ = keys.Parse("x " + s)
-			pttl, _ := reply[2].(int64)
-			r.pttl = time.Duration(pttl) * time.Millisecond
-			ok = r.fence > 0
-		}
-	case queueWaiting:
-		if len(reply) == 2 {
-			pttl, _ := reply[1].(int64)
-			r.pttl = time.Duration(pttl) * time.Millisecond
-		}
-	}
-	if !ok {
-		return queueReply{}, fmt.Errorf("%w from the queue script: %v", errReply, reply)
-	}
-	return r, nil
-}
-
-// fair runs the attempts of an Acquire with WithFair and WithWait, as
-// "How fair waiting works" (GUARANTEES.md) tells: it subscribes first, joins
-// the line with its first attempt, then waits for a grant, keeping its entry
-// alive (keepAliveEvery, and at the holder's expiry), until the wait or ctx
-// ends. A grant's Deadline counts from the send time of the last request the
-// server answered "still waiting", or, for a keep-alive that brought the
-// grant, from its send time plus the PTTL it read, if that is later.
-func (a *acquisition) fair() (*Lease, error) {
-	l, ctx := a.l, a.ctx
-	if ctxErr(ctx) != nil { // before subscribing: no Redis call
-		return nil, ctxEnded(ctx, fmt.Sprintf("acquire %q", a.lease.name))
-	}
-	a.lease.fair = true
+func newFairWait(a *acquisition, queued func(store.Spec) store.Queued, spec store.Spec, q store.Queued) *fairWait {
 	every := keepAliveEvery(a.lease.ttl)
-	retryEvery := max(every, 100*time.Millisecond) // after an error: not a request per 10ms to a failing Redis
-	var (
-		waiting  = a.start        // before the server last answered "waiting", or before the token existed
-		askAt    time.Time        // the next keep-alive's time, counted from the last one's send time
-		inflight chan queueResult // the outcome of the keep-alive in flight, if one is
-		sent     time.Time        // when it was sent
-		askAgain bool             // a wake-up came while it was in flight: ask again once it is answered
-		joined   bool             // the queue has (or may have) an entry of this token
-		// trust: a grant's message for this token is current. Once the token
-		// may have been granted the lock unseen (an attempt of unknown
-		// outcome, an entry found gone) and joins the line again, a message
-		// could bring that earlier grant, expired since: from then on a
-		// message only makes the waiter ask the server with a keep-alive.
-		trust = true
-		// short: the last lock taken was short of replicas and given back.
-		// The next attempt comes after a pause, whatever wakes the waiter
-		// meanwhile: a release tells nothing about the replicas, and may
-		// be this waiter's own give-back, with the next still under way.
-		short      bool
-		attemptNow = true
-		g          = &grantee{token: a.lease.token, granted: make(chan int64, 1)}
-		w          = l.b.register(a.lease.keys[keys.LockKey], g) // nil after Close, which the wait below hears
-	)
+	f := &fairWait{acquisition: a, queued: queued, spec: spec, q: q, every: every, retry: max(every, 100*time.Millisecond),
+		waiting: a.start, trust: true, attemptNow: true}
+	a.letGo = func() {
+		if f.joined || a.unsure {
+			a.l.leaveQueue(a.lease, f.q)
+		}
+	}
+	return f
+}
+
+// run runs the attempts and the waits of a fair Acquire until it takes
+// the lock or gives up.
+func (f *fairWait) run() (*Lease, error) {
+	if ctxErr(f.ctx) != nil { // before subscribing: no Redis call
+		return nil, ctxEnded(f.ctx, fmt.Sprintf("acquire %q", f.lease.name))
+	}
+	f.listen()
 	defer func() {
-		if w != nil {
-			w.leave()
+		if f.w != nil {
+			f.w.Leave()
 		}
 	}()
-	a.letGo = func() {
-		if joined || a.unsure {
-			l.leaveQueue(a.lease)
-		}
-	}
-	// untilExpiry is when to ask next, from a request's send time, given the
-	// holder's PTTL the server read after it: at its expiry (the lock is then
-	// free, and the first in line takes it) if that comes before the next
-	// keep-alive. From the send time: a slow link does not stretch the period.
-	untilExpiry := func(pttl time.Duration) time.Duration {
-		if pttl >= 0 { // 0: it expires within the millisecond
-			return min(every, pttl+time.Millisecond)
-		}
-		return every
-	}
-	// rotate waits on with a new token (leaving the line with the old one,
-	// in the background, if leave), which joins the line afresh: a grant to
-	// the old one must not count for the new one.
-	rotate := func(leave bool) {
-		if leave {
-			l.leaveQueue(a.lease)
-		}
-		a.rotate()
-		joined, waiting, attemptNow, trust = false, l.clock.Now(), true, true
-		inflight = nil // its outcome is the old token's
-		if w != nil {
-			w.leave()
-		}
-		g = &grantee{token: a.lease.token, granted: make(chan int64, 1)}
-		w = l.b.register(a.lease.keys[keys.LockKey], g)
-	}
-	// obtained completes a lease whose lock was taken or granted with
-	// fence, its Deadline counting from from, or from bound if later. It
-	// returns nil, nil when the waiter waits on with a new token.
-	obtained := func(fence int64, from, bound time.Time, granted bool) (*Lease, error) {
-		lease := a.complete(fence, from)
-		if bound.After(lease.deadline) {
-			lease.deadline = bound
-		}
-		// A grant too long ago to count on is renewed now, from a time
-		// known to come before the new expiry; with Replicas, every grant
-		// is, so that it counts only once replicas have it (the release
-		// that granted it did not WAIT).
-		if !l.clock.Now().Before(lease.deadline) || (granted && l.opts.Replicas > 0) {
-			err, done := tasks.Call(l.bg, ctx.Done(), l.closed, func() error { return lease.extend(ctx, lease.ttl, false, new(extendState)) }, nil)
-			switch {
-			case !done: // ctx ended, or Close: the lock may be this waiter's
-				joined = true
-				return a.giveUp()
-			case err == nil:
-			case errors.Is(err, ErrNotHeld) && l.clock.Now().Before(a.waitEnd):
-				// It expired before this waiter came to it (a pause):
-				// wait in line again.
-				rotate(a.unsure)
-				return nil, nil
-			case isReplicaShort(err) && l.clock.Now().Before(a.waitEnd):
-				// Granted, but not on enough replicas to survive a
-				// failover: pass it on (leaving the line releases it),
-				// and join the line again at its end after a pause.
-				a.verdict = err
-				rotate(true)
-				attemptNow, short, askAt = false, true, l.clock.Now().Add(retryEvery)
-				return nil, nil
-			default:
-				a.verdict = err // lease.extend's error reads as Acquire's
-				joined = true   // so that giveUp gives the lock back, or passes it on
-				return a.giveUp()
-			}
-		}
-		if a.st != nil {
-			a.st.waited = l.clock.Now().Sub(a.start)
-		}
-		return lease, nil
-	}
-
 	for {
-		if a.ended() {
-			return a.giveUp()
+		if f.ended() {
+			return f.giveUp()
 		}
-		now := l.clock.Now()
-		if attemptNow {
-			attemptNow, short = false, false
-			if w != nil { // a wake-up that came before the attempt tells nothing new
-				w.drain()
+		if f.attemptNow {
+			if got, err, done := f.attempt(); done {
+				return got, err
 			}
-			at, done := a.try()
-			if !done {
-				return a.giveUp()
-			}
-			switch {
-			case at.err != nil && at.retire:
-				// Taken without enough replicas: the backend gives it
-				// back and retires the token (taking the lock took its
-				// entry out of the line).
-				a.verdict = callError(a.lease.name, at.err)
-				if !now.Before(a.waitEnd) {
-					return a.giveUp()
-				}
-				rotate(false)
-				attemptNow, short, askAt = false, true, l.clock.Now().Add(retryEvery)
-			case at.err != nil:
-				refused := a.failed(at)
-				askAt = l.clock.Now().Add(retryEvery) // in line or not, not at once
-				if refused {
-					return a.giveUp()
-				}
-			case at.ok:
-				if got, err := obtained(at.fence, now, time.Time{}, false); got != nil || err != nil {
-					return got, err
-				}
-				continue
-			default:
-				a.busy(at, now)
-				waiting, joined, askAt = now, true, now.Add(untilExpiry(at.pttl))
-			}
-		}
-		end := a.waitEnd
-		if !joined && a.openEnd.Before(end) && errors.Is(a.verdict, ErrUnavailable) {
-			end = a.openEnd // an outage, for a fail-open call
-		}
-		if !now.Before(end) {
-			return a.giveUp()
-		}
-		var wake <-chan struct{}
-		var granted <-chan int64
-		if w != nil {
-			wake, granted = w.wake, g.granted
-			if short { // not in line: rotate left it
-				wake = nil
-			}
-		}
-		now = l.clock.Now()
-		due := end
-		if inflight == nil {
-			if !joined && askAt.Before(now) { // the attempt failed: try again in a while
-				askAt = now.Add(retryEvery)
-			}
-			if askAt.Before(due) {
-				due = askAt
-			}
-		}
-		t := l.clock.NewTimer(max(0, due.Sub(now)))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			a.unsure = a.unsure || inflight != nil
-			return a.giveUp()
-		case <-l.closed:
-			t.Stop()
-			a.unsure = a.unsure || inflight != nil
-			return a.giveUp()
-		case fence := <-granted:
-			t.Stop()
-			if trust {
-				if a.st != nil {
-					a.st.handoff = 0
-				}
-				if got, err := obtained(fence, waiting, time.Time{}, true); got != nil || err != nil {
-					return got, err
-				}
+			if f.attemptNow { // obtained, but waits on with a new token
 				continue
 			}
-			askAgain = inflight != nil // not trusted: ask the server
-		case <-wake:
-			t.Stop()
-			askAgain = inflight != nil // its answer may predate what this wake-up is about
-		case <-t.C:
-			if !l.clock.Now().Before(end) {
-				continue // and give up
-			}
-		case r := <-inflight:
-			t.Stop()
-			inflight = nil
-			switch {
-			case r.err != nil && ctxErr(ctx) != nil:
-				a.unsure = true
-				return a.giveUp()
-			case r.err != nil:
-				a.verdict = callError(a.lease.name, r.err) // keep waiting: the entry lives on for a while
-				askAt = l.clock.Now().Add(retryEvery)
-			case r.r.state == queueGranted:
-				var bound time.Time
-				if r.r.pttl > 0 {
-					bound = sent.Add(r.r.pttl - drift(r.r.pttl))
-				}
-				if got, err := obtained(r.r.fence, waiting, bound, true); got != nil || err != nil {
-					return got, err
-				}
-			case r.r.state == queueWaiting:
-				a.verdict = a.seen.see(stillBusy(a.verdict, a.lease.name, r.r.pttl), sent) // in line: not an outage
-				waiting, askAt = sent, sent.Add(untilExpiry(r.r.pttl))
-				if askAgain {
-					askAt = sent
-				}
-			case r.r.state == queueGone:
-				// The entry expired (this waiter was paused, say), or a
-				// grant this waiter missed ended: join again.
-				attemptNow, trust = true, false
-			case r.r.state == queueFirst:
-				attemptNow = true // take the free lock
-			}
-			continue
 		}
-		if !joined {
-			// Not in line: the attempt failed. Try again; if it may have
-			// reached Redis, it may have joined the line and been granted
-			// the lock meanwhile.
-			attemptNow, trust = true, trust && !a.unsure
-			continue
-		}
-		if inflight == nil {
-			// Keep the entry alive, and learn of a grant whose message
-			// was lost. The keep-alive runs while the waiter goes on
-			// waiting: a grant's message that comes meanwhile counts at
-			// once, without waiting for its answer.
-			sent, askAgain = l.clock.Now(), false
-			inflight = l.keepAlive(ctx, a.lease)
+		if got, err, done := f.wait(); done {
+			return got, err
 		}
 	}
+}
+
+// listen registers the current token's grantee on the lock's channel (nil
+// after Close, which the wait hears).
+func (f *fairWait) listen() {
+	f.g = &grantee{token: f.q.Token(), granted: make(chan int64, 1)}
+	f.w = f.l.single.Listen(f.q.Key(), nil, f.g)
+}
+
+// untilExpiry is when to ask next, from a request's send time, given the
+// holder's PTTL the server read after it: at its expiry (the lock is then
+// free, and the first in line takes it) if that comes before the next
+// keep-alive. From the send time: a slow link does not stretch the period.
+func (f *fairWait) untilExpiry(pttl time.Duration) time.Duration {
+	if pttl >= 0 { // 0: it expires within the millisecond
+		return min(f.every, pttl+time.Millisecond)
+	}
+	return f.every
+}
+
+// rotate waits on with a new token (leaving the line with the old one, in
+// the background, if leave), which joins the line afresh: a grant to the
+// old one must not count for the new one.
+func (f *fairWait) rotate(leave bool) {
+	if leave {
+		f.l.leaveQueue(f.lease, f.q)
+	}
+	f.spec.Token = newToken()
+	f.q = f.queued(f.spec)
+	f.acquisition.rotate(f.q)
+	f.joined, f.waiting, f.attemptNow, f.trust = false, f.l.clock.Now(), true, true
+	f.inflight = nil // its outcome is the old token's
+	if f.w != nil {
+		f.w.Leave()
+	}
+	f.listen()
+}
+
+// attempt tries to take the lock, which joins the line when it is busy.
+func (f *fairWait) attempt() (*Lease, error, bool) {
+	f.attemptNow, f.short = false, false
+	if f.w != nil { // a wake-up that came before the attempt tells nothing new
+		f.w.Drain()
+	}
+	now := f.l.clock.Now()
+	at, done := f.try()
+	if !done {
+		got, err := f.giveUp()
+		return got, err, true
+	}
+	switch {
+	case at.Err != nil && at.Retire:
+		// Taken without enough replicas: the store gives it back and
+		// retires the token (taking the lock took its entry out of line).
+		f.verdict = callError(f.lease.name, at.Err)
+		if at.Free {
+			f.seen = busySeen{}
+		}
+		if !now.Before(f.waitEnd) {
+			got, err := f.giveUp()
+			return got, err, true
+		}
+		f.rotate(false)
+		f.attemptNow, f.short, f.askAt = false, true, f.l.clock.Now().Add(f.retry)
+	case at.Err != nil:
+		refused := f.failed(at)
+		f.askAt = f.l.clock.Now().Add(f.retry) // in line or not, not at once
+		if refused {
+			got, err := f.giveUp()
+			return got, err, true
+		}
+	case at.OK:
+		return f.obtained(at.Fence, now, time.Time{}, false)
+	default:
+		f.busy(at, now)
+		f.waiting, f.joined, f.askAt = now, true, now.Add(f.untilExpiry(at.Busy.TTL))
+	}
+	return nil, nil, false
+}
+
+// wait waits for the next event: the end of the wait, a grant, a wake-up,
+// the keep-alive that is due, or its answer.
+func (f *fairWait) wait() (*Lease, error, bool) {
+	l := f.l
+	end := f.waitEnd
+	if !f.joined && f.openEnd.Before(end) && errors.Is(f.verdict, ErrUnavailable) {
+		end = f.openEnd // an outage, for a fail-open call
+	}
+	now := l.clock.Now()
+	if !now.Before(end) {
+		got, err := f.giveUp()
+		return got, err, true
+	}
+	var wake <-chan struct{}
+	var granted <-chan int64
+	if f.w != nil {
+		wake, granted = f.w.C(), f.g.granted
+		if f.short { // not in line: rotate left it
+			wake = nil
+		}
+	}
+	due := end
+	if f.inflight == nil {
+		if !f.joined && f.askAt.Before(now) { // the attempt failed: try again in a while
+			f.askAt = now.Add(f.retry)
+		}
+		if f.askAt.Before(due) {
+			due = f.askAt
+		}
+	}
+	t := l.clock.NewTimer(max(0, due.Sub(now)))
+	defer t.Stop()
+	select {
+	case <-f.ctx.Done():
+		f.unsure = f.unsure || f.inflight != nil
+		got, err := f.giveUp()
+		return got, err, true
+	case <-l.closed:
+		f.unsure = f.unsure || f.inflight != nil
+		got, err := f.giveUp()
+		return got, err, true
+	case fence := <-granted:
+		return f.grantHeard(fence)
+	case <-wake:
+		f.askAgain = f.inflight != nil // its answer may predate what this wake-up is about
+	case <-t.C:
+		if !l.clock.Now().Before(end) {
+			return nil, nil, false // and give up
+		}
+	case r := <-f.inflight:
+		return f.answered(r)
+	}
+	f.next()
+	return nil, nil, false
+}
+
+// grantHeard takes a grant's message: the lock is this token's, if the
+// message is current; else the server is asked.
+func (f *fairWait) grantHeard(fence int64) (*Lease, error, bool) {
+	if !f.trust {
+		f.askAgain = f.inflight != nil
+		f.next()
+		return nil, nil, false
+	}
+	if f.st != nil {
+		f.st.handoff = 0
+	}
+	return f.obtained(fence, f.waiting, time.Time{}, true)
+}
+
+// next is what follows a wait that ended on a wake-up or the timer: an
+// attempt when not in line; else the keep-alive that is due, unless one is
+// in flight.
+func (f *fairWait) next() {
+	if !f.joined {
+		// Not in line: the attempt failed. Try again; if it may have
+		// reached Redis, it may have joined the line and been granted the
+		// lock meanwhile.
+		f.attemptNow, f.trust = true, f.trust && !f.unsure
+		return
+	}
+	if f.inflight == nil {
+		// Keep the entry alive, and learn of a grant whose message was
+		// lost. The keep-alive runs while the waiter goes on waiting: a
+		// grant's message that comes meanwhile counts at once.
+		f.sent, f.askAgain = f.l.clock.Now(), false
+		f.inflight = f.l.keepAlive(f.ctx, f.q, f.lease.ttl)
+	}
+}
+
+// answered takes a keep-alive's answer.
+func (f *fairWait) answered(r queueResult) (*Lease, error, bool) {
+	f.inflight = nil
+	switch {
+	case r.err != nil && ctxErr(f.ctx) != nil:
+		f.unsure = true
+		got, err := f.giveUp()
+		return got, err, true
+	case r.err != nil:
+		f.verdict = callError(f.lease.name, r.err) // keep waiting: the entry lives on for a while
+		f.askAt = f.l.clock.Now().Add(f.retry)
+	case r.r.State == store.Granted:
+		var bound time.Time
+		if r.r.PTTL > 0 {
+			bound = f.sent.Add(r.r.PTTL - drift(r.r.PTTL))
+		}
+		return f.obtained(r.r.Fence, f.waiting, bound, true)
+	case r.r.State == store.Waiting:
+		f.verdict = f.seen.see(stillBusy(f.verdict, f.lease.name, r.r.PTTL), f.sent) // in line: not an outage
+		f.waiting, f.askAt = f.sent, f.sent.Add(f.untilExpiry(r.r.PTTL))
+		if f.askAgain {
+			f.askAt = f.sent
+		}
+	case r.r.State == store.OutOfLine:
+		// The entry expired (this waiter was paused, say), or a grant this
+		// waiter missed ended: join again.
+		f.attemptNow, f.trust = true, false
+	case r.r.State == store.First:
+		f.attemptNow = true // take the free lock
+	}
+	return nil, nil, false
+}
+
+// obtained completes a lease whose lock was taken or granted with fence,
+// its Deadline counting from from, or from bound if later. A grant too
+// long ago to count on is renewed now, from a time known to come before
+// the new expiry; with Replicas, every grant is, so that it counts only
+// once replicas have it (the release that granted it did not WAIT). With
+// done false (attemptNow set), the waiter waits on with a new token.
+func (f *fairWait) obtained(fence int64, from, bound time.Time, granted bool) (*Lease, error, bool) {
+	l := f.l
+	lease := f.complete(fence, from)
+	if bound.After(lease.deadline) {
+		lease.deadline = bound
+	}
+	if !l.clock.Now().Before(lease.deadline) || (granted && l.opts.Replicas > 0) {
+		err, done := tasks.Call(l.bg, f.ctx.Done(), l.closed, func() error { return lease.extend(f.ctx, lease.ttl, false, new(extendState)) }, nil)
+		switch {
+		case !done: // ctx ended, or Close: the lock may be this waiter's
+			f.joined = true
+			got, err := f.giveUp()
+			return got, err, true
+		case err == nil:
+		case errors.Is(err, ErrNotHeld) && l.clock.Now().Before(f.waitEnd):
+			// It expired before this waiter came to it (a pause): wait in
+			// line again.
+			f.rotate(f.unsure)
+			return nil, nil, false
+		case store.ReplicaShort(err) && l.clock.Now().Before(f.waitEnd):
+			// Granted, but not on enough replicas to survive a failover:
+			// pass it on (leaving the line releases it), and join the line
+			// again at its end after a pause.
+			f.verdict = err
+			f.rotate(true)
+			f.attemptNow, f.short, f.askAt = false, true, l.clock.Now().Add(f.retry)
+			return nil, nil, false
+		default:
+			f.verdict = err // lease.extend's error reads as Acquire's
+			f.joined = true // so that giveUp gives the lock back, or passes it on
+			got, err := f.giveUp()
+			return got, err, true
+		}
+	}
+	if f.st != nil {
+		f.st.waited = l.clock.Now().Sub(f.start)
+	}
+	return lease, nil, true
 }
 
 // A grantee is the hearer of a fair waiter: a grant ("granted <token>
-// <fence>", release.lua) goes to its grantee only, which gets the fence; the
-// others have nothing to try, the lock being held again. Every other
+// <fence>", release.lua) goes to its grantee only, which gets the fence;
+// the others have nothing to try, the lock being held again. Every other
 // message wakes it.
 type grantee struct {
 	token   string
 	granted chan int64 // buffered
 }
 
-func (g *grantee) hear(_ *waiter, m message) hearing {
-	if m.head != "granted" {
-		return wakeAll
+func (g *grantee) Hear(m notify.Message) notify.Hearing {
+	if m.Head != "granted" {
+		return notify.WakeAll
 	}
-	token, f, _ := strings.Cut(m.rest, " ")
-	if fence, _ := strconv.ParseInt(f, 10, 64); token == g.token && fence > 0 {
+	token, fence, _ := strings.Cut(m.Rest, " ")
+	if n, _ := strconv.ParseInt(fence, 10, 64); token == g.token && n > 0 {
 		select {
-		case g.granted <- fence:
+		case g.granted <- n:
 		default:
 		}
 	}
-	return ignore
+	return notify.Ignore
 }
 
-func (*grantee) lingers(*waiter) bool { return true }
+func (*grantee) Lingers() bool { return true }
 
-// stillBusy is the verdict of a fair waiter that the server answered "still
-// waiting", the lock's PTTL pttl (-2: free, others ahead in line): busy,
-// whatever an earlier keep-alive's error said, with the holder named by
-// verdict when it was busy.
+// stillBusy is the verdict of a fair waiter that the server answered
+// "still waiting", the lock's PTTL pttl (-2: free, others ahead in line):
+// busy, whatever an earlier keep-alive's error said, with the holder named
+// by verdict when it was busy.
 func stillBusy(verdict error, name string, pttl time.Duration) *BusyError {
 	b := &BusyError{Name: name, TTL: pttl}
 	var was *BusyError
@@ -395,64 +397,48 @@ func stillBusy(verdict error, name string, pttl time.Duration) *BusyError {
 	return b
 }
 
-// keepAlive sends a fair waiter's keep-alive on a goroutine that the Locker
-// tracks, and returns the channel of its outcome. It reads the lease's TTL
-// here: once a grant is taken, the lease is its caller's, who may extend it
-// while the keep-alive is still in flight.
-func (l *Locker) keepAlive(ctx context.Context, lease *Lease) chan queueResult {
+// keepAlive sends a fair waiter's keep-alive of q, for a grant of ttl, on
+// a goroutine that the Locker tracks, and returns the channel of its
+// outcome.
+func (l *Locker) keepAlive(ctx context.Context, q store.Queued, ttl time.Duration) chan queueResult {
 	c := make(chan queueResult, 1)
-	ttl := lease.ttl
 	l.bg.Add()
 	go func() {
 		defer l.bg.Done()
-		r, err := l.queue(ctx, lease, ttl, queueKeep)
+		r, err := q.Queue(ctx, ttl, false)
 		c <- queueResult{r, err}
 	}()
 	return c
 }
 
-// queue keeps a fair waiter's entry alive, or takes it out (mode), in the
-// line of the lock, or of the lease's own kind if it has one.
-func (l *Locker) queue(ctx context.Context, lease *Lease, ttl time.Duration, mode string) (queueReply, error) {
-	if o, ok := lease.kind.(ownKeys); ok {
-		return o.queue(ctx, lease, ttl, mode)
-	}
-	return l.fair.queue(ctx, lease, ttl, mode)
-}
-
-type queueResult struct {
-	r   queueReply
-	err error
-}
-
-// leaveQueue takes a fair waiter that gave up out of the lock's queue, in the
-// background, and gives the lock back if a release granted it meanwhile
-// (the release hands it on to the next in line) or an attempt of unknown
-// outcome took it; the token is retired, as for any Acquire that gave up.
-// See giveBack for how long it tries.
+// leaveQueue takes a fair waiter that gave up (lease, q its store's) out
+// of the line, in the background, and gives the lock back if a release
+// granted it meanwhile (the release hands it on to the next in line) or an
+// attempt of unknown outcome took it; the token is retired, as for any
+// Acquire that gave up. See giveBack for how long it tries.
 //
-// It leaves the queue again after the token is retired: a late copy of an
+// It leaves the line again after the token is retired: a late copy of an
 // attempt that arrived between the first leave and the retirement joined
-// the queue again (the retirement refuses the later ones), and a release
+// the line again (the retirement refuses the later ones), and a release
 // may have granted it the lock since, which is given back too.
-func (l *Locker) leaveQueue(lease *Lease) {
+func (l *Locker) leaveQueue(lease *Lease, q store.Queued) {
 	ttl := lease.ttl
 	l.giveBack(lease, "leaving the fair queue", func(ctx context.Context) (bool, error) {
 		var deleted bool
 		for pass := range 2 {
-			r, err := l.queue(ctx, lease, ttl, queueLeave)
+			r, err := q.Queue(ctx, ttl, true)
 			if err != nil {
 				return deleted, callError(lease.name, err)
 			}
-			if pass == 1 && r.state != queueGranted {
+			if pass == 1 && r.State != store.Granted {
 				break // out of line, and retired: nothing more can join
 			}
-			code, perr, err := lease.runRelease(ctx, modeAbandon)
+			res, perr, err := q.Release(ctx, store.Abandon, ttl)
 			if err != nil {
 				return deleted, callError(lease.name, err)
 			}
 			l.warnPublish(lease.name, perr)
-			deleted = deleted || code == 1
+			deleted = deleted || res == store.Done
 		}
 		return deleted, nil
 	})

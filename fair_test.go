@@ -23,6 +23,7 @@ import (
 
 	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/redistest"
+	"github.com/fencelock/fencelock/internal/store"
 )
 
 // Tests of fair waiting (WithFair, issue 16): the order waiters are served
@@ -209,17 +210,8 @@ func TestFairHandOffToSlowWaiter(t *testing.T) {
 	// Release just after a keep-alive's reply, with the subscription
 	// confirmed on the waiter's side: the grant's message, not the next
 	// keep-alive, brings the lock.
-	require.Eventually(t, func() bool {
-		n := waitsOf(waiters)
-		n.mu.Lock()
-		defer n.mu.Unlock()
-		for _, h := range n.hubs {
-			if _, ok := h.confirmed["lock:{"+name+"}"]; ok {
-				return true
-			}
-		}
-		return false
-	}, 10*time.Second, time.Millisecond, "the waiter's subscription confirmed")
+	require.Eventually(t, func() bool { return waitsOf(waiters).Subscribed("lock:{" + name + "}") },
+		10*time.Second, time.Millisecond, "the waiter's subscription confirmed")
 	time.Sleep(300 * time.Millisecond) // the keep-alive the confirmation prompts
 	waitKeptAlive(t, kept)
 	require.NoError(t, holder.Release(ctx))
@@ -498,7 +490,7 @@ func TestFairSkipsCrashedWaiter(t *testing.T) {
 	got := acquireInBackground(t, l, name, WithFair(), WithWait(time.Minute))
 	tokens := waitQueued(t, admin, name, 2)
 	c.signal(t, syscall.SIGKILL)
-	time.Sleep(queueEntryTTL + 300*time.Millisecond)
+	time.Sleep(store.QueueEntryTTL + 300*time.Millisecond)
 
 	require.NoError(t, holder.Release(ctx))
 	token, _ := holderOf(t, admin, name)
@@ -1184,7 +1176,7 @@ func TestFairLateJoinWhileLeaving(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, <-done, context.Canceled)
 	<-late
-	// Out of line well before its entry would expire (2s, queueEntryTTL).
+	// Out of line well before its entry would expire (2s, store.QueueEntryTTL).
 	require.Eventually(t, func() bool { return len(queued(t, e.admin, name)) == 0 },
 		time.Second, time.Millisecond, "the waiter that gave up is out of line")
 	require.NoError(t, holder.Release(ctx))

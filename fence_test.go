@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/script"
+	"github.com/fencelock/fencelock/internal/store"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -19,16 +21,17 @@ func TestRetriedAcquireReturnsItsOwnFence(t *testing.T) {
 	// another acquisition, or anything else, may have moved).
 	e := newEnv(t, nil)
 	l := e.locker(t, nil)
-	lease := l.newLease(uniqueName(t), time.Minute)
-	first := l.b.acquire(ctx, lease)
-	require.NoError(t, first.err)
-	require.True(t, first.ok)
-	require.NoError(t, e.admin.Set(ctx, lease.keys[2], "9000000000000000000", 0).Err())
-	again := l.b.acquire(ctx, lease)
-	require.NoError(t, again.err)
-	require.True(t, again.ok)
-	assert.Equal(t, first.fence, again.fence, "the fence issued to this token")
-	got, err := e.admin.Get(ctx, lease.keys[2]).Result()
+	h := l.store.Lock(store.Spec{Name: uniqueName(t), Token: newToken(), TTL: time.Minute, Owner: l.opts.Owner})
+	first := h.Acquire(ctx)
+	require.NoError(t, first.Err)
+	require.True(t, first.OK)
+	counter := h.Key() + keys.Fence
+	require.NoError(t, e.admin.Set(ctx, counter, "9000000000000000000", 0).Err())
+	again := h.Acquire(ctx)
+	require.NoError(t, again.Err)
+	require.True(t, again.OK)
+	assert.Equal(t, first.Fence, again.Fence, "the fence issued to this token")
+	got, err := e.admin.Get(ctx, counter).Result()
 	require.NoError(t, err)
 	assert.Equal(t, "9000000000000000000", got, "a retry issues no new fence")
 }
@@ -160,16 +163,9 @@ func TestResendNeverShortensALease(t *testing.T) {
 	const short = 2 * time.Second
 	resend := func(t *testing.T, lease *Lease) {
 		t.Helper()
-		lease.mu.Lock()
-		extended := lease.ttl
-		lease.ttl = short // as the first copy was sent
-		lease.mu.Unlock()
-		a := lease.kind.acquire(ctx, lease)
-		lease.mu.Lock()
-		lease.ttl = extended
-		lease.mu.Unlock()
-		require.NoError(t, a.err)
-		require.True(t, a.ok, "the token holds it")
+		a := lease.h.Acquire(ctx) // as the first copy was sent, with its TTL
+		require.NoError(t, a.Err)
+		require.True(t, a.OK, "the token holds it")
 	}
 	check := func(t *testing.T, lease *Lease) {
 		t.Helper()
@@ -208,13 +204,15 @@ func TestResendNeverShortensALease(t *testing.T) {
 			require.NoError(t, lease.Extend(ctx, time.Minute))
 		}
 		// The set's script again, for the same tokens, with the first TTL.
-		var keys []any
-		argv := []any{l.ttlArg(short), l.retentionMillis, leases[0].ownerArg}
+		var ks []any
+		argv := []any{store.Millis(short), store.Millis(l.opts.FenceRetention), l.opts.Owner}
 		for _, lease := range leases {
-			keys = append(keys, lease.keyArgs[:]...)
-			argv = append(argv, lease.tokenArg)
+			for _, k := range keys.ForLease(l.opts.KeyPrefix, lease.Name(), []byte(lease.Token())) {
+				ks = append(ks, k)
+			}
+			argv = append(argv, lease.Token())
 		}
-		_, err = l.b.(*deployment).run(ctx, script.MultiAcquire, false, keys, argv...)
+		_, err = l.single.Run(ctx, script.MultiAcquire, false, ks, argv...)
 		require.NoError(t, err)
 		for _, lease := range leases {
 			ttl, err := lease.TTL(ctx)

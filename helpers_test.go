@@ -8,12 +8,18 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/fencelock/fencelock/internal/deployment"
+	"github.com/fencelock/fencelock/internal/keys"
+	"github.com/fencelock/fencelock/internal/notify"
 	"github.com/fencelock/fencelock/internal/redistest"
+	"github.com/fencelock/fencelock/internal/redlock"
 	"github.com/fencelock/fencelock/internal/script"
+	"github.com/fencelock/fencelock/internal/store"
 )
 
 func TestMain(m *testing.M) {
@@ -152,8 +158,33 @@ func (e *env) locker(t *testing.T, opts *Options) *Locker {
 	return l
 }
 
+// keys returns the lock key and the fence counter key of name.
+func (l *Locker) keys(name string) (key, fenceKey string) {
+	key = keys.Lock(l.opts.KeyPrefix, name)
+	return key, key + keys.Fence
+}
+
 // waitsOf returns the notifier of a Locker made by New.
-func waitsOf(l *Locker) *notifier { return l.b.(*deployment).waits }
+func waitsOf(l *Locker) *notify.Notifier { return l.store.(*deployment.Deployment).Notifier() }
+
+// openHubs returns how many subscription connections l has open.
+func openHubs(l *Locker) int { return waitsOf(l).Hubs() }
 
 // clientOf returns the client of a Locker made by New.
-func clientOf(l *Locker) redis.UniversalClient { return l.b.(*deployment).client }
+func clientOf(l *Locker) redis.UniversalClient { return l.checks[0].client }
+
+// decodeAcquire reads an acquire script's reply, for hooks: whether it took
+// the lock, and its fence (or the holder's PTTL in ms, and its owner).
+func decodeAcquire(reply any) (ok bool, value int64, owner string, err error) {
+	a := store.AcquireReply("acquire", reply)
+	switch {
+	case a.Err != nil:
+		return false, 0, "", a.Err
+	case a.OK:
+		return true, a.Fence, "", nil
+	}
+	return false, int64(a.Busy.TTL / time.Millisecond), a.Busy.Owner, nil
+}
+
+// lineTag returns the tag of a NewRedlock Locker's calls in a line.
+func lineTag(l *Locker) string { return l.store.(*redlock.Quorum).LineTag() }

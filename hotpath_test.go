@@ -92,7 +92,7 @@ func TestReleasePublishesOnlyWhenSomeoneMayWait(t *testing.T) {
 		assert.Equal(t, want, commandCounts(t, e.srv)["spublish"], "release %d, nobody subscribed", i)
 	}
 
-	sub := e.admin.SSubscribe(ctx, l.b.(*deployment).channel(l.opts.KeyPrefix+"{"+name+"}"))
+	sub := e.admin.SSubscribe(ctx, l.opts.KeyPrefix+"{"+name+"}") // the channel of a lock on database 0
 	t.Cleanup(func() { _ = sub.Close() })
 	_, err := sub.Receive(ctx) // the confirmation
 	require.NoError(t, err)

@@ -1,45 +1,34 @@
 package fencelock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/fencelock/fencelock/internal/keys"
+	"github.com/fencelock/fencelock/internal/store"
 	"github.com/fencelock/fencelock/internal/tasks"
 )
 
 // A Lease is one acquisition of a lock. Its methods are safe for concurrent
 // use, and on a nil *Lease, which holds nothing (a deferred Release is safe).
 type Lease struct {
-	locker  *Locker
-	kind    kind // what the lease holds: a lock, or a semaphore's permit, ...
-	name    string
-	keys    [keys.N]string // lock, token marker, fence counter, queue, queue entries: the scripts' KEYS
-	keyArgs [keys.N]any    // keys, boxed once
-	fair    bool           // WithFair
-	// line is the id of the waiting Acquire call the lease is an attempt
-	// of, in a Redlock line (see line in redlock.go); "" when it does not
-	// wait.
-	line     string
-	token    string
-	tokenArg any // token, boxed once for the scripts' ARGV
+	locker *Locker
+	// h is the store's own value for the lease's token: its keys, a
+	// quorum's nodes. Its calls reach Redis one at a time (op).
+	h        store.Lease
+	name     string
 	owner    string
-	ownerArg any // owner, boxed once
 	fence    int64
 	acquired time.Time // when the acquire request was sent
 	degraded bool      // fail-open stand-in: no lock is held
 	// obsCtx is the context of the operation that took the lease (Acquire,
 	// or RunWithLock), kept for Options.Observer's Notify only.
 	obsCtx context.Context
-
-	// held has a bit set for each node of a Redlock quorum that has
-	// confirmed holding the lock for this token (granted or extended it).
-	held atomic.Uint64
 
 	// op is held by the one Redis call on the lease at a time (Extend, a
 	// renewal, Release), so that they reach Redis in the order they were
@@ -73,18 +62,18 @@ func (l *Lease) Name() string {
 // Key returns the Redis key that holds the lock: KeyPrefix+"{"+name+"}";
 // for a Semaphore's permit, that plus ":sem", its holders.
 func (l *Lease) Key() string {
-	if l == nil {
+	if l == nil || l.h == nil {
 		return ""
 	}
-	return l.keys[keys.LockKey]
+	return l.h.Key()
 }
 
 // Token returns the random token (a UUID v4) of this acquisition in Redis.
 func (l *Lease) Token() string {
-	if l == nil {
+	if l == nil || l.degraded {
 		return ""
 	}
-	return l.token
+	return l.h.Token()
 }
 
 // Fence returns the fencing token issued with this acquisition (the package
@@ -143,7 +132,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		l.mu.Unlock()
 		return ctxEnded(ctx, "extend")
 	}
-	if err != nil && (classify(err) == classNoVerdict || (ctxErr(ctx) != nil && isTimeout(err))) {
+	if err != nil && (classify(err) == store.NoVerdict || (ctxErr(ctx) != nil && store.Timeout(err))) {
 		return ctxEnded(ctx, "extend") // cut short by ctx: no verdict
 	}
 	return withCtx(err, ctxErr(ctx))
@@ -153,7 +142,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 // watchdog (byWatchdog, which extends by the lease's current TTL), and
 // records the outcome. A user's Extend tells a running watchdog about its
 // outcome (the watchdog handles its own renewals' outcomes). Errors of
-// class classNoVerdict are returned as they are.
+// class store.NoVerdict are returned as they are.
 //
 // The watchdog's renewals send EVAL instead of EVALSHA: a renewal must take
 // one round trip also on a server whose script cache is empty (after a
@@ -176,7 +165,7 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration, byWatchdog bool, 
 	ec.sent, ec.ttl = start, ttl
 	l.mu.Unlock()
 
-	code, err := l.kind.extend(ctx, l, ttl, byWatchdog)
+	r, err := l.h.Extend(ctx, ttl, byWatchdog)
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -187,14 +176,14 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration, byWatchdog bool, 
 	switch {
 	case err != nil:
 		class := classify(err)
-		if class != classMisconfigured { // it may have reached Redis
+		if class != store.Misconfigured { // it may have reached Redis
 			l.unknownOutcomeLocked(start, ttl)
 		}
-		if class == classNoVerdict {
+		if class == store.NoVerdict {
 			return err
 		}
 		return callError(l.name, err)
-	case code == 1:
+	case r == store.Done:
 		if l.done == nil {
 			eff := ttl
 			if l.floorTTL > 0 && l.floorTTL < eff {
@@ -206,7 +195,7 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration, byWatchdog bool, 
 		return nil
 	default:
 		why := errGone
-		if code == -1 {
+		if r == store.Taken {
 			why = errTakenBy
 		}
 		l.markDoneLocked(start, why)
@@ -321,7 +310,7 @@ func (l *Lease) releaseOp(ctx context.Context, notHeld func(error)) error {
 		ctx = context.WithoutCancel(ctx)
 	}
 	rctx, cancel := l.locker.detached(ctx)
-	if ctx.Done() == nil && l.locker.traits.deadlines {
+	if ctx.Done() == nil && l.locker.traits.Deadlines {
 		// Only ReleaseTimeout bounds the call, and go-redis honours it.
 		defer cancel()
 		return l.release(rctx)
@@ -364,94 +353,6 @@ func (l *Locker) releaseCutShort(ctx context.Context) error {
 		errs: []error{ErrUnavailable}}
 }
 
-// releaseLeases releases leases as Release does each, all within one bound:
-// ctx and one ReleaseTimeout, whatever their number; the releases that have
-// not answered by then go on in the background, one after another, as
-// Release's do. errs[i] is leases[i]'s error; notHeld, if not nil, gets a
-// lease whose release answered ErrNotHeld only in the background.
-func (l *Locker) releaseLeases(ctx context.Context, leases []*Lease, notHeld func(*Lease, error)) (errs []error) {
-	errs = make([]error, len(leases))
-	if obs := l.opts.Observer; obs != nil {
-		defer l.observeReleases(ctx, leases, errs)()
-	}
-	var todo []*Lease
-	var at []int // todo[j] is leases[at[j]]
-	for i, lease := range leases {
-		lease.endWork()
-		switch {
-		case lease.degraded:
-			errs[i] = ErrNotHeld
-		case lease.doneErr() != nil:
-			errs[i] = lease.doneErr()
-		default:
-			todo, at = append(todo, lease), append(at, i)
-		}
-	}
-	if len(todo) == 0 {
-		return errs
-	}
-	rctx, cancel := l.detached(ctx)
-	run := func() []error {
-		res := make([]error, len(todo))
-		for j, lease := range todo {
-			res[j] = lease.release(rctx)
-		}
-		return res
-	}
-	if ctx.Done() == nil && l.traits.deadlines { // as in releaseOp
-		defer cancel()
-		for j, err := range run() {
-			errs[at[j]] = err
-		}
-		return errs
-	}
-	res, done := tasks.Call(l.bg, ctx.Done(), rctx.Done(), run, func(res []error) {
-		cancel()
-		for j, err := range res {
-			lease := todo[j]
-			lease.releasedLate(err, func(err error) {
-				if notHeld != nil {
-					notHeld(lease, err)
-				}
-			})
-		}
-	})
-	if done {
-		cancel()
-		for j, err := range res {
-			errs[at[j]] = err
-		}
-		return errs
-	}
-	cut := l.releaseCutShort(ctx)
-	for _, i := range at {
-		errs[i] = cut
-	}
-	return errs
-}
-
-// observeReleases tells the Observer of one OpRelease for each of leases,
-// and returns what tells it of their ends, with the errors in errs.
-func (l *Locker) observeReleases(ctx context.Context, leases []*Lease, errs []error) (end func()) {
-	obs := l.opts.Observer
-	ctxs := make([]context.Context, len(leases))
-	for i, lease := range leases {
-		ctxs[i] = obs.Start(ctx, OpRelease, lease.name)
-	}
-	start := l.clock.Now()
-	return func() {
-		now := l.clock.Now()
-		for i, lease := range leases {
-			e := Event{Op: OpRelease, Name: lease.name, Lease: lease, Outcome: OutcomeOf(errs[i]), Err: errs[i],
-				Fence: lease.fence, Duration: now.Sub(start)}
-			if errs[i] == nil && lease.lostCause() == nil {
-				e.Held = now.Sub(lease.acquired)
-			}
-			obs.End(ctxs[i], e)
-		}
-	}
-}
-
 // endWork marks the lease released, cancels its KeepAlive contexts and stops
 // its watchdog: the first half of a release, which never waits for Redis.
 func (l *Lease) endWork() {
@@ -477,7 +378,7 @@ func (l *Lease) release(ctx context.Context) error {
 		return err // a concurrent Release came first
 	}
 	start := l.locker.clock.Now()
-	code, perr, err := l.runRelease(ctx, modeRelease)
+	r, perr, err := l.h.Release(ctx, store.Release, l.currentTTL())
 	if err != nil {
 		if ctx.Err() != nil {
 			return l.releaseTimedOut()
@@ -487,8 +388,8 @@ func (l *Lease) release(ctx context.Context) error {
 	l.locker.warnPublish(l.name, perr)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	switch code {
-	case 1:
+	switch r {
+	case store.Done:
 		l.markDoneLocked(start, errReleaseD)
 		if log := l.locker.opts.Logger; log.Enabled(ctx, slog.LevelDebug) {
 			log.LogAttrs(ctx, slog.LevelDebug, "fencelock: released",
@@ -496,34 +397,13 @@ func (l *Lease) release(ctx context.Context) error {
 				slog.Duration("held", l.locker.clock.Now().Sub(l.acquired)))
 		}
 		return nil
-	case -1:
+	case store.Taken:
 		l.markDoneLocked(start, errTakenBy)
 		return errTakenBy
 	default:
 		l.markDoneLocked(start, errGone)
 		return errGone
 	}
-}
-
-// Release script modes (release.lua, redlock_release.lua).
-const (
-	modeRelease = "r"
-	modeAbandon = "a"
-)
-
-// modeArg returns mode boxed for a script's ARGV from its constant: boxing
-// the variable would allocate, once per release.
-func modeArg(mode string) any {
-	if mode == modeRelease {
-		return modeRelease
-	}
-	return modeAbandon
-}
-
-// runRelease runs the release script in mode; perr is set when the lock was
-// deleted but the wake-up could not be published.
-func (l *Lease) runRelease(ctx context.Context, mode string) (code int64, perr, err error) {
-	return l.kind.release(ctx, l, mode)
 }
 
 func (l *Lease) doneErr() error {
@@ -569,4 +449,188 @@ func (o *opLock) unlock() {
 		o.free = nil
 	}
 	o.mu.Unlock()
+}
+
+// TTL returns how long the server keeps the lock if this lease still holds it
+// (-1: no expiry; on a Redlock, the longest a quorum keeps it), changing
+// nothing. It returns ErrNotHeld when it does not, and on a nil or degraded
+// lease; ErrUnavailable or ErrMisconfigured; or an error matching ctx.Err().
+func (l *Lease) TTL(ctx context.Context) (time.Duration, error) {
+	if l == nil || l.locker == nil || l.degraded {
+		return 0, ErrNotHeld
+	}
+	h, err := l.locker.read(ctx, l.name, "ttl", l.h.Read)
+	if err != nil {
+		return 0, err
+	}
+	token, _, _ := keys.Parse(h.Value)
+	switch {
+	case h.Value == "":
+		return 0, errGone
+	case token != l.h.Token():
+		return 0, errTakenBy
+	}
+	return h.PTTL, nil
+}
+
+// KeepAlive starts the lease's watchdog, if not running yet, and returns a
+// context derived from ctx, cancelled with cause ErrLost when the lease is
+// lost ("Deadlines and the watchdog"). It renews until Release (defer it; the
+// cause then matches ErrNotHeld), or until every KeepAlive call's ctx ended:
+// the lease is then released in the background, and a later Release returns
+// ErrNotHeld. On a nil lease, or one no longer held, the context is already
+// cancelled with the cause.
+func (l *Lease) KeepAlive(ctx context.Context) context.Context {
+	return l.keepAlive(ctx, false)
+}
+
+// keepAlive is KeepAlive; pinned (RunWithLock, which releases after its
+// work returns) keeps the lease renewed after ctx ended.
+func (l *Lease) keepAlive(ctx context.Context, pinned bool) context.Context {
+	workCtx, cancel := context.WithCancelCause(ctx)
+	if l == nil || l.locker == nil {
+		cancel(ErrNotHeld)
+		return workCtx
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lost != nil || l.done != nil || l.releasing {
+		cancel(cmp.Or(l.lost, l.done, errReleased))
+		return workCtx
+	}
+	l.cancels = append(l.cancels, cancel)
+	if !l.degraded {
+		l.keepers++
+		if !pinned && ctx.Done() != nil {
+			l.keeperStops = append(l.keeperStops, context.AfterFunc(ctx, l.keeperEnded))
+		}
+	}
+	if l.wd == nil && !l.degraded {
+		l.wd = newWatchdog(l)
+		go l.wd.run()
+	}
+	return workCtx
+}
+
+// keeperEnded runs, on a goroutine of its own, when the ctx of a KeepAlive
+// call ends: after the last one, it stops the watchdog and releases the
+// lease in the background.
+func (l *Lease) keeperEnded() {
+	l.mu.Lock()
+	l.keepers--
+	end := l.keepers == 0 && !l.releasing && l.done == nil
+	if end {
+		l.releasing = true // no KeepAlive starts the watchdog again
+	}
+	l.mu.Unlock()
+	if end {
+		l.endWork()
+		l.locker.releaseInBackground(l)
+	}
+}
+
+// stopWatchdog stops the watchdog, if any, and waits for it to exit. It is
+// safe to call more than once and concurrently.
+func (l *Lease) stopWatchdog() {
+	l.mu.Lock()
+	wd := l.wd
+	if wd != nil {
+		select {
+		case <-wd.stop:
+		default:
+			close(wd.stop)
+		}
+	}
+	l.mu.Unlock()
+	if wd != nil {
+		<-wd.done
+	}
+}
+
+// cancelContexts cancels the contexts KeepAlive returned, and unregisters
+// the calls of keeperEnded that their ctx's end would make.
+func (l *Lease) cancelContexts(cause error) {
+	l.mu.Lock()
+	cancels, stops := l.cancels, l.keeperStops
+	l.cancels, l.keeperStops = nil, nil
+	l.mu.Unlock()
+	for _, cancel := range cancels {
+		cancel(cause)
+	}
+	for _, stop := range stops {
+		stop()
+	}
+}
+
+func (l *Lease) lostCause() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lost
+}
+
+// lose records that the lease is lost, cancels the work contexts with cause,
+// logs it and calls OnLost. A lost lease is not extended again.
+func (l *Lease) lose(cause error) {
+	l.mu.Lock()
+	if l.lost != nil || l.releasing {
+		l.mu.Unlock()
+		return
+	}
+	l.lost = cause
+	deadline := l.deadline
+	l.mu.Unlock()
+	l.cancelContexts(cause)
+	l.reportLost(cause, deadline)
+}
+
+// reportLost tells the Observer, the log and OnLost that the lease was lost.
+func (l *Lease) reportLost(cause error, deadline time.Time) {
+	now := l.locker.clock.Now()
+	if obs := l.locker.opts.Observer; obs != nil {
+		obs.Notify(l.observed(), Event{Op: OpLost, Name: l.name, Lease: l, Outcome: OutcomeLost, Err: cause,
+			Fence: l.fence, Held: now.Sub(l.acquired)})
+	}
+	l.locker.opts.Logger.LogAttrs(context.Background(), slog.LevelError, "fencelock: lease lost",
+		slog.String("lock", l.name), slog.Int64("fence", l.fence),
+		slog.Duration("held", now.Sub(l.acquired)), slog.Duration("until_deadline", deadline.Sub(now)),
+		slog.Any("cause", cause))
+	if f := l.locker.opts.OnLost; f != nil {
+		f(l, cause)
+	}
+}
+
+// nextRenewal returns how long from now the next renewal is due, and how
+// long until the deadline: a renewal is due an interval after the start of
+// the request that set the deadline, and no later than a third of the time
+// that is left, so a lease whose time is short (a late KeepAlive, a
+// shortened TTL) is renewed soon enough to survive a failed try.
+func (l *Lease) nextRenewal() (renewIn, remaining time.Duration) {
+	l.mu.Lock()
+	ttl, deadline := l.ttl, l.deadline
+	l.mu.Unlock()
+	now := l.locker.clock.Now()
+	remaining = deadline.Sub(now)
+	base := deadline.Add(-(ttl - drift(ttl))) // when that request was sent
+	renewIn = min(base.Add(l.locker.opts.renewInterval(ttl)).Sub(now), remaining/3)
+	return max(renewIn, 0), remaining
+}
+
+// observed returns the context an Observer's Notify gets for this lease.
+func (l *Lease) observed() context.Context {
+	if l.obsCtx != nil {
+		return l.obsCtx
+	}
+	return context.Background()
+}
+
+func (l *Lease) isReleasing() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.releasing
+}
+
+func (l *Lease) currentTTL() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.ttl
 }

@@ -774,38 +774,6 @@ func TestTTLRounding(t *testing.T) {
 	}
 }
 
-func TestDecodeAcquire(t *testing.T) {
-	for _, tc := range []struct {
-		reply   any
-		ok      bool
-		val     int64
-		wantErr bool
-	}{
-		{[]any{int64(1), "42"}, true, 42, false},
-		{[]any{int64(1), "9223372036854775807"}, true, 9223372036854775807, false},
-		{[]any{int64(0), int64(1500), "pod-2 (pid 7)"}, false, 1500, false},
-		{[]any{int64(0), int64(-1), ""}, false, -1, false},
-		{[]any{int64(0), int64(1500)}, false, 0, true},
-		{[]any{int64(1), "0"}, false, 0, true},
-		{[]any{int64(1), "x"}, false, 0, true},
-		{[]any{int64(1), int64(42)}, false, 0, true},
-		{[]any{int64(0), "1500", ""}, false, 0, true},
-		{[]any{int64(2)}, false, 0, true},
-		{[]any{int64(2), "1"}, false, 0, true},
-		{[]any{int64(1)}, false, 0, true},
-		{"OK", false, 0, true},
-	} {
-		ok, val, _, err := decodeAcquire(tc.reply)
-		if tc.wantErr {
-			assert.Error(t, err, "%v", tc.reply)
-			continue
-		}
-		require.NoError(t, err)
-		assert.Equal(t, tc.ok, ok)
-		assert.Equal(t, tc.val, val)
-	}
-}
-
 func TestLeaseConcurrentUse(t *testing.T) {
 	e := newEnv(t, nil)
 	l := e.locker(t, nil)
@@ -852,17 +820,4 @@ func TestExtendRejectsTTLWithinRenewInterval(t *testing.T) {
 	require.ErrorIs(t, lease.Extend(ctx, time.Second), ErrInvalid, "the watchdog could not renew in time")
 	require.NoError(t, lease.Extend(ctx, 2*time.Second))
 	require.NoError(t, lease.Release(ctx))
-}
-
-// A boxed string is an ordinary string interface value: go-redis writes it,
-// hooks print it and compare it, as any other.
-func TestBoxed(t *testing.T) {
-	s := "lock:{name}:t:" + fmt.Sprint(42)
-	v := boxed(&s)
-	got, ok := v.(string)
-	assert.True(t, ok)
-	assert.Equal(t, s, got)
-	assert.Equal(t, s, fmt.Sprint(v))
-	assert.True(t, v == any("lock:{name}:t:42"))
-	assert.Zero(t, testing.AllocsPerRun(100, func() { _ = boxed(&s) }))
 }

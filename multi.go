@@ -7,12 +7,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/fencelock/fencelock/internal/keys"
+	"github.com/fencelock/fencelock/internal/notify"
 	"github.com/fencelock/fencelock/internal/script"
-	"github.com/redis/go-redis/v9"
+	"github.com/fencelock/fencelock/internal/store"
 )
 
 // maxNames is the most names one AcquireAll takes.
@@ -33,68 +33,9 @@ func (l *Locker) AcquireAll(ctx context.Context, names []string, opts ...Option)
 	open := co.openSet && co.open
 	leases, err := l.acquireAllObserved(ctx, names, co, open)
 	if err != nil && open && outage(ctx, err) {
-		return l.degradedAll(ctx, names, err), nil
+		return l.degradedAll(ctx, names, co, err), nil
 	}
 	return leases, err
-}
-
-// RunWithLocks runs work holding the locks called names, taken as AcquireAll
-// takes them, renewed and released as RunWithLock does one; work's context is
-// cancelled with cause ErrLost as soon as any lease is lost. It returns
-// RunWithLock's errors, AcquireAll's instead of Acquire's, with one matching
-// ErrLost for each lease lost.
-func (l *Locker) RunWithLocks(ctx context.Context, names []string,
-	work func(ctx context.Context, leases []*Lease) error, opts ...Option) error {
-	if err := l.usable(); err != nil {
-		return err
-	}
-	if work == nil {
-		return invalidf("nil work function")
-	}
-	if l.opts.Observer == nil { // without observeRun's closure and the joined names
-		return l.runAll(ctx, names, work, opts)
-	}
-	return l.observeRun(ctx, strings.Join(names, ","), func(ctx context.Context, _ **Lease) error {
-		return l.runAll(ctx, names, work, opts)
-	})
-}
-
-// runAll is RunWithLocks, without the Observer's Start and End.
-func (l *Locker) runAll(ctx context.Context, names []string,
-	work func(ctx context.Context, leases []*Lease) error, opts []Option) error {
-	co, err := l.setOptions(names, opts)
-	if err != nil {
-		return err
-	}
-	open := co.opens(l.opts.FailOpen)
-	leases, err := l.acquireAllObserved(ctx, names, co, open)
-	if err != nil {
-		if !open || !outage(ctx, err) {
-			return err
-		}
-		return work(ctx, l.degradedAll(ctx, names, err))
-	}
-	// Each lease's context is derived from the one before: the last,
-	// work's, ends with the first lease lost, with its cause.
-	workCtx := ctx
-	for _, lease := range leases {
-		if l.opts.Observer != nil {
-			lease.obsCtx = ctx // the run's: renewals and a loss are its events
-		}
-		workCtx = lease.keepAlive(workCtx, true)
-	}
-	returned := false
-	defer func() {
-		if !returned { // work panicked or called runtime.Goexit
-			l.releaseLeases(ctx, leases, nil)
-		}
-	}()
-	werr := work(workCtx, leases)
-	returned = true
-	if lost := l.settleAll(ctx, leases); lost != nil {
-		return joinErr(werr, lost)
-	}
-	return werr
 }
 
 // setOptions checks a call for names, and applies opts as callOptions does
@@ -148,132 +89,103 @@ func (l *Locker) acquireAllObserved(ctx context.Context, names []string, co call
 }
 
 // acquireAll takes names as GUARANTEES.md ("Several names at once") says:
-// with one script per attempt where one can take them all (acquireTogether),
-// else one by one in sorted order, so that two overlapping calls never wait
-// for each other in a circle (acquireInOrder).
+// with one script per attempt where one can take them all
+// (acquireTogether), else one by one in sorted order, so that two
+// overlapping calls never wait for each other in a circle
+// (acquireInOrder).
 func (l *Locker) acquireAll(ctx context.Context, names []string, co callOptions, open bool, st *acquireStats) ([]*Lease, error) {
-	if d := l.fair; d != nil && together(d.base, names) {
-		return l.acquireTogether(ctx, d, names, co, open, st)
+	if l.single != nil && l.single.Together(names) {
+		return l.acquireTogether(ctx, names, co, open, st)
 	}
 	return l.acquireInOrder(ctx, names, co, open, st)
 }
 
-// together reports whether one script can take all of names on c: on one
-// server (or Sentinel's master), or when they hash to one Cluster slot.
-func together(c redis.UniversalClient, names []string) bool {
-	switch c.(type) {
-	case *redis.ClusterClient:
-		slot := keySlot(names[0])
-		for _, name := range names[1:] {
-			if keySlot(name) != slot {
-				return false
-			}
-		}
-		return true
-	case *redis.Ring:
-		return len(names) == 1 // a Ring's shards are chosen by a hash of its own
-	}
-	return true
-}
-
-// keySlot is the Cluster slot of the keys whose hash tag is tag: CRC16
-// (XMODEM) modulo 16384.
-func keySlot(tag string) int {
-	var crc uint16
-	for i := 0; i < len(tag); i++ {
-		crc ^= uint16(tag[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return int(crc) & 16383
-}
-
 // acquireTogether takes names in one script per attempt, through one
 // acquisition whose lease stands for the set.
-func (l *Locker) acquireTogether(ctx context.Context, d *deployment, names []string, co callOptions, open bool, st *acquireStats) ([]*Lease, error) {
+func (l *Locker) acquireTogether(ctx context.Context, names []string, co callOptions, open bool, st *acquireStats) ([]*Lease, error) {
 	l.bg.Add() // as acquireWith
 	defer l.bg.Done()
-	s := &set{d: d, names: names, members: make(map[*Lease][]*Lease)}
-	stand := l.newLease(strings.Join(names, ","), co.ttl)
-	stand.kind = s
-	if co.owner != "" {
-		stand.owner, stand.ownerArg = co.owner, co.owner
-	}
-	a := l.newAcquisition(ctx, stand, co.wait, open, st)
-	got, err := a.plain(&setReleases{d: d, wake: make(chan struct{}, 1), ws: make(map[string]*waiter)})
+	c := &setCall{l: l, names: names}
+	spec := l.spec(strings.Join(names, ","), co)
+	stand := l.leaseOf(spec.Name, co, c.set(spec))
+	got, err := l.newAcquisition(ctx, stand, co.wait, open, st).plain()
 	if err != nil {
 		return nil, err
 	}
-	leases := s.leases(got)
-	for _, lease := range leases {
-		lease.acquired, lease.deadline, lease.floorTTL = got.acquired, got.deadline, got.floorTTL
+	leases := make([]*Lease, len(names))
+	for i, m := range c.won.members {
+		leases[i] = &Lease{locker: l, h: m, name: names[i], ttl: got.ttl, owner: got.owner, fence: c.won.fences[i],
+			acquired: got.acquired, deadline: got.deadline, floorTTL: got.floorTTL}
 	}
 	return leases, nil
 }
 
-// A set is the kind of a lease that stands for several locks taken
-// together: an AcquireAll's acquisition (its attempts, waiting, giving up)
-// runs on it, and each of its tokens has an ordinary lock lease per name,
-// which AcquireAll returns.
-type set struct {
-	d     *deployment
+// A setCall is one AcquireAll's taking of names together: each of its
+// tokens is a set, one lock lease per name, and won is the set that took
+// them.
+type setCall struct {
+	l     *Locker
 	names []string
-
-	mu      sync.Mutex
-	members map[*Lease][]*Lease // guarded by mu; the leases of each token (a new one after rotate)
+	won   *set // written by the set's Acquire that took the locks, read once the acquisition returned
 }
 
-var _ kind = (*set)(nil)
-
-// leases returns the lock leases of stand, one per name, made at its first
-// attempt with its TTL and owner.
-func (s *set) leases(stand *Lease) []*Lease {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ls := s.members[stand]
-	if ls == nil {
-		ls = make([]*Lease, len(s.names))
-		for i, name := range s.names {
-			ls[i] = s.d.l.newLease(name, stand.ttl)
-			ls[i].owner, ls[i].ownerArg = stand.owner, stand.ownerArg
-		}
-		s.members[stand] = ls
-	}
-	return ls
+// A set is the store lease that stands for several locks taken together:
+// an AcquireAll's acquisition (its attempts, waiting, giving up) runs on
+// it, and each of its tokens has an ordinary lock lease per name, which
+// AcquireAll returns.
+type set struct {
+	c       *setCall
+	spec    store.Spec
+	members []store.Lease
+	keys    []any // multi_acquire.lua's: each lock's keys, as acquire.lua's
+	argv    []any // its ttl, retention, owner, then each lock's token
+	fences  []int64
 }
 
-func (s *set) acquire(ctx context.Context, stand *Lease) attempt {
-	ls := s.leases(stand)
-	keys := make([]any, 0, keys.N*len(ls))
-	argv := make([]any, 3, 3+len(ls))
-	argv[0], argv[1], argv[2] = s.d.l.ttlArg(stand.ttl), s.d.l.retentionMillis, stand.ownerArg
-	for _, m := range ls {
-		keys = append(keys, m.keyArgs[:]...)
-		argv = append(argv, m.tokenArg)
-	}
-	reply, err := s.d.run(ctx, script.MultiAcquire, false, keys, argv...)
-	fences, a := decodeAcquireAll(reply, s.names) // the locks' fences, when taken
-	a = s.d.attempted(ctx, stand, reply, err, a)
-	if a.ok {
-		for i, m := range ls {
-			m.fence = fences[i]
+var _ store.Lease = (*set)(nil)
+
+// set returns the set of spec's token: a new token for each name.
+func (c *setCall) set(spec store.Spec) *set {
+	l := c.l
+	s := &set{c: c, spec: spec, members: make([]store.Lease, len(c.names)), keys: make([]any, 0, keys.N*len(c.names))}
+	s.argv = append(make([]any, 0, 3+len(c.names)), store.Millis(spec.TTL), store.Millis(l.opts.FenceRetention), spec.Owner)
+	for i, name := range c.names {
+		token := newToken()
+		s.members[i] = l.single.Lock(store.Spec{Name: name, Token: token, TTL: spec.TTL, Owner: spec.Owner})
+		for _, k := range keys.ForLease(l.opts.KeyPrefix, name, token) {
+			s.keys = append(s.keys, k)
 		}
+		s.argv = append(s.argv, string(token))
+	}
+	return s
+}
+
+func (s *set) Key() string   { return s.members[0].Key() }
+func (s *set) Token() string { return string(s.spec.Token) }
+func (s *set) Next(token []byte) store.Lease {
+	spec := s.spec
+	spec.Token = token
+	return s.c.set(spec)
+}
+
+func (s *set) Acquire(ctx context.Context) store.Attempt {
+	d := s.c.l.single
+	reply, err := d.Run(ctx, script.MultiAcquire, false, s.keys, s.argv...)
+	fences, a := decodeAcquireAll(reply, s.c.names)
+	a = d.Took(ctx, s, reply, err, a)
+	if a.OK {
+		s.fences, s.c.won = fences, s
 	}
 	return a
 }
 
 // decodeAcquireAll decodes multi_acquire.lua's reply for the locks called
 // names: {1, fence, ...} with their fences, {0, i, pttl, owner} for the
-// i-th (from 1) found busy, as acquireAttempt's busy attempt naming it, or
-// {2} for a retired token.
-func decodeAcquireAll(reply any, names []string) (fences []int64, a attempt) {
+// i-th (from 1) found busy, as a lock's busy attempt naming it, or {2} for
+// a retired token.
+func decodeAcquireAll(reply any, names []string) (fences []int64, a store.Attempt) {
 	arr, _ := reply.([]any)
-	var flag int64
+	var flag int64 = -1
 	if len(arr) > 0 {
 		flag, _ = arr[0].(int64)
 	}
@@ -284,11 +196,11 @@ func decodeAcquireAll(reply any, names []string) (fences []int64, a attempt) {
 			s, _ := arr[i+1].(string)
 			f, err := strconv.ParseInt(s, 10, 64)
 			if err != nil || f <= 0 {
-				return nil, attempt{err: fmt.Errorf("%w from the multi_acquire script: fence %v", errReply, arr[i+1])}
+				return nil, store.Attempt{Err: fmt.Errorf("%w from the multi_acquire script: fence %v", store.ErrReply, arr[i+1])}
 			}
 			fences[i] = f
 		}
-		return fences, attempt{ok: true, fence: fences[0]}
+		return fences, store.Attempt{OK: true, Fence: fences[0]}
 	case flag == 0 && len(arr) == 4:
 		i, ok1 := arr[1].(int64)
 		pttl, ok2 := arr[2].(int64)
@@ -297,59 +209,65 @@ func decodeAcquireAll(reply any, names []string) (fences []int64, a attempt) {
 			if pttl == -3 {
 				owner = "fair waiters in line"
 			}
-			return nil, attempt{pttl: time.Duration(pttl) * time.Millisecond, owner: owner, name: names[i-1]}
+			return nil, store.Attempt{Busy: store.Busy{TTL: time.Duration(pttl) * time.Millisecond, Owner: owner, Name: names[i-1]}}
 		}
 	case flag == 2 && len(arr) == 1:
-		return nil, attempt{err: errRetired}
+		return nil, store.Attempt{Err: store.ErrRetired}
 	}
-	return nil, attempt{err: fmt.Errorf("%w from the multi_acquire script: %v", errReply, reply)}
+	return nil, store.Attempt{Err: store.BadReply("multi_acquire", reply)}
 }
 
-// extend extends every lock of the set, and answers as the first that
-// did not extend (see kind.extend).
-func (s *set) extend(ctx context.Context, stand *Lease, ttl time.Duration, renewal bool) (int64, error) {
-	for _, m := range s.leases(stand) {
-		if code, err := s.d.extend(ctx, m, ttl, renewal); err != nil || code != 1 {
-			return code, err
+// Extend extends every lock of the set, and answers as the first that did
+// not extend.
+func (s *set) Extend(ctx context.Context, ttl time.Duration, renewal bool) (store.Result, error) {
+	for _, m := range s.members {
+		if r, err := m.Extend(ctx, ttl, renewal); err != nil || r != store.Done {
+			return r, err
 		}
 	}
-	return 1, nil
+	return store.Done, nil
 }
 
-// release releases (or, for modeAbandon, abandons: see release.lua) every
-// lock of the set, each as a lone lease's, and answers 1 when each was
-// deleted, else as the first that was not; err is the first error, after
-// the others were tried.
-func (s *set) release(ctx context.Context, stand *Lease, mode string) (code int64, perr, err error) {
-	code = 1
-	for _, m := range s.leases(stand) {
-		c, pe, e := s.d.release(ctx, m, mode)
+// Release releases (or abandons) every lock of the set, each as a lone
+// lease's, and answers Done when each was deleted, else as the first that
+// was not; err is the first error, after the others were tried.
+func (s *set) Release(ctx context.Context, mode store.Mode, ttl time.Duration) (r store.Result, perr, err error) {
+	r = store.Done
+	for _, m := range s.members {
+		mr, pe, e := m.Release(ctx, mode, ttl)
 		if err == nil {
 			err = e
 		}
 		if perr == nil {
 			perr = pe
 		}
-		if e == nil && c != 1 && code == 1 {
-			code = c
+		if e == nil && mr != store.Done && r == store.Done {
+			r = mr
 		}
 	}
-	return code, perr, err
+	return r, perr, err
 }
 
-// setReleases wakes a waiting AcquireAll as releases (acquire.go) wakes a
-// waiting Acquire, on the channels of the names it found busy, each
-// registered on one wake channel the first time an attempt finds it held.
+// Read reads the set's first lock.
+func (s *set) Read(ctx context.Context) (store.Holding, error) { return s.members[0].Read(ctx) }
+
+// Wakeup wakes a waiting AcquireAll as a lock's releases wake a waiting
+// Acquire, on the channels of the names it found busy, each registered on
+// one wake channel the first time an attempt finds it held.
+func (s *set) Wakeup() store.Wakeup {
+	return &setReleases{c: s.c, wake: make(chan struct{}, 1), ws: make(map[string]*notify.Waiter)}
+}
+
 type setReleases struct {
-	d    *deployment
+	c    *setCall
 	wake chan struct{}
-	ws   map[string]*waiter // by name; nil after Close
+	ws   map[string]*notify.Waiter // by name; nil after Close
 }
 
-func (s *setReleases) next(at attempt, busy bool, d time.Duration) (<-chan struct{}, time.Duration) {
-	if _, ok := s.ws[at.name]; busy && at.name != "" && !ok {
-		key, _ := s.d.l.keys(at.name)
-		s.ws[at.name] = s.d.waits.register(s.d.channel(key), s.wake, setHearing{})
+func (s *setReleases) Next(at store.Attempt, busy bool, d time.Duration) (<-chan struct{}, time.Duration) {
+	if _, ok := s.ws[at.Busy.Name]; busy && at.Busy.Name != "" && !ok {
+		l := s.c.l
+		s.ws[at.Busy.Name] = l.single.Listen(keys.Lock(l.opts.KeyPrefix, at.Busy.Name), s.wake, setHearing{})
 	}
 	if len(s.ws) == 0 {
 		return nil, d
@@ -357,29 +275,29 @@ func (s *setReleases) next(at attempt, busy bool, d time.Duration) (<-chan struc
 	return s.wake, d
 }
 
-func (s *setReleases) woken() time.Duration { return 0 }
+func (s *setReleases) Woken() time.Duration { return 0 }
+
+func (s *setReleases) Leave(store.Lease, bool) {
+	for _, w := range s.ws {
+		if w != nil {
+			w.Leave()
+		}
+	}
+}
 
 // setHearing is what a waiting AcquireAll makes of the messages on a busy
 // name's channel: all but a grant wake it, not one waiter of many, as it
 // may find another of its names busy and pass the release on to no one.
 type setHearing struct{}
 
-func (setHearing) hear(_ *waiter, m message) hearing {
-	if m.head == "granted" {
-		return ignore
+func (setHearing) Hear(m notify.Message) notify.Hearing {
+	if m.Head == "granted" {
+		return notify.Ignore
 	}
-	return wakeAll
+	return notify.WakeAll
 }
 
-func (setHearing) lingers(*waiter) bool { return false }
-
-func (s *setReleases) leave(*Lease, bool) {
-	for _, w := range s.ws {
-		if w != nil {
-			w.leave()
-		}
-	}
-}
+func (setHearing) Lingers() bool { return false }
 
 // acquireInOrder takes names one by one in sorted order, each as Acquire
 // does, all within co.wait, keeping those it holds (acquireHolding).
@@ -448,10 +366,10 @@ func (l *Locker) releaseAll(ctx context.Context, leases []*Lease) {
 }
 
 // degradedAll returns the fail-open stand-ins for names.
-func (l *Locker) degradedAll(ctx context.Context, names []string, err error) []*Lease {
+func (l *Locker) degradedAll(ctx context.Context, names []string, co callOptions, err error) []*Lease {
 	leases := make([]*Lease, len(names))
 	for i, name := range names {
-		leases[i] = l.degraded(ctx, name, nil, err)
+		leases[i] = l.degraded(ctx, name, co, err)
 	}
 	return leases
 }

@@ -342,24 +342,22 @@ func TestAcquireAllOverlappingSetsCluster(t *testing.T) {
 	names := prefixed(t, "a", "b", "c", "d", "e")
 	// A sixth name in the slot of the first: a set of those two is taken in
 	// one script, the others one by one.
+	slotOf := func(name string) int64 {
+		slot, err := client.ClusterKeySlot(ctx, "x{"+name+"}").Result()
+		require.NoError(t, err)
+		return slot
+	}
 	for i := 0; ; i++ {
-		if n := names[0] + ":" + strconv.Itoa(i); keySlot(n) == keySlot(names[0]) {
+		if n := names[0] + ":" + strconv.Itoa(i); slotOf(n) == slotOf(names[0]) {
 			names = append(names, n)
 			break
 		}
 	}
+	slots := map[int64]bool{}
 	for _, name := range names {
-		slot, err := client.ClusterKeySlot(ctx, "x{"+name+"}").Result()
-		require.NoError(t, err)
-		require.Equal(t, int64(keySlot(name)), slot, "keySlot(%q)", name)
-	}
-	slots := map[int]bool{}
-	for _, name := range names {
-		slots[keySlot(name)] = true
+		slots[slotOf(name)] = true
 	}
 	require.Greater(t, len(slots), 2, "the names span slots")
-	assert.True(t, together(client, []string{names[0], names[5]}))
-	assert.False(t, together(client, names[:2]))
 	overlappingSets(t, lockers, names)
 	requireEveryKeyExpires(t, client)
 }

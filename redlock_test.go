@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock/internal/redistest"
+	"github.com/fencelock/fencelock/internal/store"
 )
 
 // redlockEnv is n independent redis-servers and a Redlock Locker over them.
@@ -793,9 +794,9 @@ func TestRedlockAbandonKeepsTheLine(t *testing.T) {
 		require.NoError(t, e.admins[0].ZAdd(ctx, key+":q", redis.Z{Score: float64(i + 1), Member: m}).Err())
 		require.NoError(t, e.admins[0].HSet(ctx, key+":qi", m, live).Err())
 	}
-	code, _, err := held.runRelease(ctx, modeAbandon)
+	r, _, err := held.h.Release(ctx, store.Abandon, held.currentTTL())
 	require.NoError(t, err)
-	assert.Equal(t, int64(1), code, "the lock was deleted")
+	assert.Equal(t, store.Done, r, "the lock was deleted")
 	require.Eventually(t, func() bool { return e.admins[0].Exists(ctx, key).Val() == 0 },
 		2*time.Second, time.Millisecond, "node 0 deleted the lock") // Release returns on a quorum
 	assert.Equal(t, []string{"a", "b"}, lineOf(t, e.admins[0], key), "the line is left as it was")
@@ -1261,7 +1262,7 @@ func TestRedlockFirstNodeDecidesASplit(t *testing.T) {
 	}
 	lease, err := l.Acquire(ctx, name)
 	require.NoError(t, err, "asked again, nodes 2-4 grant it")
-	assert.Equal(t, 5, e.holders(t, key, lease.token))
+	assert.Equal(t, 5, e.holders(t, key, lease.Token()))
 	require.NoError(t, lease.Release(ctx))
 }
 
@@ -1355,7 +1356,7 @@ func TestRedlockTurnIsAnnouncedToItsLockerAlone(t *testing.T) {
 		waiters = append(waiters, waitAndHold(ctx, wl, name))
 		e.requireLine(t, held.Key(), i+1, "waiter %d joins the line", i)
 	}
-	channels := []string{held.Key(), held.Key() + ":n:" + lockers[0].lineTag, held.Key() + ":n:" + lockers[1].lineTag}
+	channels := []string{held.Key(), held.Key() + ":n:" + lineTag(lockers[0]), held.Key() + ":n:" + lineTag(lockers[1])}
 	for i, ch := range channels[1:] {
 		e.requireSubscribers(t, 0, ch, 1, "waiter "+strconv.Itoa(i)+"'s Locker listens on its own channel")
 	}
@@ -1372,7 +1373,7 @@ func TestRedlockTurnIsAnnouncedToItsLockerAlone(t *testing.T) {
 	m, ok := msg.(*redis.Message)
 	require.True(t, ok, "a message: %v", msg)
 	assert.Equal(t, channels[1], m.Channel, "on the named call's Locker's channel")
-	assert.Equal(t, "next "+first.line, m.Payload)
+	assert.Equal(t, "next "+first.h.(interface{ Line() string }).Line(), m.Payload)
 	_, err = sub.ReceiveTimeout(ctx, 200*time.Millisecond)
 	assert.Error(t, err, "nothing else: not on the lock's channel, not to the other Locker")
 	waiters[0].finish(t)
@@ -1434,7 +1435,7 @@ func TestRedlockOutOfLineWaiterHearsItsTurn(t *testing.T) {
 	for i := range 3 {
 		e.requireSubscribers(t, i, held.Key(), 1, "out of line: on every node's channel")
 	}
-	e.requireSubscribers(t, 0, held.Key()+":n:"+wl.lineTag, 1, "and on its turn channel on node 0")
+	e.requireSubscribers(t, 0, held.Key()+":n:"+lineTag(wl), 1, "and on its turn channel on node 0")
 	require.NoError(t, held.Release(ctx))
 	h.obtained(t, 5*time.Second, "woken by the release")
 	h.finish(t)

@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/fencelock/fencelock/internal/keys"
+	"github.com/fencelock/fencelock/internal/notify"
 	"github.com/fencelock/fencelock/internal/script"
+	"github.com/fencelock/fencelock/internal/store"
 )
 
 // An RWLock is a read-write lock: shared leases or one exclusive lease, never
@@ -29,8 +31,8 @@ func (l *Locker) RWLock(name string) *RWLock {
 	if l == nil {
 		return rw
 	}
-	rw.base = l.opts.KeyPrefix + "{" + name + "}:rw"
-	rw.writer, rw.readers, rw.intents, rw.counter = rw.base+":w", rw.base+":r", rw.base+":i", rw.base+":fence"
+	rw.base = keys.Lock(l.opts.KeyPrefix, name) + keys.RW
+	rw.writer, rw.readers, rw.intents, rw.counter = rw.base+":w", rw.base+":r", rw.base+":i", rw.base+keys.Fence
 	rw.writerArg, rw.readersArg, rw.intentsArg = rw.writer, rw.readers, rw.intents
 	return rw
 }
@@ -96,10 +98,11 @@ func (rw *RWLock) kind(exclusive bool, opts []Option) ([]Option, error) {
 	if co.fair {
 		return nil, invalidf("WithFair on an RWLock: a waiting writer stops new readers, and readers enter together after it")
 	}
-	k := &rwKind{rw: rw, d: rw.l.fair, exclusive: exclusive, intent: int64(0)}
+	share := rwShare{rw: rw, exclusive: exclusive, intent: int64(0)}
 	if exclusive && co.wait > 0 {
-		k.waits, k.intent = true, ttlMillis(lineEntryTTL(rw.l.opts.MaxRetryBackoff))
+		share.waits, share.intent = true, store.Millis(lineEntryTTL(rw.l.opts.MaxRetryBackoff))
 	}
+	k := kind{lease: func(spec store.Spec) store.Lease { return share.lease(spec) }}
 	return append(opts[:len(opts):len(opts)], withKind(k)), nil
 }
 
@@ -108,122 +111,138 @@ func (rw *RWLock) usable() error {
 	if err := rw.l.usable(); err != nil {
 		return err
 	}
-	if rw.l.fair == nil {
+	if rw.l.single == nil {
 		return invalidf("RWLock on a NewRedlock Locker: its readers and waiting writers are kept on one deployment, " +
 			"and a quorum would need the Redlock fence phases and line for each")
 	}
 	return nil
 }
 
-// An rwKind is the kind of the leases of one call on an RWLock, shared or
+// lineEntryTTL is how long a waiting writer's intent lives after its last
+// attempt, as a Redlock line's entry (redlock.LineEntryTTL): it outlives a
+// pause and the attempt after it.
+func lineEntryTTL(maxBackoff time.Duration) time.Duration {
+	return max(time.Second, 4*maxBackoff)
+}
+
+// An rwShare is what the leases of one call on an RWLock are, shared or
 // exclusive: its scripts keep the writer, the readers and the waiting
 // writers' intents at keys of their own (rwlock_prelude.lua).
-type rwKind struct {
+type rwShare struct {
 	rw        *RWLock
-	d         *deployment
 	exclusive bool
 	waits     bool // exclusive, with WithWait: it leaves an intent while it waits
-	// intent is the intent's TTL in ms when it waits, 0 otherwise: as a
-	// Redlock line's entry's (lineEntryTTL), it outlives a pause and the
-	// attempt after it.
-	intent any
+	intent    any  // the intent's TTL in ms when it waits, 0 otherwise
 }
 
-var (
-	_ keyed  = (*rwKind)(nil)
-	_ waking = (*rwKind)(nil)
-)
-
-// setKeys puts the lease at the RWLock's keys: the writer's, or a reader's
-// own; the others are the RWLock's (see rwlock_prelude.lua).
-func (k *rwKind) setKeys(lease *Lease) {
-	rw := k.rw
-	lease.keys[keys.LockKey] = rw.writer
-	if !k.exclusive {
-		lease.keys[keys.LockKey] = rw.base + ":r:" + lease.token
-	}
-	lease.keys[keys.MarkerKey] = rw.base + ":t:" + lease.token
-	lease.keys[keys.CounterKey] = rw.counter
-	lease.keys[keys.QueueKey] = rw.readers
-	lease.keys[keys.QueueInfoKey] = rw.intents
-	for i, key := range lease.keys {
-		lease.keyArgs[i] = key
-	}
+// An rwLease is the store lease of one token's share: the writer's key,
+// or a reader's own.
+type rwLease struct {
+	rwShare
+	spec store.Spec
+	key  string
+	args [keys.N]any // its key, marker, counter, readers, intents
+	arg  any         // token, boxed
 }
 
-// The read-write lock's scripts, each declared by the method that runs it,
-// run after prelude.lua and rwlock_prelude.lua.
+var _ store.Lease = (*rwLease)(nil)
 
-func (k *rwKind) acquire(ctx context.Context, lease *Lease) attempt {
-	l := k.d.l
+func (s rwShare) lease(spec store.Spec) *rwLease {
+	rw := s.rw
+	k := &rwLease{rwShare: s, spec: spec, key: rw.writer, arg: string(spec.Token)}
+	if !s.exclusive {
+		k.key = rw.base + ":r:" + string(spec.Token)
+	}
+	k.args = [keys.N]any{k.key, rw.base + keys.Marker + string(spec.Token), rw.counter, rw.readersArg, rw.intentsArg}
+	return k
+}
+
+func (k *rwLease) Key() string   { return k.key }
+func (k *rwLease) Token() string { return string(k.spec.Token) }
+func (k *rwLease) Next(token []byte) store.Lease {
+	spec := k.spec
+	spec.Token = token
+	return k.lease(spec)
+}
+
+func (k *rwLease) Acquire(ctx context.Context) store.Attempt {
+	d, l := k.rw.l.single, k.rw.l
+	ttl, retention := store.Millis(k.spec.TTL), store.Millis(l.opts.FenceRetention)
 	var reply any
 	var err error
 	if k.exclusive {
-		reply, err = k.d.run(ctx, script.RWWrite, false, lease.keyArgs[:], lease.tokenArg,
-			l.ttlArg(lease.ttl), l.retentionMillis, lease.ownerArg, k.intent)
+		reply, err = d.Run(ctx, script.RWWrite, false, k.args[:], k.arg, ttl, retention, k.spec.Owner, k.intent)
 	} else {
-		keys := append(lease.keyArgs[:keys.N:keys.N], k.rw.writerArg)
-		reply, err = k.d.run(ctx, script.RWRead, false, keys, lease.tokenArg,
-			l.ttlArg(lease.ttl), l.retentionMillis, lease.ownerArg)
+		keys := append(k.args[:keys.N:keys.N], k.rw.writerArg)
+		reply, err = d.Run(ctx, script.RWRead, false, keys, k.arg, ttl, retention, k.spec.Owner)
 	}
 	// The scripts answer as acquire.lua, but for rwlock_read.lua's -3: free
 	// of writers, but one waits.
-	a := k.d.attempted(ctx, lease, reply, err, acquireAttempt(reply))
-	if a.pttl == -3 {
-		a.owner = "writers waiting"
+	a := d.Took(ctx, k, reply, err, store.AcquireReply("rwlock", reply))
+	if a.Busy.TTL == -3 {
+		a.Busy.Owner = "writers waiting"
 	}
 	return a
 }
 
-func (k *rwKind) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
-	reply, err := k.d.run(ctx, script.RWExtend, renewal, []any{lease.keyArgs[keys.LockKey], k.rw.readersArg, k.rw.writerArg},
-		lease.tokenArg, k.d.l.ttlArg(ttl))
-	return decodeExtend(script.RWExtend, reply, err)
+func (k *rwLease) Extend(ctx context.Context, ttl time.Duration, renewal bool) (store.Result, error) {
+	reply, err := k.rw.l.single.Run(ctx, script.RWExtend, renewal, []any{k.args[keys.LockKey], k.rw.readersArg, k.rw.writerArg},
+		k.arg, store.Millis(ttl))
+	return store.ExtendReply("rwlock_extend", reply, err)
 }
 
-func (k *rwKind) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
-	keys := []any{lease.keyArgs[keys.LockKey], lease.keyArgs[keys.MarkerKey], k.rw.readersArg, k.rw.intentsArg, k.rw.writerArg}
-	return k.d.releaseKind(ctx, script.RWRelease, keys, lease, k.d.channel(k.rw.base), mode)
+func (k *rwLease) Release(ctx context.Context, mode store.Mode, ttl time.Duration) (store.Result, error, error) {
+	d := k.rw.l.single
+	reply, err := d.Eval(ctx, script.RWRelease, []any{k.args[keys.LockKey], k.args[keys.MarkerKey], k.rw.readersArg, k.rw.intentsArg, k.rw.writerArg},
+		k.arg, d.ChannelArg(k.rw.base, k.rw.base), store.ModeArg(mode), d.MarkerArg(mode, ttl))
+	if err != nil {
+		return store.Gone, nil, err
+	}
+	return store.ReleaseReply("rwlock_release", reply)
 }
 
-// wakeup wakes a waiting call on every release that may let it in (see
-// rwlock_release.lua).
-func (k *rwKind) wakeup(*Lease) wakeup {
-	return &rwReleases{l: k.d.l, key: k.rw.base, intent: k.waits}
+// Read reads the share as Inspect reads a lock.
+func (k *rwLease) Read(ctx context.Context) (store.Holding, error) {
+	reply, err := k.rw.l.single.Eval(ctx, script.Inspect, []any{k.key, k.rw.counter})
+	if err != nil {
+		return store.Holding{}, err
+	}
+	return store.InspectReply(reply)
 }
 
-// rwReleases wakes a call waiting for a read-write lock as releases
-// (acquire.go) wakes one for a lock, but on every message on its channel
-// (everyMessage), not one waiter of many: the readers that waited behind a
-// writer all try when it leaves, and enter together.
+// Wakeup wakes a waiting call on every release that may let it in
+// (rwlock_release.lua): every message on its channel, not one waiter of
+// many, as the readers that waited behind a writer all try when it leaves,
+// and enter together.
+func (k *rwLease) Wakeup() store.Wakeup { return &rwReleases{share: k.rwShare, ttl: k.spec.TTL} }
+
 type rwReleases struct {
-	l   *Locker
-	key string
-	w   *waiter
-	// intent: the call is a waiting writer's, whose intent is taken out in
-	// the background (abandoning its token) when it gives up holding
-	// nothing, waking the readers it held back.
-	intent bool
+	share rwShare
+	ttl   time.Duration // the call's leases'
+	w     *notify.Waiter
 }
 
-func (r *rwReleases) next(_ attempt, _ bool, d time.Duration) (<-chan struct{}, time.Duration) {
+func (r *rwReleases) Next(_ store.Attempt, _ bool, d time.Duration) (<-chan struct{}, time.Duration) {
 	if r.w == nil {
-		r.w = r.l.b.register(r.key, everyMessage{}) // nil after Close, which the wait hears
+		r.w = r.share.rw.l.single.Listen(r.share.rw.base, nil, notify.EveryMessage{}) // nil after Close, which the wait hears
 	}
 	if r.w == nil {
 		return nil, d
 	}
-	return r.w.wake, d
+	return r.w.C(), d
 }
 
-func (r *rwReleases) woken() time.Duration { return 0 }
+func (r *rwReleases) Woken() time.Duration { return 0 }
 
-func (r *rwReleases) leave(gaveUp *Lease, _ bool) {
+// Leave also takes a waiting writer's intent out, in the background
+// (abandoning its token), when it gives up holding nothing, waking the
+// readers it held back.
+func (r *rwReleases) Leave(gaveUp store.Lease, _ bool) {
 	if r.w != nil {
-		r.w.leave()
+		r.w.Leave()
 	}
-	if r.intent && gaveUp != nil {
-		r.l.abandon(gaveUp)
+	if r.share.waits && gaveUp != nil {
+		r.share.rw.l.single.GiveBack(gaveUp, "clean-up after a failed acquire", r.ttl)
 	}
 }
 
@@ -238,13 +257,12 @@ func (rw *RWLock) Inspect(ctx context.Context) (RWLockInfo, error) {
 		return RWLockInfo{}, err
 	}
 	var info RWLockInfo // set by the read, read only once it returned
-	_, err := rw.l.read(ctx, rw.name, fmt.Sprintf("inspect %q", rw.name), func(ctx context.Context) (holding, error) {
-		reply, err := evalScript(ctx, rw.l.fair.client, script.RWInspect, false,
-			[]any{rw.writerArg, rw.readersArg, rw.intentsArg, rw.counter}, nil).Result()
+	_, err := rw.l.read(ctx, rw.name, fmt.Sprintf("inspect %q", rw.name), func(ctx context.Context) (store.Holding, error) {
+		reply, err := rw.l.single.Eval(ctx, script.RWInspect, []any{rw.writerArg, rw.readersArg, rw.intentsArg, rw.counter})
 		if err == nil {
 			info, err = decodeRWInspect(reply)
 		}
-		return holding{}, err
+		return store.Holding{}, err
 	})
 	if err != nil {
 		return RWLockInfo{}, err
@@ -272,7 +290,7 @@ type RWHolder struct {
 // decodeRWInspect decodes rwlock_inspect.lua's reply.
 func decodeRWInspect(reply any) (RWLockInfo, error) {
 	var info RWLockInfo
-	bad := fmt.Errorf("%w from the rwlock_inspect script: %v", errReply, reply)
+	bad := store.BadReply("rwlock_inspect", reply)
 	arr, _ := reply.([]any)
 	if len(arr) != 5 {
 		return info, bad

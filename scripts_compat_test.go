@@ -16,6 +16,7 @@ import (
 
 	"github.com/fencelock/fencelock/internal/redistest"
 	"github.com/fencelock/fencelock/internal/script"
+	"github.com/fencelock/fencelock/internal/store"
 )
 
 // The scripts as they were at commit 5fbfc5a, before the prelude and
@@ -63,7 +64,13 @@ func (s *compatSide) run(ctx context.Context, sc *script.Script, keys []string, 
 	for i := range keys {
 		k[i] = keys[i]
 	}
-	return evalScript(ctx, s.c, sc, false, k, argv).Result()
+	cmd := redis.NewCmd(ctx, script.Args(sc, false, k, argv)...)
+	_ = s.c.Process(ctx, cmd)
+	if script.IsNoScript(cmd.Err()) {
+		cmd = redis.NewCmd(ctx, script.Args(sc, true, k, argv)...)
+		_ = s.c.Process(ctx, cmd)
+	}
+	return cmd.Result()
 }
 
 func (s *compatSide) marker(token string) string { return s.keys[0] + ":t:" + token }
@@ -80,12 +87,12 @@ func (s *compatSide) acquire(ctx context.Context, token, owner string, fair bool
 	return s.run(ctx, script.Acquire, s.all(token), token, compatTTL, compatRetention, owner, f, compatEntry)
 }
 
-func (s *compatSide) release(ctx context.Context, token, mode string) (any, error) {
+func (s *compatSide) release(ctx context.Context, token string, mode store.Mode) (any, error) {
 	ttl := compatMarker
-	if mode == modeAbandon {
+	if mode == store.Abandon {
 		ttl = compatAbandon
 	}
-	return s.run(ctx, script.Release, s.all(token), token, s.keys[0], mode, ttl, compatRetention)
+	return s.run(ctx, script.Release, s.all(token), token, s.keys[0], string(mode), ttl, compatRetention)
 }
 
 func (s *compatSide) extend(ctx context.Context, token string) (any, error) {
@@ -106,16 +113,16 @@ func (s *compatSide) setFence(ctx context.Context, token, fence string) (any, er
 
 // nodeRelease is a release on a Redlock node: release.lua's 'q' and 'b'
 // then, redlock_release.lua's 'r' and 'a' now.
-func (s *compatSide) nodeRelease(ctx context.Context, token, mode, line string) (any, error) {
+func (s *compatSide) nodeRelease(ctx context.Context, token string, mode store.Mode, line string) (any, error) {
 	if s.old {
-		old := map[string]string{modeRelease: "q", modeAbandon: "b"}[mode]
+		old := map[store.Mode]string{store.Release: "q", store.Abandon: "b"}[mode]
 		argv := []any{token, s.keys[0], old, compatAbandon, compatRetention}
 		if line != "" {
 			argv = append(argv, line)
 		}
 		return s.load("release").Run(ctx, s.c, s.all(token), argv...).Result()
 	}
-	argv := []any{token, s.keys[0], mode, compatAbandon}
+	argv := []any{token, s.keys[0], string(mode), compatAbandon}
 	if line != "" {
 		argv = append(argv, line)
 	}
@@ -264,8 +271,8 @@ func TestScriptsWireCompatible(t *testing.T) {
 		{"extend", func(s *compatSide) (any, error) { return s.extend(ctx, "A") }},
 		{"extend by another", func(s *compatSide) (any, error) { return s.extend(ctx, "B") }},
 		{"inspect", func(s *compatSide) (any, error) { return s.inspect(ctx) }},
-		{"release", func(s *compatSide) (any, error) { return s.release(ctx, "A", modeRelease) }},
-		{"release resent", func(s *compatSide) (any, error) { return s.release(ctx, "A", modeRelease) }},
+		{"release", func(s *compatSide) (any, error) { return s.release(ctx, "A", store.Release) }},
+		{"release resent", func(s *compatSide) (any, error) { return s.release(ctx, "A", store.Release) }},
 		{"extend of a released lock", func(s *compatSide) (any, error) { return s.extend(ctx, "A") }},
 		{"counter ahead of the clock", func(s *compatSide) (any, error) {
 			return s.c.Set(ctx, s.keys[1], ahead, compatRetention*time.Millisecond).Result()
@@ -273,41 +280,41 @@ func TestScriptsWireCompatible(t *testing.T) {
 		{"acquire: the fence counts on", func(s *compatSide) (any, error) { return s.acquire(ctx, "C", "owner c", false) }},
 		{"fair waiter joins", func(s *compatSide) (any, error) { return s.acquire(ctx, "D", "owner d", true) }},
 		{"second fair waiter joins", func(s *compatSide) (any, error) { return s.acquire(ctx, "E", "owner e", true) }},
-		{"fair keep-alive", func(s *compatSide) (any, error) { return s.queue(ctx, "D", queueKeep, "owner d") }},
+		{"fair keep-alive", func(s *compatSide) (any, error) { return s.queue(ctx, "D", "k", "owner d") }},
 		{"a dead entry first in line", func(s *compatSide) (any, error) {
 			if err := s.c.ZAdd(ctx, s.keys[2], redis.Z{Score: 1, Member: "Z"}).Err(); err != nil {
 				return nil, err
 			}
 			return s.c.HSet(ctx, s.keys[3], "Z", "1 1000 dead").Result()
 		}},
-		{"release hands over", func(s *compatSide) (any, error) { return s.release(ctx, "C", modeRelease) }},
-		{"the granted waiter's keep-alive", func(s *compatSide) (any, error) { return s.queue(ctx, "D", queueKeep, "owner d") }},
-		{"second waiter keeps alive", func(s *compatSide) (any, error) { return s.queue(ctx, "E", queueKeep, "owner e") }},
-		{"second waiter leaves", func(s *compatSide) (any, error) { return s.queue(ctx, "E", queueLeave, "owner e") }},
-		{"gone waiter's keep-alive", func(s *compatSide) (any, error) { return s.queue(ctx, "E", queueKeep, "owner e") }},
-		{"release, nobody in line", func(s *compatSide) (any, error) { return s.release(ctx, "D", modeRelease) }},
-		{"abandon of a free lock", func(s *compatSide) (any, error) { return s.release(ctx, "F", modeAbandon) }},
+		{"release hands over", func(s *compatSide) (any, error) { return s.release(ctx, "C", store.Release) }},
+		{"the granted waiter's keep-alive", func(s *compatSide) (any, error) { return s.queue(ctx, "D", "k", "owner d") }},
+		{"second waiter keeps alive", func(s *compatSide) (any, error) { return s.queue(ctx, "E", "k", "owner e") }},
+		{"second waiter leaves", func(s *compatSide) (any, error) { return s.queue(ctx, "E", "d", "owner e") }},
+		{"gone waiter's keep-alive", func(s *compatSide) (any, error) { return s.queue(ctx, "E", "k", "owner e") }},
+		{"release, nobody in line", func(s *compatSide) (any, error) { return s.release(ctx, "D", store.Release) }},
+		{"abandon of a free lock", func(s *compatSide) (any, error) { return s.release(ctx, "F", store.Abandon) }},
 		{"retired acquire", func(s *compatSide) (any, error) { return s.acquire(ctx, "F", "owner f", false) }},
 		{"acquire to abandon", func(s *compatSide) (any, error) { return s.acquire(ctx, "G", "owner g", false) }},
-		{"abandon of a held lock", func(s *compatSide) (any, error) { return s.release(ctx, "G", modeAbandon) }},
+		{"abandon of a held lock", func(s *compatSide) (any, error) { return s.release(ctx, "G", store.Abandon) }},
 		{"node grant", func(s *compatSide) (any, error) { return s.grant(ctx, "H", "0", "owner h", "ab.H") }},
 		{"node grant resent", func(s *compatSide) (any, error) { return s.grant(ctx, "H", "0", "owner h", "ab.H") }},
 		{"node grant, busy, joins the line", func(s *compatSide) (any, error) { return s.grant(ctx, "I", "0", "owner i", "ab.I") }},
 		{"node grant, busy, no line", func(s *compatSide) (any, error) { return s.grant(ctx, "J", "0", "owner j", "") }},
 		{"node fence raised", func(s *compatSide) (any, error) { return s.setFence(ctx, "H", "6000000000000000") }},
 		{"node fence of another", func(s *compatSide) (any, error) { return s.setFence(ctx, "I", "7000000000000000") }},
-		{"node release names the next", func(s *compatSide) (any, error) { return s.nodeRelease(ctx, "H", modeRelease, "ab.H") }},
-		{"node abandon, not held", func(s *compatSide) (any, error) { return s.nodeRelease(ctx, "I", modeAbandon, "ab.I") }},
+		{"node release names the next", func(s *compatSide) (any, error) { return s.nodeRelease(ctx, "H", store.Release, "ab.H") }},
+		{"node abandon, not held", func(s *compatSide) (any, error) { return s.nodeRelease(ctx, "I", store.Abandon, "ab.I") }},
 		{"node repair", func(s *compatSide) (any, error) { return s.grant(ctx, "K", "6500000000000000", "owner k", "") }},
-		{"node abandon, held", func(s *compatSide) (any, error) { return s.nodeRelease(ctx, "K", modeAbandon, "") }},
+		{"node abandon, held", func(s *compatSide) (any, error) { return s.nodeRelease(ctx, "K", store.Abandon, "") }},
 		{"node grant, no counter: the clock", func(s *compatSide) (any, error) {
 			if err := s.c.Del(ctx, s.keys[1]).Err(); err != nil {
 				return nil, err
 			}
 			return s.grant(ctx, "L", "0", "owner l", "")
 		}},
-		{"node release, empty line", func(s *compatSide) (any, error) { return s.nodeRelease(ctx, "L", modeRelease, "") }},
-		{"node release, not held", func(s *compatSide) (any, error) { return s.nodeRelease(ctx, "M", modeRelease, "") }},
+		{"node release, empty line", func(s *compatSide) (any, error) { return s.nodeRelease(ctx, "L", store.Release, "") }},
+		{"node release, not held", func(s *compatSide) (any, error) { return s.nodeRelease(ctx, "M", store.Release, "") }},
 		{"inspect at the end", func(s *compatSide) (any, error) { return s.inspect(ctx) }},
 	}
 	for _, step := range steps {
@@ -347,12 +354,12 @@ func TestScriptsWireCompatible(t *testing.T) {
 		reply, err = other.extend(ctx, token)
 		require.NoError(t, err)
 		assert.Equal(t, int64(1), reply, "turn %d: the other version extends the holder's lock", i)
-		reply, err = other.release(ctx, token, modeRelease)
+		reply, err = other.release(ctx, token, store.Release)
 		require.NoError(t, err)
 		assert.Equal(t, int64(1), reply, "turn %d: the other version releases it", i)
 		reply, err = holder.acquire(ctx, token, "holder", false)
 		require.NoError(t, err)
 		_, _, _, err = decodeAcquire(reply)
-		assert.ErrorIs(t, err, errRetired, "turn %d: the released token is retired for both", i)
+		assert.ErrorIs(t, err, store.ErrRetired, "turn %d: the released token is retired for both", i)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/script"
+	"github.com/fencelock/fencelock/internal/store"
 )
 
 // A Semaphore lets at most its number of permits hold a name at once, each
@@ -17,23 +18,21 @@ import (
 // ("Semaphores"). It is safe for concurrent use.
 type Semaphore struct {
 	l       *Locker
-	d       *deployment // where the permits are kept
 	name    string
 	permits int
 	err     error // why its calls fail with no Redis call (ErrInvalid); nil when usable
 
-	keys       [keys.N]string // its leases' keys, but the token marker
-	keyArgs    [keys.N]any    // keys, boxed once
-	marker     string         // the token markers' prefix, P{name}:sem:t:
-	info       any            // the info key, P{name}:sem:h, boxed
-	permitsArg any
+	// P{name}:sem and the keys after it: the lock's hash tag, none of the
+	// lock's keys. Its permits' leases take them as a lock's lease takes
+	// its own (semaphore_*.lua), the info key after them.
+	key, counter, queue, queueInfo, marker, info string
+	args                                         [keys.N]any // key, -, counter, queue, queueInfo, boxed; the marker is each permit's
+	infoArg, permitsArg, retention               any
 	// wakeWindow is how long, in ms, the releases after a plain waiter
 	// found all permits taken publish a wake-up: longer than its pause
 	// (MaxRetryBackoff at most) and its next attempt (AttemptTimeout).
 	wakeWindow any
 }
-
-var _ ownKeys = (*Semaphore)(nil)
 
 // Semaphore returns the semaphore called name with permits permits, making no
 // Redis call. Its calls fail with ErrInvalid, with no Redis call, for a bad
@@ -50,32 +49,19 @@ func (l *Locker) Semaphore(name string, permits int) *Semaphore {
 		s.err = invalidf("semaphore %q: permits %d is less than 1", name, permits)
 		return s
 	}
-	switch b := l.b.(type) {
-	case *deployment:
-		s.d = b
-	case *quorum:
+	if l.single == nil {
 		// GUARANTEES.md ("Semaphores"): a quorum semaphore would be safe
 		// only if every node had to grant each permit.
 		s.err = invalidf("semaphore %q on a NewRedlock Locker: its %d nodes would each count holders on their own, "+
-			"so up to %d holders (nodes × permits / quorum) could each win a quorum; use New", name, len(b.nodes), len(b.nodes)*permits/b.n)
-		return s
-	default:
-		s.err = invalidf("semaphore %q: not on a Locker of New", name)
+			"so up to %d holders (nodes × permits / quorum) could each win a quorum; use New", name, len(l.checks), len(l.checks)*permits/(len(l.checks)/2+1))
 		return s
 	}
-	// P{name}:sem and the keys after it: the lock's hash tag, none of the
-	// lock's keys (P{name}, P{name}:fence, P{name}:t:<token>, P{name}:q,
-	// P{name}:qi).
-	base := l.opts.KeyPrefix + "{" + name + "}:sem"
-	s.keys[keys.LockKey] = base
-	s.keys[keys.CounterKey] = base + ":fence"
-	s.keys[keys.QueueKey] = base + ":q"
-	s.keys[keys.QueueInfoKey] = base + ":qi"
-	for i, k := range s.keys {
-		s.keyArgs[i] = k
-	}
-	s.marker, s.info = base+":t:", base+":h"
-	s.wakeWindow = ttlMillis(l.opts.MaxRetryBackoff + l.opts.AttemptTimeout)
+	s.key = keys.Lock(l.opts.KeyPrefix, name) + keys.Sem
+	s.counter, s.queue, s.queueInfo = s.key+keys.Fence, s.key+keys.Queue, s.key+keys.QueueInfo
+	s.marker, s.info = s.key+keys.Marker, s.key+keys.SemInfo
+	s.args = [keys.N]any{keys.LockKey: s.key, keys.CounterKey: s.counter, keys.QueueKey: s.queue, keys.QueueInfoKey: s.queueInfo}
+	s.infoArg, s.retention = s.info, store.Millis(l.opts.FenceRetention)
+	s.wakeWindow = store.Millis(l.opts.MaxRetryBackoff + l.opts.AttemptTimeout)
 	return s
 }
 
@@ -110,59 +96,57 @@ func (s *Semaphore) usable() error {
 // with returns opts and the option that makes a call take a permit of s, in
 // a slice of their own.
 func (s *Semaphore) with(opts []Option) []Option {
-	return append(opts[:len(opts):len(opts)], withKind(s))
+	k := kind{lease: func(spec store.Spec) store.Lease { return s.permit(spec) },
+		queued: func(spec store.Spec) store.Queued { return s.permit(spec) }}
+	return append(opts[:len(opts):len(opts)], withKind(k))
 }
 
-// setKeys gives lease the semaphore's keys in place of the lock's.
-func (s *Semaphore) setKeys(lease *Lease) {
-	lease.keys, lease.keyArgs = s.keys, s.keyArgs
-	lease.keys[keys.MarkerKey] = s.marker + lease.token
-	lease.keyArgs[keys.MarkerKey] = lease.keys[keys.MarkerKey]
+// A permit is the store lease of one token's permit: the semaphore's keys,
+// and the token's own marker.
+type permit struct {
+	s     *Semaphore
+	spec  store.Spec
+	token string
+	arg   any // token, boxed
+	keys  []any
+	owner any
 }
 
-// allKeys returns the KEYS of the acquire and release scripts for lease.
-func (s *Semaphore) allKeys(lease *Lease) []any {
-	return append(lease.keyArgs[:keys.N:keys.N], s.info)
+var _ store.Queued = (*permit)(nil)
+
+func (s *Semaphore) permit(spec store.Spec) *permit {
+	p := &permit{s: s, spec: spec, token: string(spec.Token), owner: spec.Owner}
+	p.arg = p.token
+	p.keys = append(s.args[:keys.N:keys.N], s.infoArg)
+	p.keys[keys.MarkerKey] = s.marker + p.token
+	return p
 }
 
-// The semaphore's scripts, each declared by the method that runs it, run
-// after prelude.lua and semaphore_prelude.lua.
+func (p *permit) Key() string          { return p.s.key }
+func (p *permit) Token() string        { return p.token }
+func (p *permit) Wakeup() store.Wakeup { return p.s.l.single.Releases(p.s.key) }
+func (p *permit) Next(token []byte) store.Lease {
+	return p.s.permit(store.Spec{Name: p.spec.Name, Token: token, TTL: p.spec.TTL, Owner: p.spec.Owner, Fair: p.spec.Fair})
+}
 
-func (s *Semaphore) acquire(ctx context.Context, lease *Lease) attempt {
+func (p *permit) Acquire(ctx context.Context) store.Attempt {
+	s, d := p.s, p.s.l.single
 	fair := "0"
-	if lease.fair {
+	if p.spec.Fair {
 		fair = "1"
 	}
-	reply, err := s.d.run(ctx, script.SemAcquire, false, s.allKeys(lease), lease.tokenArg,
-		s.d.l.ttlArg(lease.ttl), s.d.l.retentionMillis, lease.ownerArg, fair, queueEntryMillis, s.permitsArg, s.wakeWindow)
-	return s.d.attempted(ctx, lease, reply, err, s.attemptOf(reply))
+	reply, err := d.Run(ctx, script.SemAcquire, false, p.keys, p.arg, store.Millis(p.spec.TTL), s.retention,
+		p.owner, fair, store.Millis(store.QueueEntryTTL), s.permitsArg, s.wakeWindow)
+	return d.Took(ctx, p, reply, err, s.attemptOf(reply))
 }
 
-// attemptOf is the attempt of semaphore_acquire.lua's reply, as
-// acquireAttempt is a lock's.
-func (s *Semaphore) attemptOf(reply any) attempt {
-	r, err := s.decodeAcquire(reply)
-	if r.pttl < 0 { // a permit is free, but fair waiters are in line first
-		return attempt{pttl: -3, owner: "fair waiters in line"}
-	}
-	return attempt{ok: r.ok, fence: r.fence, pttl: r.pttl, owner: r.owner, holders: r.holders, err: err}
-}
-
-// semAcquireReply is semaphore_acquire.lua's reply.
-type semAcquireReply struct {
-	ok      bool
-	fence   int64
-	pttl    time.Duration // of the first permit to expire; -3: free, fair waiters first
-	holders int
-	owner   string // the first permit's to expire
-}
-
-// decodeAcquire decodes semaphore_acquire.lua's reply: {0, pttl, holders,
-// owner}, {3, permits} for holders with another number of permits, which
-// reads as an error, or, as decodeAcquire reads a lock's, {1, fence} or {2}.
-func (s *Semaphore) decodeAcquire(reply any) (semAcquireReply, error) {
+// attemptOf is the attempt of semaphore_acquire.lua's reply: as
+// acquire.lua's, or {0, pttl, holders, owner} when all permits are taken,
+// or {3, permits} for holders with another number of permits, which reads
+// as ErrMisconfigured.
+func (s *Semaphore) attemptOf(reply any) store.Attempt {
 	arr, _ := reply.([]any)
-	var flag int64
+	var flag int64 = -1
 	if len(arr) > 0 {
 		flag, _ = arr[0].(int64)
 	}
@@ -172,18 +156,20 @@ func (s *Semaphore) decodeAcquire(reply any) (semAcquireReply, error) {
 		n, ok2 := arr[2].(int64)
 		owner, ok3 := arr[3].(string)
 		if ok1 && ok2 && ok3 {
-			return semAcquireReply{pttl: time.Duration(pttl) * time.Millisecond, holders: int(n), owner: owner}, nil
+			if pttl < 0 { // a permit is free, but fair waiters are in line first
+				return store.Attempt{Busy: store.Busy{TTL: -3, Owner: "fair waiters in line"}}
+			}
+			return store.Attempt{Busy: store.Busy{TTL: time.Duration(pttl) * time.Millisecond, Owner: owner, Holders: int(n)}}
 		}
 	case flag == 1 || flag == 2:
-		ok, fence, _, err := decodeAcquire(reply)
-		return semAcquireReply{ok: ok, fence: fence}, err
+		return store.AcquireReply("semaphore_acquire", reply)
 	case flag == 3 && len(arr) == 2:
 		used, _ := arr[1].(string)
 		if n, err := strconv.Atoi(used); err == nil {
-			return semAcquireReply{}, &permitsError{name: s.name, used: n, want: s.permits}
+			return store.Attempt{Err: &permitsError{name: s.name, used: n, want: s.permits}}
 		}
 	}
-	return semAcquireReply{}, fmt.Errorf("%w from the semaphore's acquire script: %v", errReply, reply)
+	return store.Attempt{Err: store.BadReply("semaphore_acquire", reply)}
 }
 
 // A permitsError is an Acquire whose Semaphore has another number of
@@ -202,38 +188,52 @@ func (e *permitsError) Error() string {
 // Is reports whether target is ErrMisconfigured.
 func (e *permitsError) Is(target error) bool { return target == ErrMisconfigured }
 
-func (s *Semaphore) extend(ctx context.Context, lease *Lease, ttl time.Duration, renewal bool) (int64, error) {
-	reply, err := s.d.run(ctx, script.SemExtend, renewal, []any{lease.keyArgs[keys.LockKey], s.info}, lease.tokenArg, s.d.l.ttlArg(ttl))
-	return decodeExtend(script.SemExtend, reply, err)
+// Class is store.Misconfigured: retrying does not help.
+func (e *permitsError) Class() store.Class { return store.Misconfigured }
+
+func (p *permit) Extend(ctx context.Context, ttl time.Duration, renewal bool) (store.Result, error) {
+	reply, err := p.s.l.single.Run(ctx, script.SemExtend, renewal, []any{p.s.args[keys.LockKey], p.s.infoArg}, p.arg, store.Millis(ttl))
+	return store.ExtendReply("semaphore_extend", reply, err)
 }
 
-func (s *Semaphore) release(ctx context.Context, lease *Lease, mode string) (int64, error, error) {
-	return s.d.releaseKind(ctx, script.SemRelease, s.allKeys(lease), lease, s.d.channelArg(lease), mode, s.d.l.retentionMillis)
-}
-
-func (s *Semaphore) queue(ctx context.Context, lease *Lease, ttl time.Duration, mode string) (queueReply, error) {
-	reply, err := evalScript(ctx, s.d.client, script.SemQueue, false,
-		[]any{lease.keyArgs[keys.LockKey], lease.keyArgs[keys.QueueKey], lease.keyArgs[keys.QueueInfoKey], s.info},
-		[]any{lease.tokenArg, mode, queueEntryMillis, s.d.l.ttlArg(ttl), lease.ownerArg, s.permitsArg}).Slice()
+func (p *permit) Release(ctx context.Context, mode store.Mode, ttl time.Duration) (store.Result, error, error) {
+	s, d := p.s, p.s.l.single
+	reply, err := d.Eval(ctx, script.SemRelease, p.keys, p.arg, d.ChannelArg(s.key, s.args[keys.LockKey]),
+		store.ModeArg(mode), d.MarkerArg(mode, ttl), s.retention)
 	if err != nil {
-		return queueReply{}, err
+		return store.Gone, nil, err
 	}
-	return decodeQueue(reply)
+	return store.ReleaseReply("semaphore_release", reply)
 }
 
-// holding reads lease's permit for Lease.TTL: its value as a lock's,
-// "<token> <fence> <owner>", or "" when it holds none.
-func (s *Semaphore) holding(ctx context.Context, lease *Lease) (holding, error) {
-	r, err := s.read(ctx)
+func (p *permit) Queue(ctx context.Context, ttl time.Duration, leave bool) (store.QueueReply, error) {
+	s := p.s
+	mode := "k"
+	if leave {
+		mode = "d"
+	}
+	reply, err := s.l.single.Eval(ctx, script.SemQueue,
+		[]any{s.args[keys.LockKey], s.args[keys.QueueKey], s.args[keys.QueueInfoKey], s.infoArg},
+		p.arg, mode, store.Millis(store.QueueEntryTTL), store.Millis(ttl), p.owner, s.permitsArg)
 	if err != nil {
-		return holding{}, err
+		return store.QueueReply{}, err
+	}
+	return store.QueueReplyOf("semaphore_queue", reply)
+}
+
+// Read reads the permit for Lease.TTL: its value as a lock's, "<token>
+// <fence> <owner>", or "" when it holds none.
+func (p *permit) Read(ctx context.Context) (store.Holding, error) {
+	r, err := p.s.read(ctx)
+	if err != nil {
+		return store.Holding{}, err
 	}
 	for _, h := range r.holders {
-		if h.Token == lease.token {
-			return holding{value: h.Token + " " + strconv.FormatInt(h.Fence, 10) + " " + h.Owner, pttl: h.TTL}, nil
+		if h.Token == p.token {
+			return store.Holding{Value: keys.Value(h.Token, h.Fence, h.Owner), PTTL: h.TTL}, nil
 		}
 	}
-	return holding{}, nil
+	return store.Holding{}, nil
 }
 
 // SemaphoreInfo is what Semaphore.Inspect found about a semaphore.
@@ -261,18 +261,18 @@ func (s *Semaphore) Inspect(ctx context.Context) (SemaphoreInfo, error) {
 		return SemaphoreInfo{}, err
 	}
 	var r semRead // set by the read, read only once it returned
-	h, err := s.l.read(ctx, s.name, fmt.Sprintf("inspect semaphore %q", s.name), func(ctx context.Context) (holding, error) {
+	h, err := s.l.read(ctx, s.name, fmt.Sprintf("inspect semaphore %q", s.name), func(ctx context.Context) (store.Holding, error) {
 		var err error
 		if r, err = s.read(ctx); err != nil {
-			return holding{}, err
+			return store.Holding{}, err
 		}
-		n, err := s.d.subscribers(ctx, s.d.channel(s.keys[keys.LockKey]))
-		return holding{waiters: n}, err
+		n, err := s.l.single.Subscribers(ctx, s.key)
+		return store.Holding{Waiters: n}, err
 	})
 	if err != nil {
 		return SemaphoreInfo{}, err
 	}
-	info := SemaphoreInfo{Name: s.name, Permits: s.permits, Holders: r.holders, LastFence: r.counter, Waiters: h.waiters}
+	info := SemaphoreInfo{Name: s.name, Permits: s.permits, Holders: r.holders, LastFence: r.counter, Waiters: h.Waiters}
 	if r.permits > 0 {
 		info.Permits = r.permits
 	}
@@ -287,18 +287,18 @@ type semRead struct {
 }
 
 func (s *Semaphore) read(ctx context.Context) (semRead, error) {
-	reply, err := evalScript(ctx, s.d.client, script.SemInspect, false,
-		[]any{s.keyArgs[keys.LockKey], s.info, s.keyArgs[keys.CounterKey]}, nil).Slice()
+	reply, err := s.l.single.Eval(ctx, script.SemInspect, []any{s.args[keys.LockKey], s.infoArg, s.args[keys.CounterKey]})
 	if err != nil {
 		return semRead{}, err
 	}
-	bad := fmt.Errorf("%w from the semaphore's inspect script: %v", errReply, reply)
-	if len(reply) != 3 {
+	arr, _ := reply.([]any)
+	bad := store.BadReply("semaphore_inspect", reply)
+	if len(arr) != 3 {
 		return semRead{}, bad
 	}
-	permits, ok1 := reply[0].(string)
-	counter, ok2 := reply[1].(string)
-	items, ok3 := reply[2].([]any)
+	permits, ok1 := arr[0].(string)
+	counter, ok2 := arr[1].(string)
+	items, ok3 := arr[2].([]any)
 	if !ok1 || !ok2 || !ok3 || len(items)%3 != 0 {
 		return semRead{}, bad
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock/internal/redistest"
+	"github.com/fencelock/fencelock/internal/store"
 )
 
 // Tests of Semaphore (issue 26) on real redis-servers: permits, fences,
@@ -298,33 +299,33 @@ func TestDecodeSemaphoreAcquire(t *testing.T) {
 	s := &Semaphore{name: "x", permits: 3}
 	for _, tc := range []struct {
 		reply any
-		want  semAcquireReply
+		want  store.Attempt
 		err   error
 	}{
-		{[]any{int64(1), "42"}, semAcquireReply{ok: true, fence: 42}, nil},
-		{[]any{int64(0), int64(1500), int64(3), "pod"}, semAcquireReply{pttl: 1500 * time.Millisecond, holders: 3, owner: "pod"}, nil},
-		{[]any{int64(0), int64(-3), int64(1), ""}, semAcquireReply{pttl: -3 * time.Millisecond, holders: 1}, nil},
-		{[]any{int64(2)}, semAcquireReply{}, errRetired},
-		{[]any{int64(3), "5"}, semAcquireReply{}, ErrMisconfigured},
-		{[]any{int64(1), "0"}, semAcquireReply{}, errReply},
-		{[]any{int64(0), int64(1)}, semAcquireReply{}, errReply},
-		{"OK", semAcquireReply{}, errReply},
-		{nil, semAcquireReply{}, errReply},
+		{[]any{int64(1), "42"}, store.Attempt{OK: true, Fence: 42}, nil},
+		{[]any{int64(0), int64(1500), int64(3), "pod"}, store.Attempt{Busy: store.Busy{TTL: 1500 * time.Millisecond, Holders: 3, Owner: "pod"}}, nil},
+		{[]any{int64(0), int64(-3), int64(1), ""}, store.Attempt{Busy: store.Busy{TTL: -3, Owner: "fair waiters in line"}}, nil},
+		{[]any{int64(2)}, store.Attempt{}, store.ErrRetired},
+		{[]any{int64(3), "5"}, store.Attempt{}, ErrMisconfigured},
+		{[]any{int64(1), "0"}, store.Attempt{}, store.ErrReply},
+		{[]any{int64(0), int64(1)}, store.Attempt{}, store.ErrReply},
+		{"OK", store.Attempt{}, store.ErrReply},
+		{nil, store.Attempt{}, store.ErrReply},
 	} {
-		got, err := s.decodeAcquire(tc.reply)
+		got := s.attemptOf(tc.reply)
 		if tc.err != nil {
-			assert.ErrorIs(t, err, tc.err, "%v", tc.reply)
+			assert.ErrorIs(t, got.Err, tc.err, "%v", tc.reply)
 			continue
 		}
-		require.NoError(t, err, "%v", tc.reply)
+		require.NoError(t, got.Err, "%v", tc.reply)
 		assert.Equal(t, tc.want, got, "%v", tc.reply)
 	}
 	var pe *permitsError
-	_, err := s.decodeAcquire([]any{int64(3), "5"})
+	err := s.attemptOf([]any{int64(3), "5"}).Err
 	require.ErrorAs(t, err, &pe)
 	assert.Equal(t, permitsError{name: "x", used: 5, want: 3}, *pe)
 	assert.Same(t, err, callError("x", err), "callError keeps the message")
-	assert.Equal(t, classMisconfigured, classify(err))
+	assert.Equal(t, store.Misconfigured, classify(err))
 }
 
 func TestSemaphoreBusyErrorMessage(t *testing.T) {

@@ -3,7 +3,6 @@ package fencelock
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +12,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock/internal/notify"
 )
 
 // A backoff so long that a waiter woken in time can only have been woken by
@@ -192,40 +193,6 @@ func TestMiniredisFallsBackToClassicPubSub(t *testing.T) {
 	requireObtained(t, got, 5*time.Second, "no wake-up through PUBLISH/SUBSCRIBE")
 }
 
-func TestSubscriptionLingersThenCloses(t *testing.T) {
-	e := newEnv(t, nil)
-	l := e.locker(t, slowPolling)
-	waitsOf(l).linger = 300 * time.Millisecond
-
-	var hubs []*hub
-	wait := func() {
-		t.Helper()
-		held, err := l.Acquire(ctx, "linger", WithTTL(time.Minute))
-		require.NoError(t, err)
-		got := waitInBackground(l, "linger")
-		require.Eventually(t, func() bool { return pubsubClients(t, e) == 1 }, 5*time.Second, time.Millisecond)
-		waitsOf(l).mu.Lock()
-		hubs = append(hubs, waitsOf(l).hubs[""])
-		waitsOf(l).mu.Unlock()
-		time.Sleep(10 * time.Millisecond)
-		require.NoError(t, held.Release(ctx))
-		requireObtained(t, got, 5*time.Second, "not woken")
-	}
-	wait()
-	wait()
-	assert.Same(t, hubs[0], hubs[1], "a wait within the linger reuses the connection")
-	require.Eventually(t, func() bool { return openHubs(l) == 0 }, 5*time.Second, 10*time.Millisecond, "closed after the linger")
-	wait()
-	assert.NotSame(t, hubs[0], hubs[2], "reopened by the next wait")
-}
-
-// openHubs returns how many subscription connections l has open.
-func openHubs(l *Locker) int {
-	waitsOf(l).mu.Lock()
-	defer waitsOf(l).mu.Unlock()
-	return len(waitsOf(l).hubs)
-}
-
 func TestCancelWhileSubscriptionHangs(t *testing.T) {
 	e := newEnv(t, nil)
 	l := e.locker(t, nil)
@@ -275,19 +242,6 @@ func afterFirstAcquire(e *env, f func()) {
 	})
 }
 
-// subscribed reports whether n's subscription to channel is confirmed: a
-// waiter registered now is woken by every release from now on.
-func subscribed(n *notifier, channel string) bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	cs := n.channels[channel]
-	if cs == nil || cs.hub == nil {
-		return false
-	}
-	_, ok := cs.hub.confirmed[channel]
-	return ok
-}
-
 // A fair wait that comes soon after another on the same lock finds the
 // channel still subscribed: the wake-up its registration signals is drained
 // before its first attempt, which answers for every release before it, so
@@ -321,7 +275,7 @@ func TestFairWaitSoonAfterAWaitStartsSubscribed(t *testing.T) {
 			assert.NoError(t, err)
 			got <- lease
 		}()
-		require.Eventually(t, func() bool { return subscribed(waitsOf(l), channel) && scripts.Load() >= 1 },
+		require.Eventually(t, func() bool { return waitsOf(l).Subscribed(channel) && scripts.Load() >= 1 },
 			5*time.Second, time.Millisecond, "subscribed, and the attempt made")
 		time.Sleep(200 * time.Millisecond) // a keep-alive for the confirmation would come now
 		if round == 2 {
@@ -342,28 +296,30 @@ func TestFairWaitSoonAfterAWaitStartsSubscribed(t *testing.T) {
 		// Release it, and wait until l has read the release's message on
 		// its lingering subscription: read later, it would wake the next
 		// round's waiter after its attempt.
-		seen := waitsOf(l).register(channel, nil, &grantee{token: "observer", granted: make(chan int64, 1)})
+		seen := waitsOf(l).Register(channel, nil, &grantee{token: "observer", granted: make(chan int64, 1)})
 		require.NotNil(t, seen)
-		<-seen.wake // subscribed: signalled at once
+		<-seen.C() // subscribed: signalled at once
 		require.NoError(t, lease.Release(ctx))
 		select {
-		case <-seen.wake:
+		case <-seen.C():
 		case <-time.After(5 * time.Second):
 			t.Fatal("the release's message did not arrive")
 		}
-		seen.leave()
+		seen.Leave()
 	}
 	wait(1)
-	wait(2) // within channelLinger
+	wait(2) // within notify.ChannelLinger
 }
 
-// A channel stays subscribed for channelLinger after its last waiter left
-// if that was a fair one, then its hub unsubscribes it; the hub itself
-// closes after its own linger. After a plain wait it does not linger.
+// A channel stays subscribed for notify.ChannelLinger after its last waiter
+// left if that was a fair one, then its hub unsubscribes it; the hub itself
+// closes after its own linger. After a plain wait it does not linger
+// (internal/notify's TestChannelLingersThenEnds checks that no state is
+// kept for it).
 func TestChannelLingersThenEnds(t *testing.T) {
 	e := newEnv(t, nil)
 	l := e.locker(t, slowPolling)
-	waitsOf(l).linger = 300 * time.Millisecond // the hub's; the channel's is channelLinger
+	waitsOf(l).SetLinger(300 * time.Millisecond) // the hub's; the channel's is notify.ChannelLinger
 	name := uniqueName(t)
 	channel := "lock:{" + name + "}"
 	wait := func(opts ...Option) time.Time {
@@ -385,58 +341,23 @@ func TestChannelLingersThenEnds(t *testing.T) {
 	}
 
 	left := wait(WithFair())
-	assert.True(t, subscribed(waitsOf(l), channel), "still subscribed just after the last waiter left")
+	assert.True(t, waitsOf(l).Subscribed(channel), "still subscribed just after the last waiter left")
 	assert.Equal(t, int64(1), shardSubscribers(t, e.srv, channel))
 	info, err := l.Inspect(ctx, name)
 	require.NoError(t, err)
 	assert.Equal(t, 1, info.Waiters, "Inspect counts the lingering subscription, as LockInfo says")
 	require.Eventually(t, func() bool { return shardSubscribers(t, e.srv, channel) == 0 }, 5*time.Second, 5*time.Millisecond,
 		"unsubscribed after the channel's linger")
-	assert.GreaterOrEqual(t, time.Since(left), channelLinger-100*time.Millisecond, "not before the linger")
-	assert.False(t, subscribed(waitsOf(l), channel))
+	assert.GreaterOrEqual(t, time.Since(left), notify.ChannelLinger-100*time.Millisecond, "not before the linger")
+	assert.False(t, waitsOf(l).Subscribed(channel))
 	info, err = l.Inspect(ctx, name)
 	require.NoError(t, err)
 	assert.Zero(t, info.Waiters, "not after the linger")
-	waitsOf(l).mu.Lock()
-	assert.Empty(t, waitsOf(l).channels, "no state kept for the channel")
-	waitsOf(l).mu.Unlock()
 
 	left = wait()
 	require.Eventually(t, func() bool { return shardSubscribers(t, e.srv, channel) == 0 }, 5*time.Second, 5*time.Millisecond)
-	assert.Less(t, time.Since(left), channelLinger/2, "a plain wait's channel does not linger")
+	assert.Less(t, time.Since(left), notify.ChannelLinger/2, "a plain wait's channel does not linger")
 	require.Eventually(t, func() bool { return openHubs(l) == 0 }, 5*time.Second, 10*time.Millisecond, "the hub closes after its linger")
-}
-
-// The confirmation of our own unsubscription, when it arrives after the
-// channel was subscribed again on the same connection (a wait came just as
-// the channel's linger ended), is not taken for the server ending the new
-// subscription (a slot move): the channel stays subscribed and confirmed.
-func TestOwnUnsubscriptionAfterResubscribing(t *testing.T) {
-	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never used: no hub runs
-	t.Cleanup(func() { _ = client.Close() })
-	n := newNotifier(client, slog.New(slog.DiscardHandler), systemClock{})
-	t.Cleanup(func() { n.close(time.Now().Add(time.Minute)) })
-	h := &hub{n: n, kick: make(chan struct{}, 1), want: map[string]struct{}{}, confirmed: map[string]struct{}{}}
-	c := newConn(true)
-	const ch = "lock:{x}"
-	n.channels[ch] = &chanState{waiters: map[*waiter]struct{}{}, hub: h}
-	h.want[ch] = struct{}{}
-
-	// sync unsubscribed it, then subscribed it again; the replies follow.
-	c.unsent[ch]++
-	c.sent[ch] = time.Now()
-	require.True(t, h.handle(c, &redis.Subscription{Kind: "sunsubscribe", Channel: ch}))
-	require.True(t, h.handle(c, &redis.Subscription{Kind: "ssubscribe", Channel: ch, Count: 1}))
-
-	assert.Contains(t, c.sent, ch, "still subscribed")
-	assert.Empty(t, c.unsent)
-	assert.Contains(t, h.confirmed, ch, "confirmed by the new subscription")
-	assert.True(t, subscribed(n, ch))
-
-	// A later unsubscription that is not ours is the server's.
-	require.True(t, h.handle(c, &redis.Subscription{Kind: "sunsubscribe", Channel: ch}))
-	assert.NotContains(t, c.sent, ch, "ended by the server")
-	assert.False(t, subscribed(n, ch))
 }
 
 // countAcquires counts the acquire scripts (a lock's, a semaphore's) e's
@@ -601,45 +522,4 @@ func TestWakeUpPassedOnWhenTheWokenGivesUp(t *testing.T) {
 	require.ErrorIs(t, <-gaveUp, context.Canceled)
 	r := requireAcquired(t, got, 5*time.Second, "the wake-up died with the waiter that gave up (backoff 20s)")
 	require.NoError(t, r.lease.Release(ctx))
-}
-
-// confirmations counts the subscription confirmations its waiter hears.
-type confirmations struct{ n atomic.Int64 }
-
-func (c *confirmations) hear(_ *waiter, m message) hearing {
-	if m.payload == "" {
-		c.n.Add(1)
-	}
-	return wakeAll
-}
-func (*confirmations) lingers(*waiter) bool { return false }
-
-// A hub whose connection breaks after it lasted reopens it at once, however
-// often it broke before: its reopen backoff starts over. One that breaks as
-// soon as it is opened waits ever longer.
-func TestHubReopensAtOnceAfterALastingConnection(t *testing.T) {
-	e := newEnv(t, nil)
-	l := e.locker(t, slowPolling)
-	var heard confirmations
-	w := waitsOf(l).register("lock:{"+uniqueName(t)+"}", nil, &heard)
-	require.NotNil(t, w)
-	t.Cleanup(w.leave)
-	require.Eventually(t, func() bool { return heard.n.Load() == 1 }, 5*time.Second, time.Millisecond)
-	// reopen breaks the hub's connection and returns when the hub's new
-	// one is confirmed (go-redis's own reconnection, which the hub closes
-	// at once, confirms nothing to the hub).
-	reopen := func() time.Duration {
-		t.Helper()
-		before, start := heard.n.Load(), time.Now()
-		require.NoError(t, e.admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Err())
-		require.Eventually(t, func() bool { return heard.n.Load() > before }, 10*time.Second, time.Millisecond)
-		return time.Since(start)
-	}
-	for range 6 { // broken at once: the backoff grows to 160-320ms
-		reopen()
-	}
-	time.Sleep(1200 * time.Millisecond) // longer than the backoff's longest step, 1s
-	d := reopen()
-	t.Logf("reopened in %v", d)
-	assert.Less(t, d, 250*time.Millisecond, "without the reset, its next step: 320-640ms")
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock/internal/redistest"
+	"github.com/fencelock/fencelock/internal/store"
 )
 
 // Regression tests for issue 10, section 2: waiting never delays a return.
@@ -172,7 +173,7 @@ func TestClusterWaitersShareOneConnectionPerNode(t *testing.T) {
 	l, err := New(client, &Options{MinRetryBackoff: time.Minute, MaxRetryBackoff: time.Minute})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close() })
-	waitsOf(l).linger = 300 * time.Millisecond
+	waitsOf(l).SetLinger(300 * time.Millisecond)
 
 	const names = 1000
 	held := make([]*Lease, names)
@@ -419,12 +420,12 @@ func TestScaleWaitersTenLockersOneClient(t *testing.T) {
 	checkScaleWaiters(t, e.client, e.hook, []*redistest.Server{e.srv}, scaleLocks(1000), 10, false, 10)
 }
 
-// Fair waiters keep their queue entries alive every queueKeepAlive: 10 000
+// Fair waiters keep their queue entries alive every (store.QueueEntryTTL / 4): 10 000
 // of them ask for 20 000 keep-alives a second, about twice what a go-redis
 // client with its default pool gets through on two cores (measured), so
 // every command of the process waits for a pooled connection meanwhile,
 // the hand-overs' too. Each entry must still be kept alive within
-// queueEntryTTL, or its waiter loses its place in line.
+// store.QueueEntryTTL, or its waiter loses its place in line.
 func TestScaleFairWaiters(t *testing.T) {
 	e := newEnv(t, nil)
 	checkScaleWaiters(t, e.client, e.hook, []*redistest.Server{e.srv}, scaleLocks(1000), 10, true, 1)
@@ -468,7 +469,7 @@ func checkScaleWaiters(t *testing.T, client redis.UniversalClient, hook *faultHo
 		l, err := New(client, &Options{MinRetryBackoff: time.Minute, MaxRetryBackoff: time.Minute})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = l.Close() })
-		waitsOf(l).linger = 300 * time.Millisecond
+		waitsOf(l).SetLinger(300 * time.Millisecond)
 		lockers[i] = l
 	}
 	l := lockers[0]
@@ -546,7 +547,7 @@ func checkScaleWaiters(t *testing.T, client redis.UniversalClient, hook *faultHo
 	if fair {
 		// The confirmations start every caller's keep-alive at once: let
 		// them spread out.
-		time.Sleep(2 * queueKeepAlive)
+		time.Sleep(2 * (store.QueueEntryTTL / 4))
 	} else {
 		assert.Eventually(t, func() bool { return runtime.NumGoroutine()-goroutines0-callers <= scaleOtherGoroutines },
 			10*time.Second, 10*time.Millisecond, "goroutines while %d callers wait: theirs and at most %d others",

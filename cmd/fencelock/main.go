@@ -123,7 +123,7 @@ func run(ctx context.Context, args []string, e *env) int {
 	}
 	// The connection flags given before the command go first: one given
 	// after it too is parsed later, and wins.
-	err = c.run(ctx, e, append(global, rest...))
+	err = c.run(ctx, e, append(global[:len(global):len(global)], rest...)) // a slice of its own: args stays as given
 	var ce *cmdError
 	switch {
 	case err == nil:

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fencelock/fencelock/internal/deployment"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -471,7 +472,7 @@ func (l *listener) subscribe(ctx context.Context, sharded *bool) (*redis.PubSub,
 			ps = l.client.Subscribe(ctx, l.channels...)
 		}
 		_, err := ps.ReceiveTimeout(ctx, 5*time.Second)
-		if err != nil && *sharded && isUnknownCommand(err) {
+		if err != nil && *sharded && deployment.IsUnknownCommand(err) {
 			_ = ps.Close()
 			*sharded = false
 			continue
@@ -527,13 +528,6 @@ func refused(err error) bool {
 		return false
 	}
 	return true
-}
-
-// isUnknownCommand reports a server without sharded pub/sub (before
-// Redis 7).
-func isUnknownCommand(err error) bool {
-	var rerr redis.Error
-	return errors.As(err, &rerr) && strings.Contains(strings.ToLower(err.Error()), "unknown command")
 }
 
 // sleep waits for d; false if ctx ended first.

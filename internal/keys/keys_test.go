@@ -1,6 +1,7 @@
 package keys
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -46,4 +47,17 @@ func TestValue(t *testing.T) {
 	assert.Empty(t, owner)
 	assert.Equal(t, "lock:{a}@3", Channel("lock:{a}", 3))
 	assert.Equal(t, "lock:{a}", Channel("lock:{a}", 0))
+}
+
+// A boxed string is an ordinary string interface value: go-redis writes it,
+// hooks print it and compare it, as any other.
+func TestBox(t *testing.T) {
+	s := "lock:{name}:t:" + fmt.Sprint(42)
+	v := Box(&s)
+	got, ok := v.(string)
+	assert.True(t, ok)
+	assert.Equal(t, s, got)
+	assert.Equal(t, s, fmt.Sprint(v))
+	assert.True(t, v == any("lock:{name}:t:42"))
+	assert.Zero(t, testing.AllocsPerRun(100, func() { _ = Box(&s) }))
 }

@@ -1,0 +1,169 @@
+package deployment
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/fencelock/fencelock/internal/keys"
+	"github.com/fencelock/fencelock/internal/script"
+	"github.com/fencelock/fencelock/internal/store"
+)
+
+// A lease is one token's lease of a lock on the deployment, its keys and
+// token boxed once for the scripts' arguments (keys.Box). It runs
+// acquire.lua, extend.lua, release.lua and, waiting in line, queue.lua.
+type lease struct {
+	d     *Deployment
+	spec  store.Spec
+	keys  keys.Lease
+	args  [keys.N]any // keys, boxed
+	token string      // a slice of the marker key
+	arg   any         // token, boxed
+	owner any         // spec.Owner, boxed
+}
+
+var _ store.Queued = (*lease)(nil)
+
+// Lock returns the lease of spec's token on its lock.
+func (d *Deployment) Lock(spec store.Spec) store.Lease { return d.newLease(spec) }
+
+// FairLock returns the lease of spec's token on its lock, which can wait
+// in the lock's line.
+func (d *Deployment) FairLock(spec store.Spec) store.Queued { return d.newLease(spec) }
+
+func (d *Deployment) newLease(spec store.Spec) *lease {
+	k := &lease{d: d, spec: spec, keys: keys.ForLease(d.cfg.KeyPrefix, spec.Name, spec.Token), owner: d.ownerArg(spec.Owner)}
+	marker := k.keys[keys.MarkerKey]
+	k.token = marker[len(marker)-len(spec.Token):]
+	k.arg = keys.Box(&k.token)
+	for i := range k.keys {
+		k.args[i] = keys.Box(&k.keys[i])
+	}
+	return k
+}
+
+func (k *lease) Key() string   { return k.keys[keys.LockKey] }
+func (k *lease) Token() string { return k.token }
+
+func (k *lease) Next(token []byte) store.Lease {
+	spec := k.spec
+	spec.Token = token
+	return k.d.newLease(spec)
+}
+
+func (k *lease) Wakeup() store.Wakeup { return k.d.Releases(k.Key()) }
+
+// queueEntryMillis is store.QueueEntryTTL in ms, boxed once.
+var queueEntryMillis any = store.Millis(store.QueueEntryTTL)
+
+func (k *lease) Acquire(ctx context.Context) store.Attempt {
+	d := k.d
+	var reply any
+	var err error
+	if k.spec.Fair {
+		reply, err = d.Run(ctx, script.Acquire, false, k.args[:], k.arg, d.ttlArg(k.spec.TTL), d.retention, k.owner, "1", queueEntryMillis)
+	} else { // two arguments fewer: each costs the server about a third of a GET
+		reply, err = d.Run(ctx, script.Acquire, false, k.args[:], k.arg, d.ttlArg(k.spec.TTL), d.retention, k.owner)
+	}
+	return d.Took(ctx, k, reply, err, store.AcquireReply("acquire", reply))
+}
+
+// Took is the attempt of a run of an acquire script for k (a lock's, or a
+// kind's), given the run's reply and error and a, the reply as the
+// script's decoder reads it. A write happened only when the script says so
+// (or its reply is not understood): any other answer stands whatever WAIT
+// said. A lock taken short of replicas is given back before the next
+// attempt, which would otherwise find it held by the call's own last
+// token; in the background when Redis does not answer within ctx.
+func (d *Deployment) Took(ctx context.Context, k store.Lease, reply any, err error, a store.Attempt) store.Attempt {
+	if err != nil && reply == nil { // the script did not run, or its reply was lost
+		return store.Attempt{Err: err}
+	}
+	if err != nil && (a.OK || errors.Is(a.Err, store.ErrReply)) {
+		if store.ReplicaShort(err) {
+			if _, _, rerr := k.Release(ctx, store.Abandon, d.cfg.ReleaseTimeout); rerr != nil {
+				d.GiveBack(k, "clean-up after a failed acquire", d.cfg.ReleaseTimeout)
+			}
+			return store.Attempt{Err: err, Retire: true, Free: true}
+		}
+		return store.Attempt{Err: err}
+	}
+	return a
+}
+
+// GiveBack abandons k (store.Abandon: it deletes the lock if k holds it
+// and retires its token) in the background, trying for ttl at least.
+func (d *Deployment) GiveBack(k store.Lease, what string, ttl time.Duration) {
+	d.cfg.Tasks.GiveBack(what, k.Key(), ttl, func(ctx context.Context) (bool, error) {
+		r, _, err := k.Release(ctx, store.Abandon, ttl)
+		return r == store.Done, err
+	})
+}
+
+func (k *lease) Extend(ctx context.Context, ttl time.Duration, renewal bool) (store.Result, error) {
+	reply, err := k.d.Run(ctx, script.Extend, renewal, k.args[keys.LockKey:keys.LockKey+1], k.arg, k.d.ttlArg(ttl))
+	return store.ExtendReply("extend", reply, err)
+}
+
+func (k *lease) Release(ctx context.Context, mode store.Mode, ttl time.Duration) (store.Result, error, error) {
+	d := k.d
+	loud := mode == store.Release && !d.published.Load()
+	argv := []any{k.arg, d.ChannelArg(k.keys[keys.LockKey], k.args[keys.LockKey]), store.ModeArg(mode), d.MarkerArg(mode, ttl), d.retention}
+	if loud {
+		argv = append(argv, "1")
+	}
+	reply, err := d.Eval(ctx, script.Release, k.args[:], argv...)
+	if err != nil {
+		return store.Gone, nil, err
+	}
+	r, perr, err := store.ReleaseReply("release", reply)
+	if loud && r == store.Done && err == nil {
+		d.published.Store(true)
+	}
+	return r, perr, err
+}
+
+func (k *lease) Read(ctx context.Context) (store.Holding, error) {
+	return k.d.read(ctx, k.args[keys.LockKey], k.args[keys.CounterKey])
+}
+
+func (k *lease) Queue(ctx context.Context, ttl time.Duration, leave bool) (store.QueueReply, error) {
+	mode := "k"
+	if leave {
+		mode = "d"
+	}
+	reply, err := k.d.Eval(ctx, script.Queue, []any{k.args[keys.LockKey], k.args[keys.QueueKey], k.args[keys.QueueInfoKey]},
+		k.arg, mode, queueEntryMillis, k.d.ttlArg(ttl), k.owner)
+	if err != nil {
+		return store.QueueReply{}, err
+	}
+	return store.QueueReplyOf("queue", reply)
+}
+
+// MarkerArg is how long, in ms, a release in mode keeps the token's
+// marker: ReleaseTimeout for a release; for an abandon, as long as a late
+// attempt's lock of ttl would live, which it refuses.
+func (d *Deployment) MarkerArg(mode store.Mode, ttl time.Duration) any {
+	if mode == store.Release {
+		return d.markerMillis
+	}
+	return store.Millis(max(ttl, d.cfg.ReleaseTimeout))
+}
+
+// ttlArg returns ttl in ms for a script's ARGV, boxed once for the
+// default TTL.
+func (d *Deployment) ttlArg(ttl time.Duration) any {
+	if ttl == d.cfg.TTL {
+		return d.defaultTTL
+	}
+	return store.Millis(ttl)
+}
+
+// ownerArg returns owner boxed, once for the Locker's own.
+func (d *Deployment) ownerArg(owner string) any {
+	if owner == d.cfg.Owner {
+		return d.owner
+	}
+	return owner
+}

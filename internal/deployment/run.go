@@ -1,0 +1,194 @@
+package deployment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fencelock/fencelock/internal/script"
+	"github.com/fencelock/fencelock/internal/store"
+)
+
+// Call sends one command through the deployment's client with Process,
+// which an AutoPipeliner batches (its Do runs each command on a connection
+// of its own); on a client, Do is the same.
+func (d *Deployment) Call(ctx context.Context, args []any) (any, error) {
+	cmd := redis.NewCmd(ctx, args...)
+	_ = d.client.Process(ctx, cmd)
+	reply, err := cmd.Result()
+	return reply, d.translate(err)
+}
+
+// Eval runs s on keys: EVALSHA, then EVAL when the server does not have it
+// cached.
+func (d *Deployment) Eval(ctx context.Context, s *script.Script, keys []any, argv ...any) (any, error) {
+	return script.Run(ctx, d, s, false, keys, argv)
+}
+
+// Run runs s on keys as Eval does (EVAL alone when eval is set), and with
+// Config.Replicas it sends WAIT (or WAITAOF) after the script in one
+// pipeline on the connection to the node that serves the first key (on a
+// Cluster, following MOVED and ASK there: see redirected): WAIT counts
+// the writes of its own connection. It then returns a *store.ReplicaError
+// when fewer replicas acknowledged, or WAIT's own error, with the script's
+// reply, whose decoder decides: an answer that says the script wrote
+// nothing stands whatever WAIT said.
+func (d *Deployment) Run(ctx context.Context, s *script.Script, eval bool, keys []any, argv ...any) (any, error) {
+	if d.cfg.Replicas == 0 {
+		return script.Run(ctx, d, s, eval, keys, argv)
+	}
+	key, _ := keys[0].(string)
+	node, err := d.node(ctx, key)
+	if err != nil {
+		return nil, d.translate(err)
+	}
+	cmd, wait, err := d.pipeline(ctx, node, s, eval, keys, argv)
+	if err != nil {
+		return nil, d.translate(err)
+	}
+	if err := cmd.Err(); err != nil {
+		return nil, d.translate(err)
+	}
+	if err := wait.Err(); err != nil {
+		return cmd.Val(), d.translate(err)
+	}
+	return cmd.Val(), d.acknowledged(wait.Val())
+}
+
+// pipeline sends s and WAIT in one pipeline on node, again with EVAL after
+// NOSCRIPT, and on the node a Cluster's MOVED or ASK names.
+func (d *Deployment) pipeline(ctx context.Context, node redis.Cmdable, s *script.Script, eval bool, keys, argv []any) (cmd, wait *redis.Cmd, err error) {
+	timeout := store.Millis(d.cfg.ReplicaTimeout)
+	asking := false
+	exec := func(eval bool) {
+		pipe := node.Pipeline()
+		if asking {
+			pipe.Do(ctx, "ASKING") // the next command on this connection only
+		}
+		cmd = pipe.Do(ctx, script.Args(s, eval, keys, argv)...)
+		if d.cfg.ReplicaFsync {
+			wait = pipe.Do(ctx, "WAITAOF", 1, d.cfg.Replicas, timeout)
+		} else {
+			wait = pipe.Do(ctx, "WAIT", d.cfg.Replicas, timeout)
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+	for redirects := 0; ; redirects++ {
+		exec(eval)
+		if script.IsNoScript(cmd.Err()) {
+			exec(true)
+		}
+		addr, moved := redis.IsMovedError(cmd.Err())
+		if a, ask := redis.IsAskError(cmd.Err()); ask {
+			addr = a
+		} else if !moved {
+			return cmd, wait, nil
+		}
+		cluster, isCluster := d.base.(*redis.ClusterClient)
+		if !isCluster {
+			return cmd, wait, nil // not a Cluster's client: a refusal, as without Replicas
+		}
+		if node, err = redirected(ctx, cluster, addr, redirects); err != nil {
+			return nil, nil, err
+		}
+		asking = !moved
+	}
+}
+
+// acknowledged reads WAIT's (or WAITAOF's) reply: a *store.ReplicaError
+// when too few replicas acknowledged, or the master did not fsync.
+func (d *Deployment) acknowledged(reply any) error {
+	acked, local := int64(0), int64(1)
+	switch v := reply.(type) {
+	case int64: // WAIT
+		acked = v
+	case []any: // WAITAOF: [local, replicas]
+		if len(v) == 2 {
+			local, _ = v[0].(int64)
+			acked, _ = v[1].(int64)
+		}
+	}
+	if acked < int64(d.cfg.Replicas) || local < 1 {
+		return &store.ReplicaError{Acked: acked, Want: d.cfg.Replicas, Local: local, Fsync: d.cfg.ReplicaFsync, Timeout: d.cfg.ReplicaTimeout}
+	}
+	return nil
+}
+
+// node returns the client to pipeline on for key: the master that serves
+// its slot on a Cluster (in the client's slot map, which may be out of
+// date), its shard on a Ring, a plain client otherwise (a single server,
+// or Sentinel's current master: WAIT counts the writes of its own
+// connection, which an AutoPipeliner's batches do not share).
+func (d *Deployment) node(ctx context.Context, key string) (redis.Cmdable, error) {
+	switch c := d.base.(type) {
+	case *redis.ClusterClient:
+		return c.MasterForKey(ctx, key)
+	case *redis.Ring:
+		return c.GetShardClientForKey(key)
+	}
+	return d.base, nil
+}
+
+// redirected returns the master at addr, named by a MOVED or ASK reply of
+// c, after reloading c's slot map (a MOVED means it is out of date). As
+// go-redis does for one command, it follows at most
+// ClusterOptions.MaxRedirects; past them, or when addr is no master of the
+// reloaded map, the slot is still moving: the error is then not the
+// redirect (a Redis error, which would read as a refusal), and classifies
+// as Unavailable.
+func redirected(ctx context.Context, c *redis.ClusterClient, addr string, redirects int) (redis.Cmdable, error) {
+	if redirects >= c.Options().MaxRedirects {
+		return nil, fmt.Errorf("the lock's slot is moving: redirected to %s after %d redirects", addr, redirects)
+	}
+	var master atomic.Pointer[redis.Client]
+	err := c.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error { // reloads the slot map first
+		if m.Options().Addr == addr {
+			master.Store(m)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if m := master.Load(); m != nil {
+		return m, nil
+	}
+	return nil, fmt.Errorf("the lock's slot is moving: redirected to %s, no master in the slot map", addr)
+}
+
+// Subscribers returns how many connections subscribe to the wake-up
+// channel of key on the node that serves it.
+func (d *Deployment) Subscribers(ctx context.Context, key string) (int, error) {
+	channel := d.Channel(key)
+	node, err := d.node(ctx, channel)
+	if err != nil {
+		return 0, d.translate(err)
+	}
+	n, err := node.PubSubShardNumSub(ctx, channel).Result()
+	if err != nil && IsUnknownCommand(err) {
+		n, err = node.PubSubNumSub(ctx, channel).Result()
+	}
+	if err != nil {
+		return 0, d.translate(err)
+	}
+	return int(n[channel]), nil
+}
+
+// translate gives go-redis's own errors their meaning for a lock (see
+// store.ClassOf): a closed client is a refusal, and a pool that had no
+// connection to give never sent the command. Every other error (Redis
+// replies, the network's, a context's) is classified as it is.
+func (d *Deployment) translate(err error) error {
+	switch {
+	case err == nil || errors.Is(err, redis.Nil):
+		return err
+	case errors.Is(err, redis.ErrClosed):
+		return &store.Refusal{Msg: "the go-redis client is closed", Err: err, NotSent: true}
+	case errors.Is(err, redis.ErrPoolTimeout):
+		return &store.NotSent{Err: err}
+	}
+	return err
+}

@@ -1,0 +1,80 @@
+package notify
+
+import "context"
+
+// Topology is how a Network spreads channels over its nodes.
+type Topology int
+
+const (
+	// Single is one node for every channel: a server, a Sentinel-managed
+	// master.
+	Single Topology = iota
+	// Ring is a channel's shard, found by its name.
+	Ring
+	// Cluster is a channel's slot's master, which may move: a node
+	// unreachable for a while has its channels routed again.
+	Cluster
+)
+
+// A Network is the Redis deployment a Notifier subscribes on, through a
+// client library the Notifier does not know.
+type Network interface {
+	// Topology tells how the channels spread over the nodes; it does not
+	// change.
+	Topology() Topology
+	// Route returns the address of the node that serves channel, on a Ring
+	// or a Cluster (Single needs no route: its node is "").
+	Route(ctx context.Context, channel string) (node string, err error)
+	// Reload has a Cluster read its slot map again, in the background: it
+	// must not block, as it is called with the Notifier's mutex held. It
+	// does nothing on other topologies.
+	Reload(ctx context.Context)
+	// Open returns a connection to node (an address from Route, or ""),
+	// sharded (SSUBSCRIBE) or classic (SUBSCRIBE). It dials nothing: the
+	// first Subscribe does.
+	Open(node string, sharded bool) Conn
+}
+
+// A Conn is one subscription connection. Its hub calls Subscribe,
+// Unsubscribe and Close from one goroutine, and Receive from another.
+type Conn interface {
+	// Subscribe sends the subscription of channel, whose confirmation
+	// comes as an event. The first call opens the connection, and returns
+	// the error of a failed dial.
+	Subscribe(ctx context.Context, channel string) error
+	// Unsubscribe sends the end of channel's subscription.
+	Unsubscribe(ctx context.Context, channel string) error
+	// Receive waits for the next event on the connection; after a Broken
+	// one, or Close, there are no more.
+	Receive(ctx context.Context) Event
+	// Close closes the connection, ending a Receive under way.
+	Close() error
+}
+
+// EventKind is what an Event tells.
+type EventKind int
+
+const (
+	// Published is a message published on Channel: Payload.
+	Published EventKind = iota
+	// Subscribed confirms the subscription of Channel.
+	Subscribed
+	// Unsubscribed ends the subscription of Channel: a confirmation of
+	// Unsubscribe, or the server's (a slot that moved).
+	Unsubscribed
+	// Refused is an error reply, Err: the connection lives on.
+	Refused
+	// Broken is the connection's end, Err: it must be closed.
+	Broken
+)
+
+// An Event is one thing a Conn received.
+type Event struct {
+	Kind    EventKind
+	Channel string
+	Payload string
+	Err     error
+	// Unknown: Refused because the server does not know the command (no
+	// sharded pub/sub before Redis 7).
+	Unknown bool
+}
