@@ -12,12 +12,68 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fencelock/fencelock/internal/deployment"
 	"github.com/fencelock/fencelock/internal/glob"
+	"github.com/fencelock/fencelock/internal/goredis"
 	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/store"
 	"github.com/fencelock/fencelock/internal/tasks"
 )
+
+// LockInfo is what Locker.Inspect found about a lock.
+type LockInfo struct {
+	Name      string
+	Held      bool
+	Owner     string        // the holder's Options.Owner or WithOwner; "" when not held or not stored
+	TTL       time.Duration // left on the server; 0 when not held, -1 when the lock has no expiry
+	Fence     int64         // the fence of the current holding; 0 when not held
+	LastFence int64         // the last fence issued, kept for FenceRetention; 0 if none (Redlock: "How Redlock works")
+	Waiters   int           // how many Lockers wait for the lock's release, each counted once
+}
+
+// Inspect reads the lock called name, changing nothing; on a Redlock, the
+// holding a quorum agree on. It returns ErrInvalid for a bad name, ErrUnavailable
+// (on a Redlock, no quorum answered within Options.ReleaseTimeout) or
+// ErrMisconfigured, or an error matching ctx.Err().
+func (l *Locker) Inspect(ctx context.Context, name string) (LockInfo, error) {
+	if err := l.usable(); err != nil {
+		return LockInfo{}, err
+	}
+	if err := checkName(name); err != nil {
+		return LockInfo{}, err
+	}
+	h, err := l.read(ctx, name, fmt.Sprintf("inspect %q", name), func(ctx context.Context) (store.Holding, error) {
+		return l.store.Inspect(ctx, name, true)
+	})
+	if err != nil {
+		return LockInfo{}, err
+	}
+	info := LockInfo{Name: name, LastFence: h.Counter, Waiters: h.Waiters}
+	if h.Value != "" {
+		_, info.Fence, info.Owner = keys.Parse(h.Value)
+		info.Held, info.TTL = true, h.PTTL
+	}
+	return info, nil
+}
+
+// read runs f, a read of the lock called name (what names it in an
+// error), bounded by ctx whatever the client's options.
+func (l *Locker) read(ctx context.Context, name, what string, f func(ctx context.Context) (store.Holding, error)) (store.Holding, error) {
+	type result struct {
+		h   store.Holding
+		err error
+	}
+	res, done := tasks.Call(l.bg, ctx.Done(), nil, func() result {
+		h, err := f(ctx)
+		return result{h, err}
+	}, nil)
+	switch {
+	case !done || (res.err != nil && (classify(res.err) == store.NoVerdict || ctxErr(ctx) != nil)):
+		return store.Holding{}, ctxEnded(ctx, what)
+	case res.err != nil:
+		return store.Holding{}, callError(name, res.err)
+	}
+	return res.h, nil
+}
 
 // Severity says how much a Finding matters for the lock's guarantees.
 type Severity int
@@ -109,12 +165,12 @@ type checker struct {
 type checkNode struct {
 	name   string                // a Redlock node's; "" for New's
 	client redis.UniversalClient // as given: the scripts go through it
-	single store.Single          // for the test lock
+	single single                // for the test lock
 }
 
 // base returns the client that knows n's servers and serves its
 // subscriptions: the one behind an AutoPipeliner.
-func (n checkNode) base() redis.UniversalClient { return deployment.Base(n.client) }
+func (n checkNode) base() redis.UniversalClient { return goredis.Base(n.client) }
 
 // A testLock is a test lock of the permissions check, on client.
 type testLock struct {
@@ -210,7 +266,7 @@ func (c *checker) deployment(ctx context.Context, n checkNode) {
 	if !c.roundTrip(ctx, n.client, node) { // unreachable: reported by the server checks, and nothing to try
 		return
 	}
-	base := "fencelock-check:" + string(newToken())
+	base := "fencelock-check:" + string(keys.NewToken())
 	cl, ok := n.base().(*redis.ClusterClient)
 	if !ok {
 		c.permissions(ctx, n, nil, node, base)
@@ -454,7 +510,7 @@ func (c *checker) permissions(ctx context.Context, n checkNode, master *redis.Cl
 	if c.cut(ctx) { // nothing sent, nothing to delete
 		return
 	}
-	token := newToken()
+	token := keys.NewToken()
 	ks := keys.ForLease(c.l.opts.KeyPrefix, name, token)
 	key := ks[keys.LockKey]
 	c.written = append(c.written, testLock{n.client, append(ks[:], key+":acl")}) // one hash tag: one slot on a Cluster
@@ -490,7 +546,7 @@ func (c *checker) permissions(ctx context.Context, n checkNode, master *redis.Cl
 	ps := n.client.SSubscribe(sctx, channel)
 	defer ps.Close()
 	_, err := ps.ReceiveTimeout(sctx, 2*time.Second)
-	if err != nil && deployment.IsUnknownCommand(err) {
+	if err != nil && goredis.IsUnknownCommand(err) {
 		_ = ps.Close()
 		ps = n.client.Subscribe(sctx, channel)
 		_, err = ps.ReceiveTimeout(sctx, 2*time.Second)
@@ -512,7 +568,7 @@ func (c *checker) permissions(ctx context.Context, n checkNode, master *redis.Cl
 	}
 	if err := ps.SUnsubscribe(sctx, channel); err == nil {
 		_, err = ps.ReceiveTimeout(sctx, 2*time.Second)
-		if err != nil && deployment.IsUnknownCommand(err) {
+		if err != nil && goredis.IsUnknownCommand(err) {
 			err = nil // classic pub/sub: UNSUBSCRIBE, as SUBSCRIBE was tried
 		}
 		c.refused(node, "SUNSUBSCRIBE", err)
@@ -552,7 +608,7 @@ func publishTest(ctx context.Context, client redis.UniversalClient, master *redi
 		via = master
 	}
 	err := via.SPublish(ctx, channel, "released").Err()
-	if err != nil && deployment.IsUnknownCommand(err) {
+	if err != nil && goredis.IsUnknownCommand(err) {
 		err = via.Publish(ctx, channel, "released").Err()
 	}
 	if err != nil && !strings.Contains(err.Error(), "NOPERM") {
@@ -626,7 +682,7 @@ func (c *checker) tryRules(ctx context.Context, n checkNode, master *redis.Clien
 		if r.rule == "+set" {
 			keySet = err == nil
 		}
-		if err != nil && r.try6 != "" && deployment.IsUnknownCommand(err) {
+		if err != nil && r.try6 != "" && goredis.IsUnknownCommand(err) {
 			try = r.try6
 			err = via.Do(ctx, tryArgs(try, key, channel, db)...).Err()
 		}

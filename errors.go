@@ -213,3 +213,112 @@ func advice(name string, err error) string {
 	}
 	return fmt.Sprintf("%s (in the script of lock %q)", msg, name)
 }
+
+// closedError is the error of an Acquire of name ended by Close; verdict,
+// the last attempt's, is named but not matched.
+func closedError(name string, verdict error) error {
+	msg := fmt.Sprintf("%s: acquire %q", ErrClosed.Error(), name)
+	if verdict != nil {
+		msg += " (last attempt: " + verdict.Error() + ")"
+	}
+	return &opError{msg: msg, errs: []error{ErrClosed}}
+}
+
+// A noReplyError is an attempt that got no reply within its bound. It
+// matches the failed dial that explains it, when dials failed meanwhile.
+type noReplyError struct {
+	timeout time.Duration
+	half    bool // the bound was half the time left before the deadline, for fail-open
+	cause   error
+	unsent  bool // the script was provably not sent
+}
+
+func (e *noReplyError) Error() string {
+	bound := "AttemptTimeout"
+	if e.half {
+		bound = "half the time left before the deadline, for fail-open"
+	}
+	msg := "no reply within " + e.timeout.Round(time.Millisecond).String() + " (" + bound + ")"
+	if e.cause != nil {
+		msg += ": " + e.cause.Error()
+	}
+	return msg
+}
+
+func (e *noReplyError) Unwrap() error { return e.cause }
+
+// Unsent reports whether the attempt was provably not sent.
+func (e *noReplyError) Unsent() bool { return e.unsent }
+
+// busySeen is the last busy answer of an Acquire, and until when, at least,
+// the holder it named holds the lock: an outage after it is no reason to
+// fail open while that lasts. An attempt that finds the lock free ends it.
+type busySeen struct {
+	err   *BusyError
+	until time.Time
+}
+
+// see records busy, an answer to the attempt sent at sent, and returns it.
+func (b *busySeen) see(busy *BusyError, sent time.Time) error {
+	b.err, b.until = busy, sent.Add(max(busy.TTL, 0))
+	if busy.TTL == -1 { // no expiry
+		b.until = sent.Add(forever)
+	}
+	return busy
+}
+
+// verdict is v, or the busy answer when v is an outage that came while the
+// holder it named still held the lock.
+func (b *busySeen) verdict(v error, now time.Time) error {
+	if b.err != nil && now.Before(b.until) && errors.Is(v, ErrUnavailable) {
+		return b.err
+	}
+	return v
+}
+
+// lostAtRelease is the loss of a lease found not held (rerr) by the
+// release after the work.
+func lostAtRelease(rerr error) error {
+	return &opError{msg: ErrLost.Error() + ": not held when released after the work: " + rerr.Error(),
+		errs: []error{ErrLost, rerr}}
+}
+
+// joinErr joins the work's error and a loss on one line; both match.
+func joinErr(werr, lost error) error {
+	if werr == nil {
+		return lost
+	}
+	return &opError{msg: werr.Error() + "; " + lost.Error(), errs: []error{werr, lost}}
+}
+
+// errMaxHold starts the cause of a lease no longer renewed after MaxHold.
+var errMaxHold = errors.New("held for MaxHold")
+
+// lostBecause is the cause of a lease lost because Redis said it is not
+// held. It matches ErrLost only: the lease was held, then lost.
+func lostBecause(notHeld error) error {
+	return &opError{msg: ErrLost.Error() + ": " + strings.TrimPrefix(notHeld.Error(), "fencelock: "),
+		errs: []error{ErrLost}}
+}
+
+// deadlinePassed is the cause of a lease lost at its local deadline,
+// wrapping the last renewal error if there was one.
+func deadlinePassed(lastErr error) error {
+	if errors.Is(lastErr, errMaxHold) {
+		return fmt.Errorf("%w: %w; its deadline passed", ErrLost, lastErr)
+	}
+	if lastErr != nil {
+		return fmt.Errorf("%w: deadline passed before a renewal succeeded: %w", ErrLost, lastErr)
+	}
+	return fmt.Errorf("%w: deadline passed before a renewal succeeded", ErrLost)
+}
+
+// releaseCutShort is the error of a release that returned before Redis
+// answered: ctx ended, or ReleaseTimeout passed.
+func (l *Locker) releaseCutShort(ctx context.Context) error {
+	if ctxErr(ctx) != nil {
+		return ctxEnded(ctx, "release (it goes on in the background)")
+	}
+	return &opError{msg: fmt.Sprintf("%s: no reply within ReleaseTimeout %v", ErrUnavailable.Error(), l.opts.ReleaseTimeout),
+		errs: []error{ErrUnavailable}}
+}

@@ -8,7 +8,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/notify"
+	"github.com/fencelock/fencelock/internal/script"
 	"github.com/fencelock/fencelock/internal/store"
 	"github.com/fencelock/fencelock/internal/tasks"
 )
@@ -20,6 +22,137 @@ import (
 // or ctx ends. A grant's Deadline counts from the send time of the last
 // request the server answered "still waiting", or, for a keep-alive that
 // brought the grant, from its send time plus the PTTL it read, if later.
+
+// single is what one deployment offers beyond its store, set by New: what
+// fair waiting (this file) and the kinds of lock that live on one
+// deployment (semaphore.go, rwlock.go, multi.go) run there. A quorum has
+// none.
+type single interface {
+	store.Store
+	// Run runs s on keys (EVALSHA, then EVAL; EVAL alone with eval), with
+	// WAIT for Options.Replicas on the connection that wrote: a
+	// *ReplicaError comes with the script's reply when too few replicas
+	// acknowledged.
+	Run(ctx context.Context, s *script.Script, eval bool, keys []any, argv ...any) (any, error)
+	// Eval runs s on keys, without waiting for replicas.
+	Eval(ctx context.Context, s *script.Script, keys []any, argv ...any) (any, error)
+	// Took is the attempt of a run of k's acquire script: reply and err
+	// as Run returned them, a as the script's decoder read the reply. A
+	// lock taken short of replicas is given back.
+	Took(ctx context.Context, k store.Lease, reply any, err error, a store.Attempt) store.Attempt
+	// GiveBack abandons k in the background (Abandon: it deletes what k
+	// holds and retires its token), trying for ttl at least.
+	GiveBack(k store.Lease, what string, ttl time.Duration)
+	// Listen registers a waiter on the wake-up channel of key, woken (on
+	// wake if not nil) as h decides; nil after Close.
+	Listen(key string, wake chan struct{}, h notify.Hearer) *notify.Waiter
+	// Releases returns the wake-ups of a plain waiter on key's channel.
+	Releases(key string) store.Wakeup
+	// ChannelArg returns the wake-up channel of key as a script's argument
+	// (boxed is key, boxed).
+	ChannelArg(key string, boxed any) any
+	// MarkerArg is how long, in ms, a release in mode keeps a token's
+	// marker, for a lease of ttl.
+	MarkerArg(mode store.Mode, ttl time.Duration) any
+	// Subscribers returns how many connections subscribe to key's
+	// wake-up channel.
+	Subscribers(ctx context.Context, key string) (int, error)
+}
+
+// A lineLease can wait in its lock's line of fair waiters: a lock's
+// (fairLock) or a semaphore's permit.
+type lineLease interface {
+	store.Lease
+	// Queue keeps the token's entry in the line alive for
+	// store.QueueEntryTTL, or, with leave, takes it out; a grant is for ttl.
+	Queue(ctx context.Context, ttl time.Duration, leave bool) (queueReply, error)
+}
+
+// A fairLock is the lease of a lock that waits in the lock's line
+// (queue.lua).
+type fairLock struct {
+	store.Lease
+	l     *Locker
+	keys  []any // the lock, its line and the line's entries
+	owner string
+}
+
+// fairLock returns the lease of spec's token on its lock, which can wait
+// in the lock's line.
+func (l *Locker) fairLock(spec store.Spec) lineLease {
+	ks := keys.ForLease(l.opts.KeyPrefix, spec.Name, spec.Token)
+	return &fairLock{Lease: l.single.Lock(spec), l: l, owner: spec.Owner,
+		keys: []any{ks[keys.LockKey], ks[keys.QueueKey], ks[keys.QueueInfoKey]}}
+}
+
+func (f *fairLock) Queue(ctx context.Context, ttl time.Duration, leave bool) (queueReply, error) {
+	mode := "k"
+	if leave {
+		mode = "d"
+	}
+	reply, err := f.l.single.Eval(ctx, script.Queue, f.keys, f.Token(), mode, store.Millis(store.QueueEntryTTL), store.Millis(ttl), f.owner)
+	if err != nil {
+		return queueReply{}, err
+	}
+	return queueReplyOf("queue", reply)
+}
+
+// queueReply is what a fair waiter's keep-alive or departure found.
+type queueReply struct {
+	State queueState
+	Fence int64         // lineGranted
+	PTTL  time.Duration // lineGranted, lineWaiting: the lock's PTTL (-2: free, a waiter ahead takes it)
+}
+
+// queueState is where a fair waiter stands.
+type queueState int8
+
+const (
+	// lineWaiting: still in line, its entry kept alive (or, for a departure,
+	// out of line).
+	lineWaiting queueState = 0
+	// lineGranted: a release handed the lock to this token; for a departure,
+	// the caller must release it, which hands it on.
+	lineGranted queueState = 1
+	// lineOutOfLine: the entry is gone (it expired): join again.
+	lineOutOfLine queueState = 3
+	// lineFirst: the lock is free and this waiter is first in line: take it.
+	lineFirst queueState = 4
+)
+
+// queueReplyOf decodes the reply of a queue script: {1, fence, pttl} for a
+// grant (the fence as the lock's value has it: "<fence> <owner>"), {0,
+// pttl} or {0} while waiting, {3} out of line, {4} first.
+func queueReplyOf(script string, reply any) (queueReply, error) {
+	arr, _ := reply.([]any)
+	r := queueReply{PTTL: -2}
+	ok := len(arr) > 0
+	if ok {
+		state, _ := arr[0].(int64)
+		r.State = queueState(state)
+	}
+	switch r.State {
+	case lineGranted:
+		ok = len(arr) == 3
+		if ok {
+			s, _ := arr[1].(string)
+			f, _, _ := strings.Cut(s, " ")
+			r.Fence, _ = strconv.ParseInt(f, 10, 64)
+			pttl, _ := arr[2].(int64)
+			r.PTTL = time.Duration(pttl) * time.Millisecond
+			ok = r.Fence > 0
+		}
+	case lineWaiting:
+		if len(arr) == 2 {
+			pttl, _ := arr[1].(int64)
+			r.PTTL = time.Duration(pttl) * time.Millisecond
+		}
+	}
+	if !ok {
+		return queueReply{}, store.BadReply(script, reply)
+	}
+	return r, nil
+}
 
 // keepAliveEvery is how often a fair waiter of a lock with ttl asks the
 // server: every quarter of store.QueueEntryTTL, and at least three times a
@@ -34,9 +167,9 @@ func keepAliveEvery(ttl time.Duration) time.Duration {
 // per event (an attempt, a grant, a wake-up, a keep-alive's answer).
 type fairWait struct {
 	*acquisition
-	queued func(store.Spec) store.Queued
+	queued func(store.Spec) lineLease
 	spec   store.Spec
-	q      store.Queued // the current token's
+	q      lineLease // the current token's
 	every  time.Duration
 	retry  time.Duration // after an error: not a request per 10ms to a failing Redis
 
@@ -63,11 +196,11 @@ type fairWait struct {
 }
 
 type queueResult struct {
-	r   store.QueueReply
+	r   queueReply
 	err error
 }
 
-func newFairWait(a *acquisition, queued func(store.Spec) store.Queued, spec store.Spec, q store.Queued) *fairWait {
+func newFairWait(a *acquisition, queued func(store.Spec) lineLease, spec store.Spec, q lineLease) *fairWait {
 	every := keepAliveEvery(a.lease.ttl)
 	f := &fairWait{acquisition: a, queued: queued, spec: spec, q: q, every: every, retry: max(every, 100*time.Millisecond),
 		waiting: a.start, trust: true, attemptNow: true}
@@ -134,7 +267,7 @@ func (f *fairWait) rotate(leave bool) {
 	if leave {
 		f.l.leaveQueue(f.lease, f.q)
 	}
-	f.spec.Token = newToken()
+	f.spec.Token = keys.NewToken()
 	f.q = f.queued(f.spec)
 	f.acquisition.rotate(f.q)
 	f.joined, f.waiting, f.attemptNow, f.trust = false, f.l.clock.Now(), true, true
@@ -288,23 +421,23 @@ func (f *fairWait) answered(r queueResult) (*Lease, error, bool) {
 	case r.err != nil:
 		f.verdict = callError(f.lease.name, r.err) // keep waiting: the entry lives on for a while
 		f.askAt = f.l.clock.Now().Add(f.retry)
-	case r.r.State == store.Granted:
+	case r.r.State == lineGranted:
 		var bound time.Time
 		if r.r.PTTL > 0 {
 			bound = f.sent.Add(r.r.PTTL - drift(r.r.PTTL))
 		}
 		return f.obtained(r.r.Fence, f.waiting, bound, true)
-	case r.r.State == store.Waiting:
+	case r.r.State == lineWaiting:
 		f.verdict = f.seen.see(stillBusy(f.verdict, f.lease.name, r.r.PTTL), f.sent) // in line: not an outage
 		f.waiting, f.askAt = f.sent, f.sent.Add(f.untilExpiry(r.r.PTTL))
 		if f.askAgain {
 			f.askAt = f.sent
 		}
-	case r.r.State == store.OutOfLine:
+	case r.r.State == lineOutOfLine:
 		// The entry expired (this waiter was paused, say), or a grant this
 		// waiter missed ended: join again.
 		f.attemptNow, f.trust = true, false
-	case r.r.State == store.First:
+	case r.r.State == lineFirst:
 		f.attemptNow = true // take the free lock
 	}
 	return nil, nil, false
@@ -400,7 +533,7 @@ func stillBusy(verdict error, name string, pttl time.Duration) *BusyError {
 // keepAlive sends a fair waiter's keep-alive of q, for a grant of ttl, on
 // a goroutine that the Locker tracks, and returns the channel of its
 // outcome.
-func (l *Locker) keepAlive(ctx context.Context, q store.Queued, ttl time.Duration) chan queueResult {
+func (l *Locker) keepAlive(ctx context.Context, q lineLease, ttl time.Duration) chan queueResult {
 	c := make(chan queueResult, 1)
 	l.bg.Add()
 	go func() {
@@ -421,7 +554,7 @@ func (l *Locker) keepAlive(ctx context.Context, q store.Queued, ttl time.Duratio
 // attempt that arrived between the first leave and the retirement joined
 // the line again (the retirement refuses the later ones), and a release
 // may have granted it the lock since, which is given back too.
-func (l *Locker) leaveQueue(lease *Lease, q store.Queued) {
+func (l *Locker) leaveQueue(lease *Lease, q lineLease) {
 	ttl := lease.ttl
 	l.giveBack(lease, "leaving the fair queue", func(ctx context.Context) (bool, error) {
 		var deleted bool
@@ -430,7 +563,7 @@ func (l *Locker) leaveQueue(lease *Lease, q store.Queued) {
 			if err != nil {
 				return deleted, callError(lease.name, err)
 			}
-			if pass == 1 && r.State != store.Granted {
+			if pass == 1 && r.State != lineGranted {
 				break // out of line, and retired: nothing more can join
 			}
 			res, perr, err := q.Release(ctx, store.Abandon, ttl)

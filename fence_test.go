@@ -21,7 +21,7 @@ func TestRetriedAcquireReturnsItsOwnFence(t *testing.T) {
 	// another acquisition, or anything else, may have moved).
 	e := newEnv(t, nil)
 	l := e.locker(t, nil)
-	h := l.store.Lock(store.Spec{Name: uniqueName(t), Token: newToken(), TTL: time.Minute, Owner: l.opts.Owner})
+	h := l.store.Lock(store.Spec{Name: uniqueName(t), Token: keys.NewToken(), TTL: time.Minute, Owner: l.opts.Owner})
 	first := h.Acquire(ctx)
 	require.NoError(t, first.Err)
 	require.True(t, first.OK)

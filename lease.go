@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -17,38 +16,27 @@ import (
 // A Lease is one acquisition of a lock. Its methods are safe for concurrent
 // use, and on a nil *Lease, which holds nothing (a deferred Release is safe).
 type Lease struct {
-	locker *Locker
-	// h is the store's own value for the lease's token: its keys, a
-	// quorum's nodes. Its calls reach Redis one at a time (op).
-	h        store.Lease
+	locker   *Locker
+	h        store.Lease // the store's own value for the token: its keys, a quorum's nodes
 	name     string
 	owner    string
 	fence    int64
-	acquired time.Time // when the acquire request was sent
-	degraded bool      // fail-open stand-in: no lock is held
-	// obsCtx is the context of the operation that took the lease (Acquire,
-	// or RunWithLock), kept for Options.Observer's Notify only.
-	obsCtx context.Context
+	acquired time.Time       // when the acquire request was sent
+	degraded bool            // fail-open stand-in: no lock is held
+	obsCtx   context.Context // the context of the call that took it, for Observer.Notify
+	op       tasks.Turn      // held by the one Redis call at a time: Extend, a renewal, Release
 
-	// op is held by the one Redis call on the lease at a time (Extend, a
-	// renewal, Release), so that they reach Redis in the order they were
-	// made and each reads the state the previous one left.
-	op opLock
-
-	mu        sync.Mutex
-	ttl       time.Duration             // guarded by mu; as acquired or last extended
-	deadline  time.Time                 // guarded by mu
-	floorTTL  time.Duration             // guarded by mu; the shortest TTL an extension of unknown outcome may still set; 0: none
-	done      error                     // guarded by mu; why the lock is no longer held; nil while it may be
-	lost      error                     // guarded by mu; why the watchdog gave the lease up
-	wd        *watchdog                 // guarded by mu; nil until KeepAlive
-	releasing bool                      // guarded by mu; Release was called
-	cancels   []context.CancelCauseFunc // guarded by mu; KeepAlive contexts
-	// keepers counts the KeepAlive calls whose ctx has not ended
-	// (RunWithLock's never ends); keeperStops unregister their
-	// keeperEnded. Guarded by mu.
-	keepers     int
-	keeperStops []func() bool
+	mu          sync.Mutex
+	ttl         time.Duration             // guarded by mu; as acquired or last extended
+	deadline    time.Time                 // guarded by mu
+	floorTTL    time.Duration             // guarded by mu; the shortest TTL an extension of unknown outcome may still set; 0: none
+	done        error                     // guarded by mu; why the lock is no longer held; nil while it may be
+	lost        error                     // guarded by mu; why the watchdog gave the lease up
+	wd          *watchdog                 // guarded by mu; nil until KeepAlive
+	releasing   bool                      // guarded by mu; Release was called
+	cancels     []context.CancelCauseFunc // guarded by mu; KeepAlive contexts
+	keepers     int                       // guarded by mu; KeepAlive calls whose ctx has not ended (RunWithLock's never does)
+	keeperStops []func() bool             // guarded by mu; unregister their keeperEnded
 }
 
 // Name returns the lock's name as given to Acquire.
@@ -138,21 +126,15 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	return withCtx(err, ctxErr(ctx))
 }
 
-// extend runs the extend script once, for the user (Extend) or the
-// watchdog (byWatchdog, which extends by the lease's current TTL), and
-// records the outcome. A user's Extend tells a running watchdog about its
-// outcome (the watchdog handles its own renewals' outcomes). Errors of
-// class store.NoVerdict are returned as they are.
-//
-// The watchdog's renewals send EVAL instead of EVALSHA: a renewal must take
-// one round trip also on a server whose script cache is empty (after a
-// restart or a failover), where EVALSHA would cost a second one (NOSCRIPT,
-// then EVAL) and could miss the deadline on a slow link.
+// extend extends the lock once, for Extend or for the watchdog (byWatchdog:
+// by the lease's TTL, as EVAL), and records the outcome; an Extend tells a
+// running watchdog. Errors of class store.NoVerdict are returned as they
+// are.
 func (l *Lease) extend(ctx context.Context, ttl time.Duration, byWatchdog bool, ec *extendState) error {
-	if err := l.op.lock(ctx); err != nil {
+	if err := l.op.Lock(ctx); err != nil {
 		return err
 	}
-	defer l.op.unlock()
+	defer l.op.Unlock()
 	l.mu.Lock()
 	if err := l.notHeldLocked(); err != nil {
 		l.mu.Unlock()
@@ -203,10 +185,9 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration, byWatchdog bool, 
 	}
 }
 
-// unknownOutcomeLocked records that an extension to ttl sent at sent may or
-// may not have reached Redis, and may still: the deadline must not claim
-// more than it would set, and no later extension may count on more than its
-// TTL.
+// unknownOutcomeLocked records an extension to ttl, sent at sent, that may
+// reach Redis yet: neither the deadline nor a later extension counts on
+// more than it would set.
 func (l *Lease) unknownOutcomeLocked(sent time.Time, ttl time.Duration) {
 	if d := sent.Add(ttl - drift(ttl)); d.Before(l.deadline) {
 		l.deadline = d
@@ -216,10 +197,10 @@ func (l *Lease) unknownOutcomeLocked(sent time.Time, ttl time.Duration) {
 	}
 }
 
-// extendState is what one extension has done so far, for its caller that
-// stops waiting for it; guarded by Lease.mu.
+// extendState is one extension's progress, for a caller that stops
+// waiting for it; guarded by Lease.mu.
 type extendState struct {
-	sent     time.Time // when the request was sent; zero while it waits its turn
+	sent     time.Time // zero while it waits its turn
 	ttl      time.Duration
 	finished bool // the reply, or an error, came
 }
@@ -238,7 +219,7 @@ func (l *Lease) notHeldLocked() error {
 }
 
 // notifyWatchdogLocked tells a running watchdog that the deadline moved or
-// the lease was found not held.
+// the lock was found not held.
 func (l *Lease) notifyWatchdogLocked() {
 	if l.wd == nil {
 		return
@@ -270,29 +251,17 @@ func (l *Lease) Release(ctx context.Context) error {
 	return l.releaseAfter(ctx, nil)
 }
 
-// releaseAfter is Release; when it returns before the release's answer (ctx
-// ended, or ReleaseTimeout passed), notHeld, if not nil, is called on the
-// background goroutine with the release's ErrNotHeld, should its first
-// answer find the lock no longer this lease's.
+// releaseAfter is Release; should it return before the answer (ctx ended,
+// or ReleaseTimeout passed), notHeld, if not nil, gets the answer's
+// ErrNotHeld in the background.
 func (l *Lease) releaseAfter(ctx context.Context, notHeld func(error)) error {
 	if l == nil || l.locker == nil {
 		return ErrNotHeld
 	}
-	obs := l.locker.opts.Observer
-	if obs == nil {
+	if l.locker.opts.Observer == nil {
 		return l.releaseOp(ctx, notHeld)
 	}
-	ctx = obs.Start(ctx, OpRelease, l.name)
-	start := l.locker.clock.Now()
-	err := l.releaseOp(ctx, notHeld)
-	now := l.locker.clock.Now()
-	e := Event{Op: OpRelease, Name: l.name, Lease: l, Outcome: OutcomeOf(err), Err: err,
-		Fence: l.fence, Duration: now.Sub(start)}
-	if err == nil && l.lostCause() == nil {
-		e.Held = now.Sub(l.acquired)
-	}
-	obs.End(ctx, e)
-	return err
+	return l.locker.observeRelease(ctx, l, func(ctx context.Context) error { return l.releaseOp(ctx, notHeld) })
 }
 
 // releaseOp is releaseAfter, without the Observer.
@@ -304,14 +273,11 @@ func (l *Lease) releaseOp(ctx context.Context, notHeld func(error)) error {
 	if err := l.doneErr(); err != nil {
 		return err
 	}
-	if errors.Is(context.Cause(ctx), errReleased) {
-		// ctx is one of this lease's KeepAlive contexts, which Release
-		// has just cancelled (work releasing its own lease).
+	if errors.Is(context.Cause(ctx), errReleased) { // a KeepAlive ctx of its own, which endWork cancelled
 		ctx = context.WithoutCancel(ctx)
 	}
 	rctx, cancel := l.locker.detached(ctx)
-	if ctx.Done() == nil && l.locker.traits.Deadlines {
-		// Only ReleaseTimeout bounds the call, and go-redis honours it.
+	if ctx.Done() == nil && l.locker.traits.Deadlines { // ReleaseTimeout alone bounds it, and the client honours it
 		defer cancel()
 		return l.release(rctx)
 	}
@@ -327,9 +293,8 @@ func (l *Lease) releaseOp(ctx context.Context, notHeld func(error)) error {
 }
 
 // releasedLate handles err, the answer of a release whose caller has
-// returned without it: it tries again in the background after
-// ErrUnavailable, hands ErrNotHeld to notHeld (if not nil), and logs any
-// other error.
+// gone: it tries again after ErrUnavailable, hands ErrNotHeld to notHeld
+// (if not nil), and logs any other error.
 func (l *Lease) releasedLate(err error, notHeld func(error)) {
 	switch {
 	case errors.Is(err, ErrUnavailable):
@@ -343,18 +308,8 @@ func (l *Lease) releasedLate(err error, notHeld func(error)) {
 	}
 }
 
-// releaseCutShort is the error of a release that returned before Redis
-// answered: ctx ended, or ReleaseTimeout passed.
-func (l *Locker) releaseCutShort(ctx context.Context) error {
-	if ctxErr(ctx) != nil {
-		return ctxEnded(ctx, "release (it goes on in the background)")
-	}
-	return &opError{msg: fmt.Sprintf("%s: no reply within ReleaseTimeout %v", ErrUnavailable.Error(), l.opts.ReleaseTimeout),
-		errs: []error{ErrUnavailable}}
-}
-
-// endWork marks the lease released, cancels its KeepAlive contexts and stops
-// its watchdog: the first half of a release, which never waits for Redis.
+// endWork marks the lease released, cancels its KeepAlive contexts and
+// stops its watchdog: the half of a release that never waits for Redis.
 func (l *Lease) endWork() {
 	l.mu.Lock()
 	l.releasing = true
@@ -367,13 +322,13 @@ func (l *Lease) releaseTimedOut() error {
 	return l.locker.releaseCutShort(context.Background())
 }
 
-// release runs the release script once, after the call in flight on the
-// lease, and records the outcome.
+// release releases the lock once, after the call in flight, and records
+// the outcome.
 func (l *Lease) release(ctx context.Context) error {
-	if err := l.op.lock(ctx); err != nil {
+	if err := l.op.Lock(ctx); err != nil {
 		return l.releaseTimedOut()
 	}
-	defer l.op.unlock()
+	defer l.op.Unlock()
 	if err := l.doneErr(); err != nil {
 		return err // a concurrent Release came first
 	}
@@ -412,45 +367,6 @@ func (l *Lease) doneErr() error {
 	return l.done
 }
 
-// opLock is a lock whose waiting ends with a context. Its channel is made
-// only when a call has to wait, so an uncontended lease allocates none.
-type opLock struct {
-	mu   sync.Mutex
-	held bool          // guarded by mu
-	free chan struct{} // guarded by mu; closed at unlock when a call waits, nil otherwise
-}
-
-func (o *opLock) lock(ctx context.Context) error {
-	for {
-		o.mu.Lock()
-		if !o.held {
-			o.held = true
-			o.mu.Unlock()
-			return nil
-		}
-		if o.free == nil {
-			o.free = make(chan struct{})
-		}
-		free := o.free
-		o.mu.Unlock()
-		select {
-		case <-free:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-func (o *opLock) unlock() {
-	o.mu.Lock()
-	o.held = false
-	if o.free != nil {
-		close(o.free)
-		o.free = nil
-	}
-	o.mu.Unlock()
-}
-
 // TTL returns how long the server keeps the lock if this lease still holds it
 // (-1: no expiry; on a Redlock, the longest a quorum keeps it), changing
 // nothing. It returns ErrNotHeld when it does not, and on a nil or degraded
@@ -484,8 +400,7 @@ func (l *Lease) KeepAlive(ctx context.Context) context.Context {
 	return l.keepAlive(ctx, false)
 }
 
-// keepAlive is KeepAlive; pinned (RunWithLock, which releases after its
-// work returns) keeps the lease renewed after ctx ended.
+// keepAlive is KeepAlive; pinned (RunWithLock's) renews after ctx ended.
 func (l *Lease) keepAlive(ctx context.Context, pinned bool) context.Context {
 	workCtx, cancel := context.WithCancelCause(ctx)
 	if l == nil || l.locker == nil {
@@ -512,9 +427,8 @@ func (l *Lease) keepAlive(ctx context.Context, pinned bool) context.Context {
 	return workCtx
 }
 
-// keeperEnded runs, on a goroutine of its own, when the ctx of a KeepAlive
-// call ends: after the last one, it stops the watchdog and releases the
-// lease in the background.
+// keeperEnded runs when the ctx of a KeepAlive call ends: after the last,
+// it stops the watchdog and releases the lease in the background.
 func (l *Lease) keeperEnded() {
 	l.mu.Lock()
 	l.keepers--
@@ -529,8 +443,8 @@ func (l *Lease) keeperEnded() {
 	}
 }
 
-// stopWatchdog stops the watchdog, if any, and waits for it to exit. It is
-// safe to call more than once and concurrently.
+// stopWatchdog stops the watchdog, if any, and waits for it to exit; it is
+// safe to call more than once.
 func (l *Lease) stopWatchdog() {
 	l.mu.Lock()
 	wd := l.wd
@@ -548,7 +462,7 @@ func (l *Lease) stopWatchdog() {
 }
 
 // cancelContexts cancels the contexts KeepAlive returned, and unregisters
-// the calls of keeperEnded that their ctx's end would make.
+// their keeperEnded.
 func (l *Lease) cancelContexts(cause error) {
 	l.mu.Lock()
 	cancels, stops := l.cancels, l.keeperStops
@@ -568,8 +482,8 @@ func (l *Lease) lostCause() error {
 	return l.lost
 }
 
-// lose records that the lease is lost, cancels the work contexts with cause,
-// logs it and calls OnLost. A lost lease is not extended again.
+// lose records that the lease is lost, cancels the work's contexts with
+// cause, and reports it; a lost lease is not extended again.
 func (l *Lease) lose(cause error) {
 	l.mu.Lock()
 	if l.lost != nil || l.releasing {
@@ -599,11 +513,10 @@ func (l *Lease) reportLost(cause error, deadline time.Time) {
 	}
 }
 
-// nextRenewal returns how long from now the next renewal is due, and how
-// long until the deadline: a renewal is due an interval after the start of
-// the request that set the deadline, and no later than a third of the time
-// that is left, so a lease whose time is short (a late KeepAlive, a
-// shortened TTL) is renewed soon enough to survive a failed try.
+// nextRenewal returns when the next renewal is due, and the time left
+// before the deadline: an interval after the request that set the
+// deadline, and within a third of the time left, so that a short lease
+// survives a failed try.
 func (l *Lease) nextRenewal() (renewIn, remaining time.Duration) {
 	l.mu.Lock()
 	ttl, deadline := l.ttl, l.deadline

@@ -5,19 +5,17 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencelock/fencelock/internal/deadline"
 	"github.com/fencelock/fencelock/internal/deployment"
+	"github.com/fencelock/fencelock/internal/goredis"
 	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/redlock"
 	"github.com/fencelock/fencelock/internal/store"
@@ -32,7 +30,7 @@ type Locker struct {
 	traits store.Traits
 	// single is the deployment's own calls, for fair waiting and the kinds
 	// that live on one deployment; nil on a Redlock.
-	single store.Single
+	single single
 	lock   kind // the lock of a name
 	opts   Options
 	clock  Clock
@@ -52,7 +50,7 @@ type Locker struct {
 // client or an option it cannot honour. It adds a hook to client that only
 // records failed dials, so that an error can name why Redis was unreachable.
 func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
-	if err := deployment.Usable(client); err != nil {
+	if err := goredis.Usable(client); err != nil {
 		return nil, invalidf("%v", err)
 	}
 	o, err := opts.withDefaults()
@@ -60,9 +58,9 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 		return nil, err
 	}
 	l := newLocker(o)
-	d := deployment.New(client, l.deploymentConfig(""))
+	d := deployment.New(l.client(client), l.deploymentConfig(""))
 	l.store, l.traits, l.single = d, d.Traits(), d
-	l.lock = kind{lease: d.Lock, queued: d.FairLock}
+	l.lock = kind{lease: d.Lock, queued: l.fairLock}
 	l.checks = []checkNode{{client: client, single: d}}
 	return l, nil
 }
@@ -85,8 +83,8 @@ func NewRedlock(clients []redis.UniversalClient, opts *Options) (*Locker, error)
 		return nil, invalidf("%d redis clients: at most 64", len(clients))
 	}
 	for i, c := range clients {
-		switch err := deployment.Usable(c); {
-		case errors.Is(err, deployment.ErrNilClient):
+		switch err := goredis.Usable(c); {
+		case errors.Is(err, goredis.ErrNilClient):
 			return nil, invalidf("redis client %d is nil", i)
 		case err != nil:
 			return nil, invalidf("redis client %d: %v", i, err)
@@ -108,7 +106,7 @@ func NewRedlock(clients []redis.UniversalClient, opts *Options) (*Locker, error)
 		if rc, ok := c.(*redis.Client); ok {
 			name += " (" + rc.Options().Addr + ")"
 		}
-		nodes[i] = deployment.New(c, l.deploymentConfig(name))
+		nodes[i] = deployment.New(l.client(c), l.deploymentConfig(name))
 		l.checks = append(l.checks, checkNode{client: c, single: nodes[i], name: name})
 	}
 	var tag [4]byte
@@ -130,15 +128,19 @@ func newLocker(o Options) *Locker {
 func (l *Locker) deploymentConfig(name string) deployment.Config {
 	o := &l.opts
 	return deployment.Config{KeyPrefix: o.KeyPrefix, TTL: o.TTL, Owner: o.Owner, ReleaseTimeout: o.ReleaseTimeout,
-		FenceRetention: o.FenceRetention, Replicas: o.Replicas, ReplicaTimeout: o.ReplicaTimeout,
-		ReplicaFsync: o.ReplicaFsync, Logger: o.Logger, Clock: o.Clock, Tasks: l.bg, Name: name}
+		FenceRetention: o.FenceRetention, Logger: o.Logger, Clock: o.Clock, Tasks: l.bg, Name: name}
+}
+
+// client returns the deployment client of c, which goredis.Usable accepts.
+func (l *Locker) client(c redis.UniversalClient) *goredis.Client {
+	return goredis.New(c, goredis.Options{Replicas: l.opts.Replicas, ReplicaTimeout: l.opts.ReplicaTimeout, ReplicaFsync: l.opts.ReplicaFsync})
 }
 
 // A kind makes the store's leases of one kind: a lock's, a semaphore's
 // permits, a read-write lock's shares, several locks taken together.
 type kind struct {
 	lease  func(store.Spec) store.Lease
-	queued func(store.Spec) store.Queued // nil: it cannot wait in line (WithFair)
+	queued func(store.Spec) lineLease // nil: it cannot wait in line (WithFair)
 }
 
 // Close ends the Locker's acquisitions: Acquire and RunWithLock then return
@@ -172,71 +174,12 @@ func (l *Locker) isClosed() bool {
 	}
 }
 
-// closedError is the error of an Acquire of name ended by Close; verdict,
-// the last attempt's, is named but not matched.
-func closedError(name string, verdict error) error {
-	msg := fmt.Sprintf("%s: acquire %q", ErrClosed.Error(), name)
-	if verdict != nil {
-		msg += " (last attempt: " + verdict.Error() + ")"
-	}
-	return &opError{msg: msg, errs: []error{ErrClosed}}
-}
-
 // usable returns an ErrInvalid error for a nil or zero Locker.
 func (l *Locker) usable() error {
 	if l == nil || l.store == nil {
 		return invalidf("Locker not created with New or NewRedlock")
 	}
 	return nil
-}
-
-func checkName(name string) error {
-	if name == "" {
-		return invalidf("empty lock name")
-	}
-	if strings.ContainsAny(name, "{}") {
-		return invalidf("lock name %q contains '{' or '}'", name)
-	}
-	return nil
-}
-
-// callOptions checks a call for the lock called name, and applies opts over
-// the Locker's defaults: ErrInvalid for a zero Locker or a bad argument,
-// ErrClosed after Close.
-func (l *Locker) callOptions(name string, opts []Option) (callOptions, error) {
-	if err := l.usable(); err != nil {
-		return callOptions{}, err
-	}
-	co := callOptions{ttl: l.opts.TTL, kind: l.lock}
-	if err := checkName(name); err != nil {
-		return co, err
-	}
-	for _, opt := range opts {
-		if opt == nil {
-			return co, invalidf("nil Option")
-		}
-		co = opt(co)
-	}
-	if co.ttlSet {
-		if err := l.opts.checkCallTTL("WithTTL", co.ttl); err != nil {
-			return co, err
-		}
-	}
-	if co.wait < 0 {
-		return co, invalidf("WithWait %v is negative", co.wait)
-	}
-	if co.ownerSet {
-		if err := checkOwner("WithOwner", co.owner); err != nil {
-			return co, err
-		}
-	}
-	if co.fair && co.kind.queued == nil {
-		return co, invalidf("WithFair on a NewRedlock Locker: a queue kept on a quorum of nodes would need consensus")
-	}
-	if l.isClosed() {
-		return co, closedError(name, nil)
-	}
-	return co, nil
 }
 
 // Acquire takes the lock called name and returns its Lease, trying once or,
@@ -257,30 +200,6 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 	if err != nil && open && outage(ctx, err) {
 		return l.degraded(ctx, name, co, err), nil
 	}
-	return got, err
-}
-
-// acquireObserved is Acquire with its options checked, without failing open
-// (the Observer sees the attempts' outcome); open bounds the attempts as a
-// fail-open call's (see Options.AttemptTimeout).
-func (l *Locker) acquireObserved(ctx context.Context, name string, co callOptions, open bool) (*Lease, error) {
-	obs := l.opts.Observer
-	if obs == nil {
-		return l.acquireWith(ctx, name, co, open, nil)
-	}
-	ctx = obs.Start(ctx, OpAcquire, name)
-	var st acquireStats
-	start := l.clock.Now()
-	got, err := l.acquireWith(ctx, name, co, open, &st)
-	e := Event{Op: OpAcquire, Name: name, Lease: got, Outcome: OutcomeOf(err), Err: err,
-		Duration: l.clock.Now().Sub(start), Waited: st.waited, Handoff: st.handoff}
-	if got != nil {
-		e.Fence = got.fence
-		if got.obsCtx == nil {
-			got.obsCtx = ctx
-		}
-	}
-	obs.End(ctx, e)
 	return got, err
 }
 
@@ -305,7 +224,7 @@ func (l *Locker) spec(name string, co callOptions) store.Spec {
 	if co.owner != "" {
 		owner = co.owner
 	}
-	return store.Spec{Name: name, Token: newToken(), TTL: co.ttl, Owner: owner, Fair: co.fair && co.wait > 0}
+	return store.Spec{Name: name, Token: keys.NewToken(), TTL: co.ttl, Owner: owner, Fair: co.fair && co.wait > 0}
 }
 
 // leaseOf returns a lease of the call co for name, not acquired yet, of
@@ -316,40 +235,6 @@ func (l *Locker) leaseOf(name string, co callOptions, h store.Lease) *Lease {
 		owner = co.owner
 	}
 	return &Lease{locker: l, h: h, name: name, ttl: co.ttl, owner: owner}
-}
-
-// newToken returns a version 4 UUID's text, from crypto/rand, which cannot
-// fail.
-func newToken() []byte {
-	var u uuid.UUID
-	_, _ = rand.Read(u[:])
-	u[6] = u[6]&0x0f | 0x40
-	u[8] = u[8]&0x3f | 0x80
-	const hexDigits = "0123456789abcdef"
-	token := make([]byte, 0, 36)
-	for i, c := range u {
-		if i == 4 || i == 6 || i == 8 || i == 10 {
-			token = append(token, '-')
-		}
-		token = append(token, hexDigits[c>>4], hexDigits[c&0xf])
-	}
-	return token
-}
-
-// outage reports whether err, an Acquire's, is one that a fail-open call
-// runs its work degraded on: Redis unavailable, and ctx still running.
-func outage(ctx context.Context, err error) bool {
-	return errors.Is(err, ErrUnavailable) && ctx.Err() == nil
-}
-
-// degraded returns the fail-open stand-in for a lease of name of the call
-// co, after an Acquire that failed with err, and logs it at Error level.
-func (l *Locker) degraded(ctx context.Context, name string, co callOptions, err error) *Lease {
-	l.opts.Logger.LogAttrs(ctx, slog.LevelError, "fencelock: redis unavailable, running without the lock (fail-open)",
-		slog.String("lock", name), slog.Any("error", err))
-	lease := l.leaseOf(name, co, co.kind.lease(l.spec(name, co)))
-	lease.degraded = true
-	return lease
 }
 
 // abandon makes what the attempts of an Acquire that gave up may have done
@@ -436,60 +321,4 @@ func (l *Locker) pause(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
-}
-
-// LockInfo is what Locker.Inspect found about a lock.
-type LockInfo struct {
-	Name      string
-	Held      bool
-	Owner     string        // the holder's Options.Owner or WithOwner; "" when not held or not stored
-	TTL       time.Duration // left on the server; 0 when not held, -1 when the lock has no expiry
-	Fence     int64         // the fence of the current holding; 0 when not held
-	LastFence int64         // the last fence issued, kept for FenceRetention; 0 if none (Redlock: "How Redlock works")
-	Waiters   int           // how many Lockers wait for the lock's release, each counted once
-}
-
-// Inspect reads the lock called name, changing nothing; on a Redlock, the
-// holding a quorum agree on. It returns ErrInvalid for a bad name, ErrUnavailable
-// (on a Redlock, no quorum answered within Options.ReleaseTimeout) or
-// ErrMisconfigured, or an error matching ctx.Err().
-func (l *Locker) Inspect(ctx context.Context, name string) (LockInfo, error) {
-	if err := l.usable(); err != nil {
-		return LockInfo{}, err
-	}
-	if err := checkName(name); err != nil {
-		return LockInfo{}, err
-	}
-	h, err := l.read(ctx, name, fmt.Sprintf("inspect %q", name), func(ctx context.Context) (store.Holding, error) {
-		return l.store.Inspect(ctx, name, true)
-	})
-	if err != nil {
-		return LockInfo{}, err
-	}
-	info := LockInfo{Name: name, LastFence: h.Counter, Waiters: h.Waiters}
-	if h.Value != "" {
-		_, info.Fence, info.Owner = keys.Parse(h.Value)
-		info.Held, info.TTL = true, h.PTTL
-	}
-	return info, nil
-}
-
-// read runs f, a read of the lock called name (what names it in an
-// error), bounded by ctx whatever the client's options.
-func (l *Locker) read(ctx context.Context, name, what string, f func(ctx context.Context) (store.Holding, error)) (store.Holding, error) {
-	type result struct {
-		h   store.Holding
-		err error
-	}
-	res, done := tasks.Call(l.bg, ctx.Done(), nil, func() result {
-		h, err := f(ctx)
-		return result{h, err}
-	}, nil)
-	switch {
-	case !done || (res.err != nil && (classify(res.err) == store.NoVerdict || ctxErr(ctx) != nil)):
-		return store.Holding{}, ctxEnded(ctx, what)
-	case res.err != nil:
-		return store.Holding{}, callError(name, res.err)
-	}
-	return res.h, nil
 }

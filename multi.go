@@ -9,10 +9,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fencelock/fencelock/internal/goredis"
 	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/notify"
 	"github.com/fencelock/fencelock/internal/script"
 	"github.com/fencelock/fencelock/internal/store"
+	"github.com/fencelock/fencelock/internal/tasks"
+	"github.com/redis/go-redis/v9"
 )
 
 // maxNames is the most names one AcquireAll takes.
@@ -94,10 +97,46 @@ func (l *Locker) acquireAllObserved(ctx context.Context, names []string, co call
 // overlapping calls never wait for each other in a circle
 // (acquireInOrder).
 func (l *Locker) acquireAll(ctx context.Context, names []string, co callOptions, open bool, st *acquireStats) ([]*Lease, error) {
-	if l.single != nil && l.single.Together(names) {
+	if l.single != nil && together(goredis.Base(l.checks[0].client), names) {
 		return l.acquireTogether(ctx, names, co, open, st)
 	}
 	return l.acquireInOrder(ctx, names, co, open, st)
+}
+
+// together reports whether one script can take the locks of all of names
+// through c: on one server (or Sentinel's master), or when they hash to
+// one Cluster slot; a Ring chooses its shards by a hash of its own.
+func together(c redis.UniversalClient, names []string) bool {
+	switch c.(type) {
+	case *redis.ClusterClient:
+		slot := keySlot(names[0])
+		for _, name := range names[1:] {
+			if keySlot(name) != slot {
+				return false
+			}
+		}
+		return true
+	case *redis.Ring:
+		return len(names) == 1
+	}
+	return true
+}
+
+// keySlot is the Cluster slot of the keys whose hash tag is tag: CRC16
+// (XMODEM) modulo 16384.
+func keySlot(tag string) int {
+	var crc uint16
+	for i := 0; i < len(tag); i++ {
+		crc ^= uint16(tag[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) & 16383
 }
 
 // acquireTogether takes names in one script per attempt, through one
@@ -150,7 +189,7 @@ func (c *setCall) set(spec store.Spec) *set {
 	s := &set{c: c, spec: spec, members: make([]store.Lease, len(c.names)), keys: make([]any, 0, keys.N*len(c.names))}
 	s.argv = append(make([]any, 0, 3+len(c.names)), store.Millis(spec.TTL), store.Millis(l.opts.FenceRetention), spec.Owner)
 	for i, name := range c.names {
-		token := newToken()
+		token := keys.NewToken()
 		s.members[i] = l.single.Lock(store.Spec{Name: name, Token: token, TTL: spec.TTL, Owner: spec.Owner})
 		for _, k := range keys.ForLease(l.opts.KeyPrefix, name, token) {
 			s.keys = append(s.keys, k)
@@ -372,4 +411,157 @@ func (l *Locker) degradedAll(ctx context.Context, names []string, co callOptions
 		leases[i] = l.degraded(ctx, name, co, err)
 	}
 	return leases
+}
+
+// settleAll is settle for several leases, released within one bound (see
+// releaseLeases); it returns their losses joined.
+func (l *Locker) settleAll(ctx context.Context, leases []*Lease) error {
+	byWork := make(map[*Lease]bool, len(leases))
+	lost := make([]error, len(leases))
+	var rel []*Lease
+	for i, lease := range leases {
+		byWork[lease] = lease.isReleasing()
+		if lost[i] = l.lostByNow(lease, byWork[lease]); lost[i] == nil {
+			rel = append(rel, lease)
+		}
+	}
+	rerrs := l.releaseLeases(ctx, rel, func(lease *Lease, rerr error) { l.lateLoss(lease, byWork[lease], rerr) })
+	var all error
+	j := 0
+	for i, lease := range leases {
+		if lost[i] == nil {
+			lost[i] = l.settled(ctx, lease, byWork[lease], rerrs[j])
+			j++
+		}
+		if lost[i] != nil {
+			all = joinErr(all, lost[i])
+		}
+	}
+	return all
+}
+
+// runAll is RunWithLocks, without the Observer's Start and End.
+func (l *Locker) runAll(ctx context.Context, names []string,
+	work func(ctx context.Context, leases []*Lease) error, opts []Option) error {
+	co, err := l.setOptions(names, opts)
+	if err != nil {
+		return err
+	}
+	open := co.opens(l.opts.FailOpen)
+	leases, err := l.acquireAllObserved(ctx, names, co, open)
+	if err != nil {
+		if !open || !outage(ctx, err) {
+			return err
+		}
+		return work(ctx, l.degradedAll(ctx, names, co, err))
+	}
+	// Each lease's context is derived from the one before: the last,
+	// work's, ends with the first lease lost, with its cause.
+	workCtx := ctx
+	for _, lease := range leases {
+		if l.opts.Observer != nil {
+			lease.obsCtx = ctx // the run's: renewals and a loss are its events
+		}
+		workCtx = lease.keepAlive(workCtx, true)
+	}
+	returned := false
+	defer func() {
+		if !returned { // work panicked or called runtime.Goexit
+			l.releaseLeases(ctx, leases, nil)
+		}
+	}()
+	werr := work(workCtx, leases)
+	returned = true
+	if lost := l.settleAll(ctx, leases); lost != nil {
+		return joinErr(werr, lost)
+	}
+	return werr
+}
+
+// releaseLeases releases leases as Release does each, all within one bound:
+// ctx and one ReleaseTimeout, whatever their number; the releases that have
+// not answered by then go on in the background, one after another, as
+// Release's do. errs[i] is leases[i]'s error; notHeld, if not nil, gets a
+// lease whose release answered ErrNotHeld only in the background.
+func (l *Locker) releaseLeases(ctx context.Context, leases []*Lease, notHeld func(*Lease, error)) (errs []error) {
+	errs = make([]error, len(leases))
+	if obs := l.opts.Observer; obs != nil {
+		defer l.observeReleases(ctx, leases, errs)()
+	}
+	var todo []*Lease
+	var at []int // todo[j] is leases[at[j]]
+	for i, lease := range leases {
+		lease.endWork()
+		switch {
+		case lease.degraded:
+			errs[i] = ErrNotHeld
+		case lease.doneErr() != nil:
+			errs[i] = lease.doneErr()
+		default:
+			todo, at = append(todo, lease), append(at, i)
+		}
+	}
+	if len(todo) == 0 {
+		return errs
+	}
+	rctx, cancel := l.detached(ctx)
+	run := func() []error {
+		res := make([]error, len(todo))
+		for j, lease := range todo {
+			res[j] = lease.release(rctx)
+		}
+		return res
+	}
+	if ctx.Done() == nil && l.traits.Deadlines { // as in releaseOp
+		defer cancel()
+		for j, err := range run() {
+			errs[at[j]] = err
+		}
+		return errs
+	}
+	res, done := tasks.Call(l.bg, ctx.Done(), rctx.Done(), run, func(res []error) {
+		cancel()
+		for j, err := range res {
+			lease := todo[j]
+			lease.releasedLate(err, func(err error) {
+				if notHeld != nil {
+					notHeld(lease, err)
+				}
+			})
+		}
+	})
+	if done {
+		cancel()
+		for j, err := range res {
+			errs[at[j]] = err
+		}
+		return errs
+	}
+	cut := l.releaseCutShort(ctx)
+	for _, i := range at {
+		errs[i] = cut
+	}
+	return errs
+}
+
+// observeReleases tells the Observer of one OpRelease for each of leases,
+// and returns what tells it of their ends, with the errors in errs.
+func (l *Locker) observeReleases(ctx context.Context, leases []*Lease, errs []error) (end func()) {
+	obs := l.opts.Observer
+	ctxs := make([]context.Context, len(leases))
+	for i, lease := range leases {
+		ctxs[i] = obs.Start(ctx, OpRelease, lease.name)
+	}
+	start := l.clock.Now()
+	return func() {
+		now := l.clock.Now()
+		for i, lease := range leases {
+			e := Event{Op: OpRelease, Name: lease.name, Lease: lease, Outcome: OutcomeOf(errs[i]), Err: errs[i],
+				Fence: lease.fence, Duration: now.Sub(start)}
+			if errs[i] == nil && lease.lostCause() == nil {
+				e.Held = now.Sub(lease.acquired)
+			}
+			obs.End(ctxs[i], e)
+		}
+	}
 }

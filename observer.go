@@ -97,3 +97,69 @@ func OutcomeOf(err error) Outcome {
 	}
 	return OutcomeFailed
 }
+
+// acquireObserved is Acquire with its options checked, without failing open
+// (the Observer sees the attempts' outcome); open bounds the attempts as a
+// fail-open call's (see Options.AttemptTimeout).
+func (l *Locker) acquireObserved(ctx context.Context, name string, co callOptions, open bool) (*Lease, error) {
+	obs := l.opts.Observer
+	if obs == nil {
+		return l.acquireWith(ctx, name, co, open, nil)
+	}
+	ctx = obs.Start(ctx, OpAcquire, name)
+	var st acquireStats
+	start := l.clock.Now()
+	got, err := l.acquireWith(ctx, name, co, open, &st)
+	e := Event{Op: OpAcquire, Name: name, Lease: got, Outcome: OutcomeOf(err), Err: err,
+		Duration: l.clock.Now().Sub(start), Waited: st.waited, Handoff: st.handoff}
+	if got != nil {
+		e.Fence = got.fence
+		if got.obsCtx == nil {
+			got.obsCtx = ctx
+		}
+	}
+	obs.End(ctx, e)
+	return got, err
+}
+
+// errAborted is the error of an OpRun whose work panicked or called
+// runtime.Goexit; the panic goes on to RunWithLock's caller.
+var errAborted = errors.New("fencelock: the work panicked or called runtime.Goexit")
+
+// observeRun runs run, the body of a RunWithLock or RunWithLocks, between
+// the Observer's Start and End of one OpRun called name (several names
+// joined with commas); the End names the lease run stores in *lease, if any.
+// The End comes also when run panics or calls runtime.Goexit.
+func (l *Locker) observeRun(ctx context.Context, name string, run func(ctx context.Context, lease **Lease) error) error {
+	obs := l.opts.Observer
+	ctx = obs.Start(ctx, OpRun, name)
+	start := l.clock.Now()
+	var lease *Lease
+	err := errAborted // unless run returns
+	defer func() {
+		e := Event{Op: OpRun, Name: name, Lease: lease, Outcome: OutcomeOf(err), Err: err, Duration: l.clock.Now().Sub(start)}
+		if lease != nil {
+			e.Fence = lease.fence
+		}
+		obs.End(ctx, e)
+	}()
+	err = run(ctx, &lease)
+	return err
+}
+
+// observeRelease runs release, lease's, between the Observer's Start and
+// End of an OpRelease.
+func (l *Locker) observeRelease(ctx context.Context, lease *Lease, release func(ctx context.Context) error) error {
+	obs := l.opts.Observer
+	ctx = obs.Start(ctx, OpRelease, lease.name)
+	start := l.clock.Now()
+	err := release(ctx)
+	now := l.clock.Now()
+	e := Event{Op: OpRelease, Name: lease.name, Lease: lease, Outcome: OutcomeOf(err), Err: err,
+		Fence: lease.fence, Duration: now.Sub(start)}
+	if err == nil && lease.lostCause() == nil {
+		e.Held = now.Sub(lease.acquired)
+	}
+	obs.End(ctx, e)
+	return err
+}

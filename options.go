@@ -1,6 +1,8 @@
 package fencelock
 
 import (
+	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"strconv"
@@ -340,3 +342,82 @@ func (o *Options) checkCallTTL(what string, ttl time.Duration) error {
 func ttlMillis(ttl time.Duration) int64 {
 	return int64((ttl + time.Millisecond - 1) / time.Millisecond)
 }
+
+func checkName(name string) error {
+	if name == "" {
+		return invalidf("empty lock name")
+	}
+	if strings.ContainsAny(name, "{}") {
+		return invalidf("lock name %q contains '{' or '}'", name)
+	}
+	return nil
+}
+
+// callOptions checks a call for the lock called name, and applies opts over
+// the Locker's defaults: ErrInvalid for a zero Locker or a bad argument,
+// ErrClosed after Close.
+func (l *Locker) callOptions(name string, opts []Option) (callOptions, error) {
+	if err := l.usable(); err != nil {
+		return callOptions{}, err
+	}
+	co := callOptions{ttl: l.opts.TTL, kind: l.lock}
+	if err := checkName(name); err != nil {
+		return co, err
+	}
+	for _, opt := range opts {
+		if opt == nil {
+			return co, invalidf("nil Option")
+		}
+		co = opt(co)
+	}
+	if co.ttlSet {
+		if err := l.opts.checkCallTTL("WithTTL", co.ttl); err != nil {
+			return co, err
+		}
+	}
+	if co.wait < 0 {
+		return co, invalidf("WithWait %v is negative", co.wait)
+	}
+	if co.ownerSet {
+		if err := checkOwner("WithOwner", co.owner); err != nil {
+			return co, err
+		}
+	}
+	if co.fair && co.kind.queued == nil {
+		return co, invalidf("WithFair on a NewRedlock Locker: a queue kept on a quorum of nodes would need consensus")
+	}
+	if l.isClosed() {
+		return co, closedError(name, nil)
+	}
+	return co, nil
+}
+
+// outage reports whether err, an Acquire's, is one that a fail-open call
+// runs its work degraded on: Redis unavailable, and ctx still running.
+func outage(ctx context.Context, err error) bool {
+	return errors.Is(err, ErrUnavailable) && ctx.Err() == nil
+}
+
+// degraded returns the fail-open stand-in for a lease of name of the call
+// co, after an Acquire that failed with err, and logs it at Error level.
+func (l *Locker) degraded(ctx context.Context, name string, co callOptions, err error) *Lease {
+	l.opts.Logger.LogAttrs(ctx, slog.LevelError, "fencelock: redis unavailable, running without the lock (fail-open)",
+		slog.String("lock", name), slog.Any("error", err))
+	lease := l.leaseOf(name, co, co.kind.lease(l.spec(name, co)))
+	lease.degraded = true
+	return lease
+}
+
+// openEnd is when a fail-open call (open) that began at start, on the
+// Locker's clock, stops waiting for an outage to end: half the time before
+// ctx's deadline, so that its work runs degraded before it. It is the far
+// future for other calls.
+func (l *Locker) openEnd(ctx context.Context, open bool, start time.Time) time.Time {
+	if dl, ok := ctx.Deadline(); ok && open {
+		return start.Add(time.Until(dl) / 2) // real time, as ctx's deadline
+	}
+	return start.Add(forever)
+}
+
+// forever is further off than any lock's TTL or any call's wait.
+const forever = 10 * maxTTL

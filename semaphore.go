@@ -97,7 +97,7 @@ func (s *Semaphore) usable() error {
 // a slice of their own.
 func (s *Semaphore) with(opts []Option) []Option {
 	k := kind{lease: func(spec store.Spec) store.Lease { return s.permit(spec) },
-		queued: func(spec store.Spec) store.Queued { return s.permit(spec) }}
+		queued: func(spec store.Spec) lineLease { return s.permit(spec) }}
 	return append(opts[:len(opts):len(opts)], withKind(k))
 }
 
@@ -112,7 +112,7 @@ type permit struct {
 	owner any
 }
 
-var _ store.Queued = (*permit)(nil)
+var _ lineLease = (*permit)(nil)
 
 func (s *Semaphore) permit(spec store.Spec) *permit {
 	p := &permit{s: s, spec: spec, token: string(spec.Token), owner: spec.Owner}
@@ -206,7 +206,7 @@ func (p *permit) Release(ctx context.Context, mode store.Mode, ttl time.Duration
 	return store.ReleaseReply("semaphore_release", reply)
 }
 
-func (p *permit) Queue(ctx context.Context, ttl time.Duration, leave bool) (store.QueueReply, error) {
+func (p *permit) Queue(ctx context.Context, ttl time.Duration, leave bool) (queueReply, error) {
 	s := p.s
 	mode := "k"
 	if leave {
@@ -216,9 +216,9 @@ func (p *permit) Queue(ctx context.Context, ttl time.Duration, leave bool) (stor
 		[]any{s.args[keys.LockKey], s.args[keys.QueueKey], s.args[keys.QueueInfoKey], s.infoArg},
 		p.arg, mode, store.Millis(store.QueueEntryTTL), store.Millis(ttl), p.owner, s.permitsArg)
 	if err != nil {
-		return store.QueueReply{}, err
+		return queueReply{}, err
 	}
-	return store.QueueReplyOf("semaphore_queue", reply)
+	return queueReplyOf("semaphore_queue", reply)
 }
 
 // Read reads the permit for Lease.TTL: its value as a lock's, "<token>

@@ -8,16 +8,15 @@ import (
 	"time"
 
 	"github.com/fencelock/fencelock/internal/backoff"
+	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/store"
 	"github.com/fencelock/fencelock/internal/tasks"
 )
 
-// An acquisition is one Acquire call across its attempts: what it learnt
-// (the verdict, the holder it saw, whether an attempt may have taken the
-// lock unseen) and the steps every way of waiting shares: try once, take a
-// new token, complete the lease, give up. Plain waiting is acquisition.plain,
-// here: attempts, with pauses cut short by the store's wake-ups; fair
-// waiting is in fair.go.
+// An acquisition is one Acquire call across its attempts: what it learnt,
+// and the steps every way of waiting shares (try, take a new token,
+// complete the lease, give up). Plain waiting is here: attempts, with
+// pauses cut short by the store's wake-ups; fair waiting is in fair.go.
 type acquisition struct {
 	l       *Locker
 	ctx     context.Context
@@ -30,11 +29,8 @@ type acquisition struct {
 
 	verdict error // the last attempt's: busy, or a callError; nil: none yet
 	seen    busySeen
-	unsure  bool // an attempt's outcome is unknown: it may have taken the lock
-
-	// letGo gives back, in the background, what the current token may hold
-	// or where it waits, when the call gives up; set by the way of waiting.
-	letGo func()
+	unsure  bool   // an attempt's outcome is unknown: it may have taken the lock
+	letGo   func() // gives back what the current token may hold, or where it waits, when the call gives up
 }
 
 // acquireStats is what an Observer learns of an Acquire.
@@ -55,8 +51,8 @@ func (a *acquisition) ended() bool {
 }
 
 // try runs one attempt. With done false, ctx ended or Close was called
-// before it gave a verdict: it may have taken the lock (a.unsure), unless a
-// failed dial shows Redis was not reached, which is then the verdict.
+// before a verdict: it may have taken the lock (a.unsure); a failed dial
+// meanwhile is the verdict.
 func (a *acquisition) try() (at store.Attempt, done bool) {
 	mark := a.l.store.Mark()
 	at, done = a.l.try(a.ctx, a.lease, a.open)
@@ -69,8 +65,8 @@ func (a *acquisition) try() (at store.Attempt, done bool) {
 	return at, done
 }
 
-// failed records at's error as the verdict, and reports whether retrying
-// cannot help (Redis refused the lock's commands).
+// failed records at's error as the verdict, and reports whether Redis
+// refused the lock's commands: retrying cannot help.
 func (a *acquisition) failed(at store.Attempt) (refused bool) {
 	a.verdict = callError(a.lease.name, at.Err)
 	if at.Free {
@@ -92,8 +88,8 @@ func (a *acquisition) busy(at store.Attempt, sent time.Time) {
 	a.verdict = a.seen.see(&BusyError{Name: name, Owner: b.Owner, TTL: b.TTL, Holders: b.Holders}, sent)
 }
 
-// rotate gives the call a new token from h, which a clean-up of the old
-// one, or a late copy of one of its attempts, cannot touch.
+// rotate gives the call h, a new token's, which nothing of the old one's
+// can touch.
 func (a *acquisition) rotate(h store.Lease) {
 	old := a.lease
 	a.lease = &Lease{locker: a.l, h: h, name: old.name, ttl: old.ttl, owner: old.owner}
@@ -108,9 +104,7 @@ func (a *acquisition) complete(fence int64, from time.Time) *Lease {
 	lease.fence = fence
 	lease.acquired = from
 	lease.deadline = from.Add(lease.ttl - drift(lease.ttl))
-	if a.unsure {
-		// An earlier attempt may still reach Redis and reset the expiry to
-		// this TTL after a longer Extend.
+	if a.unsure { // an earlier attempt may reset the expiry to this TTL after a longer Extend
 		lease.floorTTL = lease.ttl
 	}
 	if log := a.l.opts.Logger; log.Enabled(a.ctx, slog.LevelDebug) {
@@ -120,9 +114,8 @@ func (a *acquisition) complete(fence int64, from time.Time) *Lease {
 	return lease
 }
 
-// giveUp ends the call without the lock: letGo gives back what it may hold,
-// and the error is the last verdict, with ctx's error when ctx ended, or
-// ctx's alone when no attempt got a verdict.
+// giveUp ends the call without the lock: letGo gives back what it may hold;
+// the error is the last verdict, with ctx's when ctx ended, or ctx's alone.
 func (a *acquisition) giveUp() (*Lease, error) {
 	a.letGo()
 	l := a.l
@@ -141,9 +134,9 @@ func (a *acquisition) giveUp() (*Lease, error) {
 	return nil, withCtx(a.verdict, ctxE)
 }
 
-// plain runs the attempts of an Acquire that is not fair: each attempt
-// either takes the lock, or is followed by a pause (the backoff, cut short
-// by the store's wake-ups and by the holder's expiry) until the wait ends.
+// plain runs the attempts of an Acquire that is not fair, each followed by
+// a pause (the backoff, cut short by a wake-up or the holder's expiry)
+// until one takes the lock or the wait ends.
 func (a *acquisition) plain() (*Lease, error) {
 	l := a.l
 	var wake store.Wakeup
@@ -188,9 +181,7 @@ func (a *acquisition) plain() (*Lease, error) {
 				}
 				return a.complete(at.Fence, start), nil
 			}
-			// Granted, but the reply came after the lease's deadline.
-			// Another attempt with the same token renews it.
-			a.unsure = true
+			a.unsure = true // granted after the lease's deadline: another attempt of the token renews it
 			a.verdict = &opError{msg: ErrUnavailable.Error() + ": the reply came after the lease's deadline",
 				errs: []error{ErrUnavailable}}
 			if l.clock.Now().Before(a.waitEnd) {
@@ -199,10 +190,8 @@ func (a *acquisition) plain() (*Lease, error) {
 		default:
 			a.busy(at, start)
 		}
-		if at.Retire {
-			// The try may hold the lock somewhere without having got it;
-			// the store gives that back in the background.
-			a.rotate(a.lease.h.Next(newToken()))
+		if at.Retire { // the store gives back what it may hold
+			a.rotate(a.lease.h.Next(keys.NewToken()))
 		}
 		if !p.sleep(at) {
 			return a.giveUp()
@@ -219,7 +208,7 @@ type pauses struct {
 }
 
 // sleep pauses after the attempt at, and reports false when the call must
-// give up: its wait (or a fail-open call's outage) has ended, ctx ended or
+// give up: its wait (or a fail-open call's outage) ended, ctx ended, or
 // Close was called.
 func (p *pauses) sleep(at store.Attempt) bool {
 	a, l := p.a, p.a.l
@@ -268,13 +257,11 @@ func (p *pauses) sleep(at store.Attempt) bool {
 	return true
 }
 
-// try runs one attempt of an Acquire for lease, bounded by ctx, by Close,
-// and by AttemptTimeout (see Options; open: the call fails open). With done
-// false, ctx ended or Close was called before the attempt gave a verdict:
-// it may still be in flight, on a goroutine the Locker tracks, or have
-// taken the lock as Close was called. An attempt that outlived
-// AttemptTimeout alone is a verdict: a *noReplyError, which names the cause
-// when a dial failed while it ran.
+// try runs one attempt for lease, bounded by ctx, Close and AttemptTimeout
+// (half the time left, for a fail-open call, open). With done false, ctx
+// ended or Close was called first: it may still be in flight, or have
+// taken the lock. An attempt that outlived AttemptTimeout alone is a
+// verdict: a *noReplyError.
 func (l *Locker) try(ctx context.Context, lease *Lease, open bool) (a store.Attempt, done bool) {
 	timeout, half := l.opts.AttemptTimeout, false
 	if dl, ok := ctx.Deadline(); ok && open {
@@ -294,10 +281,7 @@ func (l *Locker) try(ctx context.Context, lease *Lease, open bool) (a store.Atte
 	} else {
 		a, done = tasks.Call(l.bg, actx.Done(), l.closed, func() store.Attempt { return lease.h.Acquire(actx) }, nil)
 	}
-	if done && a.OK && l.isClosed() {
-		// Close was called while it ran (on the caller's goroutine, or
-		// within call's grace): no lease after Close; the caller gives
-		// back the lock it took, as one it may have taken.
+	if done && a.OK && l.isClosed() { // no lease after Close: the caller gives it back
 		return a, false
 	}
 	if done && (a.Err == nil || (classify(a.Err) != store.NoVerdict && (ctxErr(actx) == nil || !store.Timeout(a.Err)))) {
@@ -306,76 +290,6 @@ func (l *Locker) try(ctx context.Context, lease *Lease, open bool) (a store.Atte
 	if ctxErr(ctx) != nil || l.isClosed() {
 		return a, false
 	}
-	// A failed dial of the client is no evidence about this attempt's own
-	// request, which may have gone on a connection already open while
-	// another call failed to dial: it was not sent only when it had no
-	// connection to go on (see Store.Since).
-	cause, unsent := l.store.Since(mark)
+	cause, unsent := l.store.Since(mark) // a failed dial names the cause; unsent only with no connection at all
 	return store.Attempt{Err: &noReplyError{timeout: timeout, half: half, cause: cause, unsent: unsent}}, true
 }
-
-// A noReplyError is an attempt that got no reply within its bound. It
-// matches the failed dial that explains it, when dials failed meanwhile.
-type noReplyError struct {
-	timeout time.Duration
-	half    bool // the bound was half the time left before the deadline, for fail-open
-	cause   error
-	unsent  bool // the script was provably not sent
-}
-
-func (e *noReplyError) Error() string {
-	bound := "AttemptTimeout"
-	if e.half {
-		bound = "half the time left before the deadline, for fail-open"
-	}
-	msg := "no reply within " + e.timeout.Round(time.Millisecond).String() + " (" + bound + ")"
-	if e.cause != nil {
-		msg += ": " + e.cause.Error()
-	}
-	return msg
-}
-
-func (e *noReplyError) Unwrap() error { return e.cause }
-
-// Unsent reports whether the attempt was provably not sent.
-func (e *noReplyError) Unsent() bool { return e.unsent }
-
-// busySeen is the last busy answer of an Acquire, and until when, at least,
-// the holder it named holds the lock: an outage after it is no reason to
-// fail open while that lasts. An attempt that finds the lock free ends it.
-type busySeen struct {
-	err   *BusyError
-	until time.Time
-}
-
-// see records busy, an answer to the attempt sent at sent, and returns it.
-func (b *busySeen) see(busy *BusyError, sent time.Time) error {
-	b.err, b.until = busy, sent.Add(max(busy.TTL, 0))
-	if busy.TTL == -1 { // no expiry
-		b.until = sent.Add(forever)
-	}
-	return busy
-}
-
-// verdict is v, or the busy answer when v is an outage that came while the
-// holder it named still held the lock.
-func (b *busySeen) verdict(v error, now time.Time) error {
-	if b.err != nil && now.Before(b.until) && errors.Is(v, ErrUnavailable) {
-		return b.err
-	}
-	return v
-}
-
-// openEnd is when a fail-open call (open) that began at start, on the
-// Locker's clock, stops waiting for an outage to end: half the time before
-// ctx's deadline, so that its work runs degraded before it. It is the far
-// future for other calls.
-func (l *Locker) openEnd(ctx context.Context, open bool, start time.Time) time.Time {
-	if dl, ok := ctx.Deadline(); ok && open {
-		return start.Add(time.Until(dl) / 2) // real time, as ctx's deadline
-	}
-	return start.Add(forever)
-}
-
-// forever is further off than any lock's TTL or any call's wait.
-const forever = 10 * maxTTL

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/fencelock/fencelock/internal/backoff"
@@ -176,26 +175,4 @@ func (wd *watchdog) renewed(err error) bool {
 	wd.renew.Reset(pause)
 	wd.deadline.Reset(remaining) // an unknown outcome may have moved it earlier
 	return false
-}
-
-// errMaxHold starts the cause of a lease no longer renewed after MaxHold.
-var errMaxHold = errors.New("held for MaxHold")
-
-// lostBecause is the cause of a lease lost because Redis said it is not
-// held. It matches ErrLost only: the lease was held, then lost.
-func lostBecause(notHeld error) error {
-	return &opError{msg: ErrLost.Error() + ": " + strings.TrimPrefix(notHeld.Error(), "fencelock: "),
-		errs: []error{ErrLost}}
-}
-
-// deadlinePassed is the cause of a lease lost at its local deadline,
-// wrapping the last renewal error if there was one.
-func deadlinePassed(lastErr error) error {
-	if errors.Is(lastErr, errMaxHold) {
-		return fmt.Errorf("%w: %w; its deadline passed", ErrLost, lastErr)
-	}
-	if lastErr != nil {
-		return fmt.Errorf("%w: deadline passed before a renewal succeeded: %w", ErrLost, lastErr)
-	}
-	return fmt.Errorf("%w: deadline passed before a renewal succeeded", ErrLost)
 }

@@ -23,14 +23,10 @@ type lease struct {
 	owner any         // spec.Owner, boxed
 }
 
-var _ store.Queued = (*lease)(nil)
+var _ store.Lease = (*lease)(nil)
 
 // Lock returns the lease of spec's token on its lock.
 func (d *Deployment) Lock(spec store.Spec) store.Lease { return d.newLease(spec) }
-
-// FairLock returns the lease of spec's token on its lock, which can wait
-// in the lock's line.
-func (d *Deployment) FairLock(spec store.Spec) store.Queued { return d.newLease(spec) }
 
 func (d *Deployment) newLease(spec store.Spec) *lease {
 	k := &lease{d: d, spec: spec, keys: keys.ForLease(d.cfg.KeyPrefix, spec.Name, spec.Token), owner: d.ownerArg(spec.Owner)}
@@ -126,19 +122,6 @@ func (k *lease) Release(ctx context.Context, mode store.Mode, ttl time.Duration)
 
 func (k *lease) Read(ctx context.Context) (store.Holding, error) {
 	return k.d.read(ctx, k.args[keys.LockKey], k.args[keys.CounterKey])
-}
-
-func (k *lease) Queue(ctx context.Context, ttl time.Duration, leave bool) (store.QueueReply, error) {
-	mode := "k"
-	if leave {
-		mode = "d"
-	}
-	reply, err := k.d.Eval(ctx, script.Queue, []any{k.args[keys.LockKey], k.args[keys.QueueKey], k.args[keys.QueueInfoKey]},
-		k.arg, mode, queueEntryMillis, k.d.ttlArg(ttl), k.owner)
-	if err != nil {
-		return store.QueueReply{}, err
-	}
-	return store.QueueReplyOf("queue", reply)
 }
 
 // MarkerArg is how long, in ms, a release in mode keeps the token's

@@ -17,9 +17,12 @@
 package keys
 
 import (
+	"crypto/rand"
 	"strconv"
 	"strings"
 	"unsafe"
+
+	"github.com/google/uuid"
 )
 
 // Lock returns the key of the lock called name.
@@ -125,4 +128,22 @@ func Box(p *string) any {
 	var v any = ""
 	(*[2]unsafe.Pointer)(unsafe.Pointer(&v))[1] = unsafe.Pointer(p)
 	return v
+}
+
+// NewToken returns a fresh token: a version 4 UUID's text, from crypto/rand, which cannot
+// fail.
+func NewToken() []byte {
+	var u uuid.UUID
+	_, _ = rand.Read(u[:])
+	u[6] = u[6]&0x0f | 0x40
+	u[8] = u[8]&0x3f | 0x80
+	const hexDigits = "0123456789abcdef"
+	token := make([]byte, 0, 36)
+	for i, c := range u {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			token = append(token, '-')
+		}
+		token = append(token, hexDigits[c>>4], hexDigits[c&0xf])
+	}
+	return token
 }

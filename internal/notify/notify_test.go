@@ -14,13 +14,13 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/fencelock/fencelock/internal/deployment"
+	"github.com/fencelock/fencelock/internal/goredis"
 	"github.com/fencelock/fencelock/internal/notify"
 	"github.com/fencelock/fencelock/internal/redistest"
 )
 
 // These tests run a Notifier on real redis-server processes, through the
-// go-redis Network of internal/deployment.
+// go-redis Network of internal/goredis.
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
@@ -30,7 +30,7 @@ var ctx = context.Background()
 // when the test ends, before client is.
 func newNotifier(t *testing.T, client redis.UniversalClient, o notify.Options) *notify.Notifier {
 	t.Helper()
-	n := notify.New(deployment.NewPubSub(client), o)
+	n := notify.New(goredis.NewNetwork(client), o)
 	t.Cleanup(func() {
 		n.Close(time.Now().Add(time.Minute))
 		n.Wait()

@@ -3,7 +3,6 @@ package store
 import (
 	"errors"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -57,40 +56,6 @@ func result(code int64) Result {
 		return Taken
 	}
 	return Gone
-}
-
-// QueueReplyOf decodes the reply of a queue script: {1, fence, pttl} for a
-// grant (the fence as the lock's value has it: "<fence> <owner>"), {0,
-// pttl} or {0} while waiting, {3} out of line, {4} first.
-func QueueReplyOf(script string, reply any) (QueueReply, error) {
-	arr, _ := reply.([]any)
-	r := QueueReply{PTTL: -2}
-	ok := len(arr) > 0
-	if ok {
-		state, _ := arr[0].(int64)
-		r.State = QueueState(state)
-	}
-	switch r.State {
-	case Granted:
-		ok = len(arr) == 3
-		if ok {
-			s, _ := arr[1].(string)
-			f, _, _ := strings.Cut(s, " ")
-			r.Fence, _ = strconv.ParseInt(f, 10, 64)
-			pttl, _ := arr[2].(int64)
-			r.PTTL = time.Duration(pttl) * time.Millisecond
-			ok = r.Fence > 0
-		}
-	case Waiting:
-		if len(arr) == 2 {
-			pttl, _ := arr[1].(int64)
-			r.PTTL = time.Duration(pttl) * time.Millisecond
-		}
-	}
-	if !ok {
-		return QueueReply{}, BadReply(script, reply)
-	}
-	return r, nil
 }
 
 // Millis returns d in milliseconds for a script's ARGV, rounded up: a lock

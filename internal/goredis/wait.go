@@ -1,8 +1,7 @@
-package deployment
+package goredis
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync/atomic"
 
@@ -12,56 +11,40 @@ import (
 	"github.com/fencelock/fencelock/internal/store"
 )
 
-// Call sends one command through the deployment's client with Process,
-// which an AutoPipeliner batches (its Do runs each command on a connection
-// of its own); on a client, Do is the same.
-func (d *Deployment) Call(ctx context.Context, args []any) (any, error) {
-	cmd := redis.NewCmd(ctx, args...)
-	_ = d.client.Process(ctx, cmd)
-	reply, err := cmd.Result()
-	return reply, d.translate(err)
-}
-
-// Eval runs s on keys: EVALSHA, then EVAL when the server does not have it
-// cached.
-func (d *Deployment) Eval(ctx context.Context, s *script.Script, keys []any, argv ...any) (any, error) {
-	return script.Run(ctx, d, s, false, keys, argv)
-}
-
-// Run runs s on keys as Eval does (EVAL alone when eval is set), and with
-// Config.Replicas it sends WAIT (or WAITAOF) after the script in one
+// Run runs s on keys as Eval does (EVAL alone when eval is set); with
+// Options.Replicas it sends WAIT (or WAITAOF) after the script in one
 // pipeline on the connection to the node that serves the first key (on a
 // Cluster, following MOVED and ASK there: see redirected): WAIT counts
 // the writes of its own connection. It then returns a *store.ReplicaError
 // when fewer replicas acknowledged, or WAIT's own error, with the script's
 // reply, whose decoder decides: an answer that says the script wrote
 // nothing stands whatever WAIT said.
-func (d *Deployment) Run(ctx context.Context, s *script.Script, eval bool, keys []any, argv ...any) (any, error) {
-	if d.cfg.Replicas == 0 {
-		return script.Run(ctx, d, s, eval, keys, argv)
+func (c *Client) Run(ctx context.Context, s *script.Script, eval bool, keys, argv []any) (any, error) {
+	if c.o.Replicas == 0 {
+		return script.Run(ctx, c, s, eval, keys, argv)
 	}
 	key, _ := keys[0].(string)
-	node, err := d.node(ctx, key)
+	node, err := c.node(ctx, key)
 	if err != nil {
-		return nil, d.translate(err)
+		return nil, translate(err)
 	}
-	cmd, wait, err := d.pipeline(ctx, node, s, eval, keys, argv)
+	cmd, wait, err := c.pipeline(ctx, node, s, eval, keys, argv)
 	if err != nil {
-		return nil, d.translate(err)
+		return nil, translate(err)
 	}
 	if err := cmd.Err(); err != nil {
-		return nil, d.translate(err)
+		return nil, translate(err)
 	}
 	if err := wait.Err(); err != nil {
-		return cmd.Val(), d.translate(err)
+		return cmd.Val(), translate(err)
 	}
-	return cmd.Val(), d.acknowledged(wait.Val())
+	return cmd.Val(), c.acknowledged(wait.Val())
 }
 
 // pipeline sends s and WAIT in one pipeline on node, again with EVAL after
 // NOSCRIPT, and on the node a Cluster's MOVED or ASK names.
-func (d *Deployment) pipeline(ctx context.Context, node redis.Cmdable, s *script.Script, eval bool, keys, argv []any) (cmd, wait *redis.Cmd, err error) {
-	timeout := store.Millis(d.cfg.ReplicaTimeout)
+func (c *Client) pipeline(ctx context.Context, node redis.Cmdable, s *script.Script, eval bool, keys, argv []any) (cmd, wait *redis.Cmd, err error) {
+	timeout := store.Millis(c.o.ReplicaTimeout)
 	asking := false
 	exec := func(eval bool) {
 		pipe := node.Pipeline()
@@ -69,10 +52,10 @@ func (d *Deployment) pipeline(ctx context.Context, node redis.Cmdable, s *script
 			pipe.Do(ctx, "ASKING") // the next command on this connection only
 		}
 		cmd = pipe.Do(ctx, script.Args(s, eval, keys, argv)...)
-		if d.cfg.ReplicaFsync {
-			wait = pipe.Do(ctx, "WAITAOF", 1, d.cfg.Replicas, timeout)
+		if c.o.ReplicaFsync {
+			wait = pipe.Do(ctx, "WAITAOF", 1, c.o.Replicas, timeout)
 		} else {
-			wait = pipe.Do(ctx, "WAIT", d.cfg.Replicas, timeout)
+			wait = pipe.Do(ctx, "WAIT", c.o.Replicas, timeout)
 		}
 		_, _ = pipe.Exec(ctx)
 	}
@@ -87,7 +70,7 @@ func (d *Deployment) pipeline(ctx context.Context, node redis.Cmdable, s *script
 		} else if !moved {
 			return cmd, wait, nil
 		}
-		cluster, isCluster := d.base.(*redis.ClusterClient)
+		cluster, isCluster := c.base.(*redis.ClusterClient)
 		if !isCluster {
 			return cmd, wait, nil // not a Cluster's client: a refusal, as without Replicas
 		}
@@ -100,7 +83,7 @@ func (d *Deployment) pipeline(ctx context.Context, node redis.Cmdable, s *script
 
 // acknowledged reads WAIT's (or WAITAOF's) reply: a *store.ReplicaError
 // when too few replicas acknowledged, or the master did not fsync.
-func (d *Deployment) acknowledged(reply any) error {
+func (c *Client) acknowledged(reply any) error {
 	acked, local := int64(0), int64(1)
 	switch v := reply.(type) {
 	case int64: // WAIT
@@ -111,8 +94,8 @@ func (d *Deployment) acknowledged(reply any) error {
 			acked, _ = v[1].(int64)
 		}
 	}
-	if acked < int64(d.cfg.Replicas) || local < 1 {
-		return &store.ReplicaError{Acked: acked, Want: d.cfg.Replicas, Local: local, Fsync: d.cfg.ReplicaFsync, Timeout: d.cfg.ReplicaTimeout}
+	if acked < int64(c.o.Replicas) || local < 1 {
+		return &store.ReplicaError{Acked: acked, Want: c.o.Replicas, Local: local, Fsync: c.o.ReplicaFsync, Timeout: c.o.ReplicaTimeout}
 	}
 	return nil
 }
@@ -122,14 +105,14 @@ func (d *Deployment) acknowledged(reply any) error {
 // date), its shard on a Ring, a plain client otherwise (a single server,
 // or Sentinel's current master: WAIT counts the writes of its own
 // connection, which an AutoPipeliner's batches do not share).
-func (d *Deployment) node(ctx context.Context, key string) (redis.Cmdable, error) {
-	switch c := d.base.(type) {
+func (c *Client) node(ctx context.Context, key string) (redis.Cmdable, error) {
+	switch c := c.base.(type) {
 	case *redis.ClusterClient:
 		return c.MasterForKey(ctx, key)
 	case *redis.Ring:
 		return c.GetShardClientForKey(key)
 	}
-	return d.base, nil
+	return c.base, nil
 }
 
 // redirected returns the master at addr, named by a MOVED or ASK reply of
@@ -159,36 +142,19 @@ func redirected(ctx context.Context, c *redis.ClusterClient, addr string, redire
 	return nil, fmt.Errorf("the lock's slot is moving: redirected to %s, no master in the slot map", addr)
 }
 
-// Subscribers returns how many connections subscribe to the wake-up
-// channel of key on the node that serves it.
-func (d *Deployment) Subscribers(ctx context.Context, key string) (int, error) {
-	channel := d.Channel(key)
-	node, err := d.node(ctx, channel)
+// Subscribers returns how many connections subscribe to channel on the
+// node that serves it.
+func (c *Client) Subscribers(ctx context.Context, channel string) (int, error) {
+	node, err := c.node(ctx, channel)
 	if err != nil {
-		return 0, d.translate(err)
+		return 0, translate(err)
 	}
 	n, err := node.PubSubShardNumSub(ctx, channel).Result()
 	if err != nil && IsUnknownCommand(err) {
 		n, err = node.PubSubNumSub(ctx, channel).Result()
 	}
 	if err != nil {
-		return 0, d.translate(err)
+		return 0, translate(err)
 	}
 	return int(n[channel]), nil
-}
-
-// translate gives go-redis's own errors their meaning for a lock (see
-// store.ClassOf): a closed client is a refusal, and a pool that had no
-// connection to give never sent the command. Every other error (Redis
-// replies, the network's, a context's) is classified as it is.
-func (d *Deployment) translate(err error) error {
-	switch {
-	case err == nil || errors.Is(err, redis.Nil):
-		return err
-	case errors.Is(err, redis.ErrClosed):
-		return &store.Refusal{Msg: "the go-redis client is closed", Err: err, NotSent: true}
-	case errors.Is(err, redis.ErrPoolTimeout):
-		return &store.NotSent{Err: err}
-	}
-	return err
 }

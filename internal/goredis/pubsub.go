@@ -1,4 +1,4 @@
-package deployment
+package goredis
 
 import (
 	"context"
@@ -11,10 +11,10 @@ import (
 	"github.com/fencelock/fencelock/internal/notify"
 )
 
-// PubSub is the notify.Network of a go-redis client: a *redis.Client (a
+// A Network is the notify.Network of a go-redis client: a *redis.Client (a
 // server, a Sentinel-managed master), a *redis.ClusterClient or a
 // *redis.Ring, never an AutoPipeliner (give it the client behind one).
-type PubSub struct {
+type Network struct {
 	client redis.UniversalClient
 	topo   notify.Topology
 
@@ -22,11 +22,11 @@ type PubSub struct {
 	nodes map[string]*redis.Client // guarded by mu; by address, as Route last found them
 }
 
-var _ notify.Network = (*PubSub)(nil)
+var _ notify.Network = (*Network)(nil)
 
-// NewPubSub returns the notify.Network of client.
-func NewPubSub(client redis.UniversalClient) *PubSub {
-	p := &PubSub{client: client, nodes: make(map[string]*redis.Client)}
+// NewNetwork returns the notify.Network of client.
+func NewNetwork(client redis.UniversalClient) *Network {
+	p := &Network{client: client, nodes: make(map[string]*redis.Client)}
 	switch client.(type) {
 	case *redis.ClusterClient:
 		p.topo = notify.Cluster
@@ -38,11 +38,11 @@ func NewPubSub(client redis.UniversalClient) *PubSub {
 
 // Topology reports Cluster for a ClusterClient, Ring for a Ring, Single
 // for the others.
-func (p *PubSub) Topology() notify.Topology { return p.topo }
+func (p *Network) Topology() notify.Topology { return p.topo }
 
 // Route returns the address of the node that serves channel: the master of
 // its slot on a Cluster, its shard on a Ring; "" for the others.
-func (p *PubSub) Route(ctx context.Context, channel string) (string, error) {
+func (p *Network) Route(ctx context.Context, channel string) (string, error) {
 	var node *redis.Client
 	var err error
 	switch c := p.client.(type) {
@@ -64,7 +64,7 @@ func (p *PubSub) Route(ctx context.Context, channel string) (string, error) {
 }
 
 // Reload has a ClusterClient reload its slot map in the background.
-func (p *PubSub) Reload(ctx context.Context) {
+func (p *Network) Reload(ctx context.Context) {
 	if c, ok := p.client.(*redis.ClusterClient); ok {
 		c.ReloadState(ctx)
 	}
@@ -72,7 +72,7 @@ func (p *PubSub) Reload(ctx context.Context) {
 
 // Open returns a connection to node, through the client Route found for
 // it ("": the client itself).
-func (p *PubSub) Open(node string, sharded bool) notify.Conn {
+func (p *Network) Open(node string, sharded bool) notify.Conn {
 	c := &pubsubConn{sharded: sharded}
 	if node == "" {
 		c.client = p.client
