@@ -400,6 +400,21 @@ func (c *checker) server(ctx context.Context, s *redis.Client, node string) {
 	}
 	c.servers = append(c.servers, info)
 
+	c.settings(node, srv, mem)
+	if c.persistence(ctx, s, node, pers) {
+		return
+	}
+
+	if want := c.l.opts.Replicas; want > 0 && repl["role"] == "master" && online < want {
+		c.add(Finding{Severity: SeverityCritical, Check: "replicas", Node: node,
+			Seen:  fmt.Sprintf("%d replicas online, Options.Replicas is %d", online, want),
+			Means: "no acquisition can be acknowledged by enough replicas: every one fails",
+			Fix:   "add replicas, or lower Options.Replicas"})
+	}
+}
+
+// settings checks a server's version (sharded pub/sub) and memory policy.
+func (c *checker) settings(node string, srv, mem map[string]string) {
 	if v := srv["redis_version"]; v != "" {
 		if major, _, _ := strings.Cut(v, "."); major < "7" && len(major) == 1 {
 			c.add(Finding{Severity: SeverityInfo, Check: "pubsub", Node: node,
@@ -422,14 +437,18 @@ func (c *checker) server(ctx context.Context, s *redis.Client, node string) {
 				Fix:   "maxmemory-policy noeviction, or a Redis of its own for the locks"})
 		}
 	}
+}
 
+// persistence checks a server's persistence, and reports whether ctx ended
+// meanwhile.
+func (c *checker) persistence(ctx context.Context, s *redis.Client, node string, pers map[string]string) bool {
 	if pers != nil {
 		aof := pers["aof_enabled"] == "1"
 		fsync := ""
 		if aof {
 			v, err := s.ConfigGet(ctx, "appendfsync").Result()
 			if err != nil && c.cut(ctx) {
-				return
+				return true
 			}
 			fsync = v["appendfsync"]
 		}
@@ -446,13 +465,7 @@ func (c *checker) server(ctx context.Context, s *redis.Client, node string) {
 				Fix:   "appendfsync always, if that cost is acceptable"})
 		}
 	}
-
-	if want := c.l.opts.Replicas; want > 0 && repl["role"] == "master" && online < want {
-		c.add(Finding{Severity: SeverityCritical, Check: "replicas", Node: node,
-			Seen:  fmt.Sprintf("%d replicas online, Options.Replicas is %d", online, want),
-			Means: "no acquisition can be acknowledged by enough replicas: every one fails",
-			Fix:   "add replicas, or lower Options.Replicas"})
-	}
+	return false
 }
 
 func hostPort(host, port string) string {

@@ -50,22 +50,29 @@
 // [GUARANTEES.md]: https://github.com/fencelock/fencelock/blob/main/GUARANTEES.md#how-it-works
 package fencelock
 
-// Architecture, for contributors (not part of the package documentation):
+// # Architecture
 //
-//	API        lock.go (Locker, New, Close, Acquire; the background work it owns),
-//	           lease.go (Lease), watchdog.go (RunWithLock, KeepAlive), inspect.go,
-//	           check.go, options.go, observer.go
-//	kinds      semaphore.go (Semaphore: a kind with semaphore_*.lua), rwlock.go
-//	           (RWLock: a kind with rwlock_*.lua), multi.go (AcquireAll,
-//	           RunWithLocks: a set kind with multi_acquire.lua, or sorted Acquires)
-//	waiting    acquire.go (one acquisition: try, rotate, complete, give up; plain
-//	           waiting), fair.go (fair line), redlock_line.go (Redlock line),
-//	           wait.go (pub/sub: one hub goroutine per node, messages to hearers)
-//	seam       backend.go: kind (acquire, extend, release; keyed, ownKeys and
-//	           waking when its leases have keys or wake-ups of their own),
-//	           backend (a lock's kind, and inspect, register, close), traits
-//	stores     deployment.go (one Redis: its script calls, Cluster routing, WAIT
-//	           for Replicas); redlock.go (quorum: fan-out, fence phases, splits)
-//	scripts    scripts.go (one script type), prelude.lua + one .lua per script,
-//	           scripts_hashes.go (their SHA-1s, written by go generate)
-//	errors     errors.go (sentinels, classify, advice), acl.go (the ACL rules)
+// For contributors (not part of the package documentation). Start with the
+// core, the plain lease: locker.go (New, Acquire), wait.go (the attempts),
+// lease.go (Extend, Release), watchdog.go (renewal and loss), run.go
+// (RunWithLock), then internal/store, the seam, and internal/deployment,
+// which runs internal/script's acquire.lua, extend.lua and release.lua.
+//
+//	root (package fencelock): the public API and the lease lifecycle
+//	    locker.go lease.go watchdog.go run.go wait.go   the core
+//	    fair.go                                           fair waiting: a line, a state machine
+//	    semaphore.go rwlock.go multi.go                   the kinds, each a store.Lease of its own over one deployment
+//	    check.go acl.go  options.go errors.go observer.go
+//	        |
+//	        | store.Store, store.Lease (one per token), store.Wakeup
+//	        v
+//	internal/store       the seam: results, attempts, error classes; no client
+//	internal/deployment  one deployment: the lock's scripts through a Client
+//	internal/redlock     a quorum of deployments: grants, fences, its line
+//	internal/goredis     the go-redis Client: commands, WAIT, dials, pub/sub
+//	internal/notify      wake-ups: hubs, connections, waiters; no protocol
+//	internal/script      the .lua files, the prelude, EVALSHA then EVAL
+//	internal/keys        the key layout and the lock's value (also cmd/fencelock's)
+//	internal/tasks       tracked goroutines: bounded calls, give-backs
+//	internal/deadline    one timer for the contexts of the calls
+//	internal/backoff     the retry pause
