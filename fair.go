@@ -15,48 +15,29 @@ import (
 	"github.com/fencelock/fencelock/internal/tasks"
 )
 
-// Fair waiting ("How fair waiting works" in GUARANTEES.md): an Acquire with
-// WithFair and WithWait subscribes first, joins the lock's line with its
-// first attempt, then waits for a release to grant it the lock, keeping its
-// entry alive (keepAliveEvery, and at the holder's expiry), until the wait
-// or ctx ends. A grant's Deadline counts from the send time of the last
-// request the server answered "still waiting", or, for a keep-alive that
-// brought the grant, from its send time plus the PTTL it read, if later.
+// Fair waiting ("How fair waiting works" in GUARANTEES.md): a fair Acquire
+// subscribes, joins the lock's line with its first attempt, then waits for
+// a release to grant it the lock, keeping its entry alive, until the wait
+// or ctx ends.
 
-// single is what one deployment offers beyond its store, set by New: what
-// fair waiting (this file) and the kinds of lock that live on one
-// deployment (semaphore.go, rwlock.go, multi.go) run there. A quorum has
-// none.
+// single is what one deployment offers beyond its store, set by New: the
+// calls fair waiting and the kinds that live on one deployment
+// (semaphore.go, rwlock.go, multi.go) run there; nil on a Redlock.
 type single interface {
 	store.Store
-	// Run runs s on keys (EVALSHA, then EVAL; EVAL alone with eval), with
-	// WAIT for Options.Replicas on the connection that wrote: a
-	// *ReplicaError comes with the script's reply when too few replicas
-	// acknowledged.
+	// Run runs s, with WAIT for Options.Replicas (a *store.ReplicaError
+	// with the reply when too few acknowledged); Eval runs s alone.
 	Run(ctx context.Context, s *script.Script, eval bool, keys []any, argv ...any) (any, error)
-	// Eval runs s on keys, without waiting for replicas.
 	Eval(ctx context.Context, s *script.Script, keys []any, argv ...any) (any, error)
-	// Took is the attempt of a run of k's acquire script: reply and err
-	// as Run returned them, a as the script's decoder read the reply. A
-	// lock taken short of replicas is given back.
+	// Took is the attempt of k's acquire script (Run's reply and err, a as
+	// its decoder read it); a lock taken short of replicas is given back.
 	Took(ctx context.Context, k store.Lease, reply any, err error, a store.Attempt) store.Attempt
-	// GiveBack abandons k in the background (Abandon: it deletes what k
-	// holds and retires its token), trying for ttl at least.
-	GiveBack(k store.Lease, what string, ttl time.Duration)
-	// Listen registers a waiter on the wake-up channel of key, woken (on
-	// wake if not nil) as h decides; nil after Close.
-	Listen(key string, wake chan struct{}, h notify.Hearer) *notify.Waiter
-	// Releases returns the wake-ups of a plain waiter on key's channel.
-	Releases(key string) store.Wakeup
-	// ChannelArg returns the wake-up channel of key as a script's argument
-	// (boxed is key, boxed).
-	ChannelArg(key string, boxed any) any
-	// MarkerArg is how long, in ms, a release in mode keeps a token's
-	// marker, for a lease of ttl.
-	MarkerArg(mode store.Mode, ttl time.Duration) any
-	// Subscribers returns how many connections subscribe to key's
-	// wake-up channel.
-	Subscribers(ctx context.Context, key string) (int, error)
+	GiveBack(k store.Lease, what string, ttl time.Duration)                // abandons k in the background
+	Listen(key string, wake chan struct{}, h notify.Hearer) *notify.Waiter // nil after Close
+	Releases(key string) store.Wakeup                                      // a plain waiter's wake-ups
+	ChannelArg(key string, boxed any) any                                  // key's wake-up channel, as a script's argument
+	MarkerArg(mode store.Mode, ttl time.Duration) any                      // how long a release in mode keeps a token's marker, in ms
+	Subscribers(ctx context.Context, key string) (int, error)              // of key's wake-up channel
 }
 
 // A lineLease can wait in its lock's line of fair waiters: a lock's
@@ -108,16 +89,10 @@ type queueReply struct {
 type queueState int8
 
 const (
-	// lineWaiting: still in line, its entry kept alive (or, for a departure,
-	// out of line).
-	lineWaiting queueState = 0
-	// lineGranted: a release handed the lock to this token; for a departure,
-	// the caller must release it, which hands it on.
-	lineGranted queueState = 1
-	// lineOutOfLine: the entry is gone (it expired): join again.
-	lineOutOfLine queueState = 3
-	// lineFirst: the lock is free and this waiter is first in line: take it.
-	lineFirst queueState = 4
+	lineWaiting   queueState = 0 // in line, its entry kept alive (after a departure: out of it)
+	lineGranted   queueState = 1 // a release handed it the lock (after a departure: release it, to hand it on)
+	lineOutOfLine queueState = 3 // its entry expired: join again
+	lineFirst     queueState = 4 // the lock is free and it is first in line: take it
 )
 
 // queueReplyOf decodes the reply of a queue script: {1, fence, pttl} for a
