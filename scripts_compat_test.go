@@ -92,7 +92,10 @@ func (s *compatSide) release(ctx context.Context, token string, mode store.Mode)
 	if mode == store.Abandon {
 		ttl = compatAbandon
 	}
-	return s.run(ctx, script.Release, s.all(token), token, s.keys[0], string(mode), ttl, compatRetention)
+	if s.old { // the arguments as it took them
+		return s.run(ctx, script.Release, s.all(token), token, s.keys[0], string(mode), ttl, compatRetention)
+	}
+	return s.run(ctx, script.Release, s.all(token), token, ttl, compatRetention, string(mode))
 }
 
 func (s *compatSide) extend(ctx context.Context, token string) (any, error) {

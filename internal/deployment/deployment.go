@@ -8,7 +8,6 @@ package deployment
 import (
 	"context"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"github.com/fencelock/fencelock/internal/keys"
@@ -54,10 +53,6 @@ type Deployment struct {
 	c     Client
 	cfg   Config
 	waits *notify.Notifier
-	// published: a release published its wake-up, or tried: until then,
-	// releases publish with or without subscribers, so that a missing
-	// permission shows at the first.
-	published atomic.Bool
 	// The arguments every lease sends, boxed once.
 	retention, markerMillis, defaultTTL, owner any
 }

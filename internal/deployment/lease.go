@@ -104,20 +104,18 @@ func (k *lease) Extend(ctx context.Context, ttl time.Duration, renewal bool) (st
 
 func (k *lease) Release(ctx context.Context, mode store.Mode, ttl time.Duration) (store.Result, error, error) {
 	d := k.d
-	loud := mode == store.Release && !d.published.Load()
-	argv := []any{k.arg, d.ChannelArg(k.keys[keys.LockKey], k.args[keys.LockKey]), store.ModeArg(mode), d.MarkerArg(mode, ttl), d.retention}
-	if loud {
-		argv = append(argv, "1")
+	argv := []any{k.arg, d.MarkerArg(mode, ttl), d.retention}
+	if ch := d.ChannelArg(k.keys[keys.LockKey], nil); ch != nil || mode != store.Release {
+		argv = append(argv, store.ModeArg(mode)) // the common case sends neither: a release on database 0
+		if ch != nil {
+			argv = append(argv, ch)
+		}
 	}
 	reply, err := d.Eval(ctx, script.Release, k.args[:], argv...)
 	if err != nil {
 		return store.Gone, nil, err
 	}
-	r, perr, err := store.ReleaseReply("release", reply)
-	if loud && r == store.Done && err == nil {
-		d.published.Store(true)
-	}
-	return r, perr, err
+	return store.ReleaseReply("release", reply)
 }
 
 func (k *lease) Read(ctx context.Context) (store.Holding, error) {

@@ -1,59 +1,49 @@
 -- acquire: take the lock if it is free and issue a fencing token with it;
--- for a fair waiter, join the lock's queue when it is not free.
+-- for a fair waiter, join the lock's line when it is not free.
 --
--- KEYS[1]  lock key         e.g. lock:{name}; its value is
---                           "<token> <fence> <owner>"
--- KEYS[2]  token marker     lock:{name}:t:<token> (same hash tag); exists
---                           once the token was released or its Acquire gave
---                           up (see release.lua)
--- KEYS[3]  fence counter    lock:{name}:fence
--- KEYS[4]  queue            lock:{name}:q, a sorted set of the fair waiters'
---                           tokens by the server time they joined
--- KEYS[5]  queue entries    lock:{name}:qi, a hash of each waiter's token to
---                           "<expiry> <ttl> <owner>" (expiry: server time in
---                           ms until which it is kept without a keep-alive)
--- ARGV[1]  token            random, unique per Acquire call
--- ARGV[2]  ttl              milliseconds
--- ARGV[3]  fence retention  milliseconds the counter is kept
--- ARGV[4]  owner            who takes the lock, stored with it
--- ARGV[5]  fair             '1': wait in the queue; '0' or absent: not
--- ARGV[6]  entry ttl        milliseconds a queue entry is kept without a
---                           keep-alive; only a fair caller passes it
+-- KEYS[1..5]  the lock ("<token> <fence> <owner>"), the token's marker
+--             (exists once its lease was released or its Acquire gave up),
+--             the fence counter, the line (a sorted set of fair waiters'
+--             tokens by the server time they joined) and its entries (a hash
+--             of each waiter's token to "<expiry ms> <ttl> <owner>")
+-- ARGV        token, ttl (ms), fence retention (ms), owner; a fair caller
+--             adds '1' and its entry's ttl (ms)
 --
--- Returns
---   {1, fence}        the lock is ours: newly taken, or already held with
---                     this token (a retry after a lost reply, or a grant at
---                     a release while this waiter was in the queue; its
---                     expiry made at least ttl from now, never earlier: an
---                     Extend may have come first), with the fence issued
---                     to this token; fences are decimal
---                     strings, as Lua numbers are doubles and would round
---                     them beyond 2^53
---   {0, pttl, owner}  another token holds it (pttl as PTTL reports it), or,
---                     with pttl -3, it is free but fair waiters are in line
---                     first (a fair caller has joined the queue then)
---   {2}               this token is retired: its Acquire gave up, or its
---                     lease was released; a late copy of the attempt must
---                     not take the lock
+-- Returns {1, fence}: ours, taken now or held by this token already (a retry
+-- after a lost reply, or a grant while in line; its expiry made at least
+-- ttl), the fence as a decimal string; {0, pttl, owner}: held by another
+-- (pttl -3: free, but fair waiters go first; a fair caller joined the line);
+-- {2}: the token is retired, and a late copy of its attempt must not take
+-- the lock.
 --
--- The fence is issued by issueFence (prelude.lua), as release.lua issues it
--- when it hands the lock to a waiter.
---
--- The common case, a free lock with no queue and a token not retired,
--- costs five calls: one EXISTS for both the marker and the queue, the GET,
--- the fence's TIME and SET, and the lock's SET; a busy answer to a caller
--- that does not queue costs EXISTS, GET and PTTL.
+-- A free lock with no line and a token not retired, the common case, is
+-- taken first, with the fence floored by the server's clock and one above
+-- the counter's (issueFence); the rest, and the functions it calls, only
+-- otherwise.
 
 local token = ARGV[1]
-local queued = false
 local seen = redis.call('EXISTS', KEYS[2], KEYS[4])
+local held = seen == 0 and redis.call('GET', KEYS[1])
+if seen == 0 and not held then
+	local t = redis.call('TIME')
+	local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+	local prev = redis.call('SET', KEYS[3], now, 'PX', ARGV[3], 'GET')
+	if not prev or #prev < #now or (#prev == #now and prev < now) then
+		redis.call('SET', KEYS[1], token .. ' ' .. now .. ' ' .. ARGV[4], 'PX', ARGV[2])
+		return {1, now}
+	end
+	redis.call('SET', KEYS[3], prev, 'PX', ARGV[3]) -- ahead of the clock: issueFence counts on from it
+end
+--#prelude
+
+local queued = false
 if seen > 0 then
 	if seen == 2 or retired(KEYS[2]) then
 		return {2}
 	end
 	queued = true
+	held = redis.call('GET', KEYS[1])
 end
-local held = redis.call('GET', KEYS[1])
 if holds(held, token) then
 	keepFor(KEYS[1], ARGV[2])
 	if queued then
@@ -73,7 +63,7 @@ if queued or held then
 		join(KEYS[4], KEYS[5], token, now, nowMs, ARGV[6], ARGV[2] .. ' ' .. ARGV[4])
 		return {0, redis.call('PTTL', KEYS[1]), ownerOf(held)}
 	end
-	-- Free: the first live waiter in the queue goes first.
+	-- Free: the first live waiter in line goes first.
 	local first = firstLive(KEYS[4], KEYS[5], nowMs)
 	if first and first ~= token then
 		if fair then

@@ -6,7 +6,7 @@ package script
 // them, by name: EVALSHA runs a script by its hash, and no SHA-1 is
 // computed at run time (see script.go).
 var hashes = map[string]string{
-	"acquire":           "51de50cca003cf0842b87d4b48f5fbe5b21ecd12",
+	"acquire":           "0643d109a895fd7dbc4f8c76bb2fdfd443921ca4",
 	"extend":            "96a6552a9f8ad50b9ceb90a53a782f1852368140",
 	"inspect":           "08b2ce7352f2c4cd55e80f337dda38c90df69ce1",
 	"multi_acquire":     "0693a8c5a1fe814f0a964dca9fde080dd8a0bf8a",
@@ -14,7 +14,7 @@ var hashes = map[string]string{
 	"redlock_fence":     "1b9f030923a677328efd7a6fde957ca7be326434",
 	"redlock_grant":     "ecf63ce916519313291509f777f04fca648c272b",
 	"redlock_release":   "dccabcd39e9a82a351b161272b8c3222d29e9643",
-	"release":           "02941d132d30cc81a91db33b0154380487185ee4",
+	"release":           "b20c93f6a92948c30d8a42a28768c7a98ed9c61f",
 	"rwlock_extend":     "21fb572bcd86beebdc600ebe02f5d2a253abfa8f",
 	"rwlock_inspect":    "aa6a73a081de6b14e0a0ef5e1625111c22db02a7",
 	"rwlock_read":       "23c9268b269574cb708b44764141337e442150a9",

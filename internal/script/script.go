@@ -65,18 +65,37 @@ var files embed.FS
 // build makes the script name.lua, after the functions it calls of the
 // prelude files own (a kind's own), then of prelude.lua when prelude is
 // set. A function a script defines costs the server a closure at every
-// run, called or not: each script gets only those it calls.
+// run, called or not: a script gets only those it calls, and those that
+// only its part after a "--#prelude" line calls go there, so that the
+// common case, before it, returns without making them.
 func build(name string, prelude bool, own ...string) *Script {
-	src := read(name)
-	for i := len(own) - 1; i >= 0; i-- {
-		src = functionsFor(own[i], src) + "\n" + src
-	}
-	if prelude {
-		src = functionsFor("prelude", src) + "\n" + src
+	head, tail, split := strings.Cut(read(name), "--#prelude\n")
+	done := map[string]bool{}
+	src := section(head, prelude, own, done, true)
+	if split {
+		src += section(tail, prelude, own, done, false)
 	}
 	s := &Script{Name: name, Src: src, Hash: hashes[name]}
 	All = append(All, s)
 	return s
+}
+
+// section returns src after the functions it calls of the files own, then
+// of prelude.lua when prelude is set, but those of done, which it adds to
+// done. With opening, each file's opening comment comes first even when
+// none of its functions is needed.
+func section(src string, prelude bool, own []string, done map[string]bool, opening bool) string {
+	for i := len(own) - 1; i >= 0; i-- {
+		if f := functionsFor(own[i], src, done, opening); f != "" {
+			src = f + "\n" + src
+		}
+	}
+	if prelude {
+		if f := functionsFor("prelude", src, done, opening); f != "" {
+			src = f + "\n" + src
+		}
+	}
+	return src
 }
 
 // preludeFunc finds the name of a function of a prelude file.
@@ -84,10 +103,11 @@ var preludeFunc = regexp.MustCompile(`(?m)^local function (\w+)\(`)
 
 // functionsFor returns the opening comment of the prelude file file.lua
 // and those of its functions that src calls, directly or through one
-// another, in their order. A function is its "local function" line, the
-// comment lines right above it and the lines below it up to the next
-// function's comment.
-func functionsFor(file, src string) string {
+// another, in their order, but those of done, which it adds to done. A
+// function is its "local function" line, the comment lines right above it
+// and the lines below it up to the next function's comment. Without
+// opening, it returns "" when no function is needed.
+func functionsFor(file, src string, done map[string]bool, opening bool) string {
 	lines := strings.SplitAfter(read(file), "\n")
 	var names []string
 	var starts []int // each function's first comment line
@@ -121,13 +141,17 @@ func functionsFor(file, src string) string {
 			}
 		}
 	}
-	out := strings.Join(lines[:starts[0]], "")
-	for i := range names {
-		if need[i] {
+	out := ""
+	for i, name := range names {
+		if need[i] && !done[file+"."+name] {
+			done[file+"."+name] = true
 			out += body(i)
 		}
 	}
-	return out
+	if out == "" && !opening {
+		return ""
+	}
+	return strings.Join(lines[:starts[0]], "") + out
 }
 
 func read(name string) string {
