@@ -83,7 +83,9 @@ func cycleOf(kind string, client *redis.Client) (func(context.Context) error, er
 	}
 	switch kind {
 	case "lock", "redlock":
-		return one(func(ctx context.Context, _ ...fencelock.Option) (*fencelock.Lease, error) { return l.Acquire(ctx, "ops") }), nil
+		return one(func(ctx context.Context, _ ...fencelock.Option) (*fencelock.Lease, error) {
+			return l.Acquire(ctx, "ops")
+		}), nil
 	case "fair":
 		return one(func(ctx context.Context, _ ...fencelock.Option) (*fencelock.Lease, error) {
 			return l.Acquire(ctx, "ops", fencelock.WithFair(), fencelock.WithWait(time.Second))
