@@ -1,7 +1,6 @@
-// Package goredis is a deployment's go-redis client: its commands (a
-// script, with WAIT for the replicas on the connection that wrote: wait.go),
-// its dials, and its pub/sub for the notifier (pubsub.go). It translates
-// go-redis's own errors at its boundary.
+// Package goredis is a deployment's go-redis client: its scripts (with WAIT
+// on the connection that wrote, wait.go), its dials, and its pub/sub for the
+// notifier (pubsub.go). It translates go-redis's own errors at its boundary.
 package goredis
 
 import (
@@ -29,13 +28,10 @@ type Options struct {
 
 // A Client is one deployment's go-redis client.
 type Client struct {
-	// client runs the scripts: the client given, which may be an
-	// AutoPipeliner (they are sent with Process, which it batches); base
-	// is the one behind it, for subscriptions, WAIT and what asks for a
-	// kind of client.
-	client, base redis.UniversalClient
-	o            Options
-	network      *Network
+	client  redis.UniversalClient // runs the scripts; may be an AutoPipeliner
+	base    redis.UniversalClient // the one behind it: subscriptions, WAIT, its kind
+	o       Options
+	network *Network
 
 	dials, failures atomic.Int64          // of the client, counted by dialWatch
 	lastDialErr     atomic.Pointer[error] // the last failed dial's
@@ -56,9 +52,8 @@ func Usable(client redis.UniversalClient) error {
 	return nil
 }
 
-// New returns the Client of client, which Usable accepts. It adds a hook
-// to client that only counts its dials, so that an error can name why
-// Redis was unreachable.
+// New returns the Client of client, which Usable accepts, and adds a hook to
+// client that counts its dials (see Since).
 func New(client redis.UniversalClient, o Options) *Client {
 	base := Base(client)
 	c := &Client{client: client, base: base, o: o, network: NewNetwork(base)}
@@ -82,8 +77,7 @@ func (c *Client) Eval(ctx context.Context, s *script.Script, keys, argv []any) (
 // Network returns the client's pub/sub, for a notifier.
 func (c *Client) Network() notify.Network { return c.network }
 
-// DB returns the database of the client's connections: pub/sub channels
-// are shared by all of a server's.
+// DB returns the database of the client's connections.
 func (c *Client) DB() int {
 	switch b := c.base.(type) {
 	case *redis.Client:
@@ -94,9 +88,9 @@ func (c *Client) DB() int {
 	return 0
 }
 
-// Deadlines reports whether go-redis stops a call at its context's
-// deadline (ContextTimeoutEnabled). An AutoPipeliner runs its batches on a
-// context of its own: a call it queued honours no deadline.
+// Deadlines reports whether go-redis stops a call at its context's deadline
+// (ContextTimeoutEnabled; never through an AutoPipeliner, whose batches run
+// on a context of their own).
 func (c *Client) Deadlines() bool {
 	switch b := c.client.(type) {
 	case *redis.Client:
@@ -110,8 +104,8 @@ func (c *Client) Deadlines() bool {
 }
 
 // translate gives go-redis's own errors their meaning for a lock (see
-// store.ClassOf): a closed client refuses and sent nothing, a pool with no
-// connection to give sent nothing. Other errors are classified as they are.
+// store.ClassOf): a closed client refuses, and neither it nor a pool with no
+// connection to give sent anything.
 func translate(err error) error {
 	switch {
 	case err == nil || errors.Is(err, redis.Nil):
@@ -124,10 +118,8 @@ func translate(err error) error {
 	return err
 }
 
-// dialWatch is a go-redis hook that counts the client's dials and changes
-// nothing else. go-redis retries a command whose connection could not be
-// made and, when the caller's context ends meanwhile, returns only the
-// context's error: Since names the cause from here.
+// dialWatch is a go-redis hook that counts the client's dials: go-redis
+// retries a failed dial and returns only the context's error when it ends.
 type dialWatch struct{ c *Client }
 
 func (h dialWatch) DialHook(next redis.DialHook) redis.DialHook {
@@ -155,10 +147,8 @@ func (c *Client) Mark() store.Mark {
 	return store.Mark{Dials: c.dials.Load(), Failures: c.failures.Load()}
 }
 
-// Since returns the error of a dial that failed since m, and whether a
-// request could have gone on no connection since: the client has none
-// open, and no dial succeeded since (a connection is counted as made
-// before it carries a request).
+// Since returns the error of a dial that failed since m, and whether no
+// request can have been sent since: no connection is open, no dial succeeded.
 func (c *Client) Since(m store.Mark) (cause error, unsent bool) {
 	if c.failures.Load() == m.Failures {
 		return nil, false
@@ -169,7 +159,7 @@ func (c *Client) Since(m store.Mark) (cause error, unsent bool) {
 	if s.PipelineStats != nil {
 		n += s.PipelineStats.TotalConns
 	}
-	return cause, cause != nil && n == 0 && c.dials.Load() == m.Dials // the count after the pool's: a dial meanwhile shows
+	return cause, cause != nil && n == 0 && c.dials.Load() == m.Dials // read after the pool: a dial meanwhile shows
 }
 
 // LastDialError returns the error of the client's last failed dial, or nil.
@@ -181,8 +171,7 @@ func (c *Client) LastDialError() error {
 }
 
 // Base returns the client behind client when it is an AutoPipeliner, which
-// Usable accepted: the one that knows the servers and serves
-// subscriptions; client itself otherwise.
+// Usable accepted, and client itself otherwise.
 func Base(client redis.UniversalClient) redis.UniversalClient {
 	if ap, ok := client.(*redis.AutoPipeliner); ok {
 		return behind(ap)
@@ -190,9 +179,8 @@ func Base(client redis.UniversalClient) redis.UniversalClient {
 	return client
 }
 
-// behind returns the client an AutoPipeliner batches for, or nil. go-redis
-// keeps it in an unexported field (v9.23: pipeliner).
-// TestAutoPipelinerClientFound fails when go-redis renames the field.
+// behind returns the client an AutoPipeliner batches for, or nil: go-redis
+// keeps it in a field, pipeliner (v9.23), that TestAutoPipelinerClientFound checks.
 func behind(ap *redis.AutoPipeliner) redis.UniversalClient {
 	f := reflect.ValueOf(ap).Elem().FieldByName("pipeliner")
 	if !f.IsValid() || f.Kind() != reflect.Interface || f.IsNil() {

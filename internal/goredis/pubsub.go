@@ -11,49 +11,37 @@ import (
 	"github.com/fencelock/fencelock/internal/notify"
 )
 
-// A Network is the notify.Network of a go-redis client: a *redis.Client (a
-// server, a Sentinel-managed master), a *redis.ClusterClient or a
-// *redis.Ring, never an AutoPipeliner (give it the client behind one).
+// A Network is the notify.Network of a go-redis client, a Client, a
+// ClusterClient or a Ring: never an AutoPipeliner (give it the one behind).
 type Network struct {
 	client redis.UniversalClient
-	topo   notify.Topology
-
-	mu    sync.Mutex
-	nodes map[string]*redis.Client // guarded by mu; by address, as Route last found them
+	mu     sync.Mutex
+	nodes  map[string]*redis.Client // guarded by mu; by address, as Route last found them
 }
 
 var _ notify.Network = (*Network)(nil)
 
 // NewNetwork returns the notify.Network of client.
 func NewNetwork(client redis.UniversalClient) *Network {
-	p := &Network{client: client, nodes: make(map[string]*redis.Client)}
-	switch client.(type) {
-	case *redis.ClusterClient:
-		p.topo = notify.Cluster
-	case *redis.Ring:
-		p.topo = notify.Ring
-	}
-	return p
+	return &Network{client: client, nodes: make(map[string]*redis.Client)}
 }
 
-// Topology reports Cluster for a ClusterClient, Ring for a Ring, Single
-// for the others.
-func (p *Network) Topology() notify.Topology { return p.topo }
-
-// Route returns the address of the node that serves channel: the master of
-// its slot on a Cluster, its shard on a Ring; "" for the others.
-func (p *Network) Route(ctx context.Context, channel string) (string, error) {
-	var node *redis.Client
-	var err error
-	switch c := p.client.(type) {
+// Topology reports Cluster for a ClusterClient, Ring for a Ring, else Single.
+func (p *Network) Topology() notify.Topology {
+	switch p.client.(type) {
 	case *redis.ClusterClient:
-		node, err = c.MasterForKey(ctx, channel)
+		return notify.Cluster
 	case *redis.Ring:
-		node, err = c.GetShardClientForKey(channel)
-	default:
-		return "", nil
+		return notify.Ring
 	}
-	if err != nil {
+	return notify.Single
+}
+
+// Route returns the address of the node that serves channel (see shard), or
+// "" on a single node.
+func (p *Network) Route(ctx context.Context, channel string) (string, error) {
+	node, err := shard(ctx, p.client, channel)
+	if node == nil || err != nil {
 		return "", err
 	}
 	addr := node.Options().Addr
@@ -70,8 +58,8 @@ func (p *Network) Reload(ctx context.Context) {
 	}
 }
 
-// Open returns a connection to node, through the client Route found for
-// it ("": the client itself).
+// Open returns a connection to node through the client Route found for it
+// ("": the client itself).
 func (p *Network) Open(node string, sharded bool) notify.Conn {
 	c := &pubsubConn{sharded: sharded}
 	if node == "" {
@@ -86,17 +74,10 @@ func (p *Network) Open(node string, sharded bool) notify.Conn {
 	return c
 }
 
-// subscriber opens subscription connections.
-type subscriber interface {
-	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
-	SSubscribe(ctx context.Context, channels ...string) *redis.PubSub
-}
-
 // pubsubConn is a notify.Conn over a *redis.PubSub, opened by the first
-// Subscribe. Receive may run beside the other calls: ps is set before
-// notify starts reading.
+// Subscribe, which notify calls before it starts Receive.
 type pubsubConn struct {
-	client  subscriber // nil: no client for the node
+	client  redis.UniversalClient // nil: no client for the node
 	sharded bool
 	ps      *redis.PubSub
 }
@@ -124,9 +105,9 @@ func (c *pubsubConn) Unsubscribe(ctx context.Context, channel string) error {
 	return c.ps.Unsubscribe(ctx, channel)
 }
 
-// Receive returns the next message, confirmation or error; it skips PING's
-// replies. A Redis error reply is Refused; any other error is Broken, as
-// go-redis's reconnection would subscribe every channel in one command.
+// Receive returns the next message, confirmation or error, skipping PING's
+// replies. Any error but a Redis reply is Broken: go-redis's reconnection
+// would subscribe every channel in one command.
 func (c *pubsubConn) Receive(ctx context.Context) notify.Event {
 	for {
 		msg, err := c.ps.Receive(ctx)
@@ -162,6 +143,5 @@ func (c *pubsubConn) Close() error {
 // subcommand it does not know (sharded pub/sub before Redis 7).
 func IsUnknownCommand(err error) bool {
 	msg := strings.ToLower(err.Error())
-	// PUBSUB SHARDNUMSUB before Redis 7: "ERR Unknown subcommand ..."
 	return strings.Contains(msg, "unknown command") || strings.Contains(msg, "unknown subcommand")
 }

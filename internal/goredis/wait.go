@@ -11,28 +11,19 @@ import (
 	"github.com/fencelock/fencelock/internal/store"
 )
 
-// Run runs s on keys as Eval does (EVAL alone when eval is set); with
-// Options.Replicas it sends WAIT (or WAITAOF) after the script in one
-// pipeline on the connection to the node that serves the first key (on a
-// Cluster, following MOVED and ASK there: see redirected): WAIT counts
-// the writes of its own connection. It then returns a *store.ReplicaError
-// when fewer replicas acknowledged, or WAIT's own error, with the script's
-// reply, whose decoder decides: an answer that says the script wrote
-// nothing stands whatever WAIT said.
+// Run runs s on keys as Eval does (EVAL alone when eval is set). With
+// Options.Replicas it pipelines WAIT (or WAITAOF) after the script on the
+// connection that wrote, and returns the script's reply with WAIT's error or
+// a *store.ReplicaError when too few acknowledged: the reply's decoder decides.
 func (c *Client) Run(ctx context.Context, s *script.Script, eval bool, keys, argv []any) (any, error) {
 	if c.o.Replicas == 0 {
 		return script.Run(ctx, c, s, eval, keys, argv)
 	}
-	key, _ := keys[0].(string)
-	node, err := c.node(ctx, key)
-	if err != nil {
-		return nil, translate(err)
+	cmd, wait, err := c.pipeline(ctx, s, eval, keys, argv)
+	if err == nil {
+		err = cmd.Err()
 	}
-	cmd, wait, err := c.pipeline(ctx, node, s, eval, keys, argv)
 	if err != nil {
-		return nil, translate(err)
-	}
-	if err := cmd.Err(); err != nil {
 		return nil, translate(err)
 	}
 	if err := wait.Err(); err != nil {
@@ -41,9 +32,14 @@ func (c *Client) Run(ctx context.Context, s *script.Script, eval bool, keys, arg
 	return cmd.Val(), c.acknowledged(wait.Val())
 }
 
-// pipeline sends s and WAIT in one pipeline on node, again with EVAL after
-// NOSCRIPT, and on the node a Cluster's MOVED or ASK names.
-func (c *Client) pipeline(ctx context.Context, node redis.Cmdable, s *script.Script, eval bool, keys, argv []any) (cmd, wait *redis.Cmd, err error) {
+// pipeline sends s and WAIT in one pipeline to the node that serves the first
+// key, again with EVAL after NOSCRIPT, and on the node a MOVED or ASK names.
+func (c *Client) pipeline(ctx context.Context, s *script.Script, eval bool, keys, argv []any) (cmd, wait *redis.Cmd, err error) {
+	key, _ := keys[0].(string)
+	node, err := c.node(ctx, key)
+	if err != nil {
+		return nil, nil, err
+	}
 	timeout := store.Millis(c.o.ReplicaTimeout)
 	asking := false
 	exec := func(eval bool) {
@@ -100,28 +96,31 @@ func (c *Client) acknowledged(reply any) error {
 	return nil
 }
 
-// node returns the client to pipeline on for key: the master that serves
-// its slot on a Cluster (in the client's slot map, which may be out of
-// date), its shard on a Ring, a plain client otherwise (a single server,
-// or Sentinel's current master: WAIT counts the writes of its own
-// connection, which an AutoPipeliner's batches do not share).
+// node returns the client of the node that serves key, or the base client:
+// never an AutoPipeliner, whose batches' writes WAIT would not count.
 func (c *Client) node(ctx context.Context, key string) (redis.Cmdable, error) {
-	switch c := c.base.(type) {
+	if n, err := shard(ctx, c.base, key); n != nil || err != nil {
+		return n, err
+	}
+	return c.base, nil
+}
+
+// shard returns the client of the node that serves key: its slot's master on
+// a Cluster (as the client's slot map says), its shard on a Ring; nil else.
+func shard(ctx context.Context, client redis.UniversalClient, key string) (*redis.Client, error) {
+	switch c := client.(type) {
 	case *redis.ClusterClient:
 		return c.MasterForKey(ctx, key)
 	case *redis.Ring:
 		return c.GetShardClientForKey(key)
 	}
-	return c.base, nil
+	return nil, nil
 }
 
-// redirected returns the master at addr, named by a MOVED or ASK reply of
-// c, after reloading c's slot map (a MOVED means it is out of date). As
-// go-redis does for one command, it follows at most
-// ClusterOptions.MaxRedirects; past them, or when addr is no master of the
-// reloaded map, the slot is still moving: the error is then not the
-// redirect (a Redis error, which would read as a refusal), and classifies
-// as Unavailable.
+// redirected returns the master at addr, named by a MOVED or ASK reply of c,
+// after reloading c's slot map. Past ClusterOptions.MaxRedirects, or when addr
+// is no master of the map, the slot is moving: an error that is Unavailable,
+// not the redirect (a Redis error, which would read as a refusal).
 func redirected(ctx context.Context, c *redis.ClusterClient, addr string, redirects int) (redis.Cmdable, error) {
 	if redirects >= c.Options().MaxRedirects {
 		return nil, fmt.Errorf("the lock's slot is moving: redirected to %s after %d redirects", addr, redirects)

@@ -9,7 +9,7 @@ import (
 )
 
 // A hub is one subscription connection to one node, and its owner
-// goroutine, run. Its fields after kick are only run's.
+// goroutine, run, which alone touches the fields after closed.
 type hub struct {
 	n      *Notifier
 	key    string // node address; "" on Single
@@ -24,9 +24,9 @@ type hub struct {
 	c       *conn           // nil while no connection is open
 	reopen  backoff.Backoff // the pause before a new connection after one failed
 	retryAt time.Time       // no new connection before then
-	idle    time.Time       // when the hub last had no channel; zero while it has some
+	idle    time.Time       // since when the hub has had no channel; zero while it has some
 	failing time.Time       // since when no connection to the node could be made; zero after one was
-	reached time.Time       // the time the last of its timers was set for
+	reached time.Time       // what the last of its timers was set for
 }
 
 func newHub(n *Notifier, key string) *hub {
@@ -36,9 +36,8 @@ func newHub(n *Notifier, key string) *hub {
 		reopen: backoff.Backoff{Min: 10 * time.Millisecond, Max: time.Second}}
 }
 
-// now is the hub's time: the clock's, or the time its last timer was set
-// for if that is later. The timer's firing says that time has come, so
-// each firing moves the hub on, whatever the clock's Now says.
+// now is the clock's time, or the time the last timer fired for if that is
+// later: a firing moves the hub on whatever the clock's Now says.
 func (h *hub) now() time.Time {
 	now := h.n.clock.Now()
 	if now.Before(h.reached) {
@@ -47,17 +46,8 @@ func (h *hub) now() time.Time {
 	return now
 }
 
-func (h *hub) kickLocked() {
-	select {
-	case h.kick <- struct{}{}:
-	default:
-	}
-}
-
-// run is the hub's owner goroutine: it subscribes and unsubscribes as the
-// wanted channels change, wakes waiters on confirmations, reconnects after
-// errors, and closes the hub once it has had no channel for the linger
-// time. It returns once the hub is closed.
+// run is the hub's owner goroutine, started by attachLocked; it returns once
+// the hub is closed, by Close or after it had no channel for the linger time.
 func (h *hub) run() {
 	n := h.n
 	defer n.wg.Done()
@@ -83,9 +73,8 @@ func (h *hub) run() {
 	}
 }
 
-// look returns the channels the hub is to subscribe, and when the next
-// lingering one ends (zero if none lingers); ok is false once the hub is
-// closed.
+// look returns the channels to subscribe and when the next lingering one
+// ends (zero if none); ok is false once the hub is closed.
 func (h *hub) look(now time.Time) (want []string, lingerEnd time.Time, ok bool) {
 	h.n.mu.Lock()
 	defer h.n.mu.Unlock()
@@ -104,17 +93,12 @@ func (h *hub) look(now time.Time) (want []string, lingerEnd time.Time, ok bool) 
 // (zero: at a change or a message); again: at once.
 func (h *hub) step(now time.Time, want []string) (due time.Time, again bool) {
 	switch {
-	case len(want) == 0 && h.c == nil && !h.failing.IsZero():
-		// Nothing to linger for: the node is unreachable, and its
-		// channels left (routed elsewhere, or their waiters did).
-		h.end()
-		return time.Time{}, true
 	case len(want) == 0 && (h.c == nil || len(h.c.sent) == 0):
 		if h.idle.IsZero() {
 			h.idle = now
 		}
 		end := h.idle.Add(time.Duration(h.n.linger.Load()))
-		if !now.Before(end) {
+		if !now.Before(end) || h.c == nil && !h.failing.IsZero() { // no linger for an unreachable node
 			h.end()
 			return time.Time{}, true
 		}
@@ -149,11 +133,9 @@ func (h *hub) end() {
 	}
 }
 
-// wait waits for a change, a message, or due on the clock.
+// wait waits for a change, an event, or due on the clock.
 func (h *hub) wait(now, due time.Time) {
-	// A new timer from the clock each time, never a Reset (which would
-	// bypass a Clock that is not the system's), and none when nothing is
-	// due: no loop on a timer with nothing to do.
+	// A new timer each time: Reset would bypass a Clock not the system's.
 	var fired <-chan time.Time
 	if !due.IsZero() {
 		timer := h.n.clock.NewTimer(due.Sub(now))
@@ -170,10 +152,7 @@ func (h *hub) wait(now, due time.Time) {
 		h.reached = due
 	case e := <-events:
 		if !h.handle(e) {
-			// The connection broke, or the server has no sharded
-			// pub/sub: messages may have been lost, so every waiter
-			// tries again; then open a new connection.
-			h.c.forgive(&h.reopen, h.now())
+			// Messages may have been lost: every waiter tries again.
 			h.drop()
 			h.n.mu.Lock()
 			h.n.signalLocked(h)
@@ -183,27 +162,20 @@ func (h *hub) wait(now, due time.Time) {
 	}
 }
 
-// failed drops the connection whose subscription failed with err, and
-// reroutes the hub's channels once the node has been unreachable for a
-// while on a Cluster.
+// failed drops the connection whose subscription failed with err, and on a
+// Cluster reroutes the hub's channels once the node was unreachable for a while.
 func (h *hub) failed(err error) {
 	n := h.n
 	n.log.LogAttrs(h.ctx, slog.LevelDebug, "fencelock: wake-up subscription failed",
 		slog.String("node", h.key), slog.Any("error", err))
-	h.c.forgive(&h.reopen, h.now())
 	h.drop()
 	now := h.now()
 	if h.failing.IsZero() {
 		h.failing = now
 	}
 	if n.topo == Cluster && !now.Before(h.failing.Add(n.reroute)) {
-		// Unreachable for a while: the node may have crashed and a
-		// replica taken over its slots. Route its channels again;
-		// checkPending never runs here, as no sync succeeds. Not on a
-		// Ring: a shard that comes back takes its keys back, and nothing
-		// would move the channels back. On a Cluster, a failed master
-		// comes back a replica, and a slot moved back ends its
-		// subscriptions (handle).
+		// A replica may have taken the slots over. Not on a Ring: a shard
+		// that comes back takes its keys back, which nothing would notice.
 		n.mu.Lock()
 		h.rerouteAllLocked()
 		n.mu.Unlock()
@@ -212,11 +184,14 @@ func (h *hub) failed(err error) {
 	h.retryAt = now.Add(h.reopen.Next())
 }
 
-// drop closes the hub's connection, if any; nothing it subscribed is
-// confirmed any more.
+// drop closes the hub's connection, if any, and starts the reopen backoff over
+// if it lasted its longest step: one that breaks at once reopens ever later.
 func (h *hub) drop() {
 	if h.c == nil {
 		return
+	}
+	if o := h.c.opened; !o.IsZero() && !h.now().Before(o.Add(h.reopen.Max)) {
+		h.reopen.Reset()
 	}
 	h.c.close()
 	h.c = nil
@@ -225,9 +200,8 @@ func (h *hub) drop() {
 	h.n.mu.Unlock()
 }
 
-// endLingersLocked stops wanting the channels whose last waiter left the
-// keep time ago, and returns when the next lingering one ends (zero if
-// none lingers).
+// endLingersLocked stops wanting the channels whose last waiter left
+// ChannelLinger ago, and returns when the next lingering one ends (or zero).
 func (h *hub) endLingersLocked(now time.Time) (next time.Time) {
 	n := h.n
 	for ch := range h.want {
@@ -235,7 +209,7 @@ func (h *hub) endLingersLocked(now time.Time) (next time.Time) {
 		if cs == nil || cs.hub != h || len(cs.waiters) > 0 || cs.idle.IsZero() {
 			continue
 		}
-		end := cs.idle.Add(n.keep)
+		end := cs.idle.Add(ChannelLinger)
 		if now.Before(end) {
 			next = earliest(next, end)
 			continue
@@ -247,10 +221,8 @@ func (h *hub) endLingersLocked(now time.Time) (next time.Time) {
 	return next
 }
 
-// sync subscribes the wanted channels that are not subscribed yet and
-// unsubscribes those no longer wanted, one command per channel (a Cluster
-// refuses a command whose channels are in different slots). The first
-// subscription opens the connection; then the reader starts.
+// sync subscribes the wanted channels and unsubscribes the others, one
+// command per channel (a Cluster refuses channels of different slots).
 func (h *hub) sync(want []string) error {
 	c := h.c
 	wanted := make(map[string]struct{}, len(want))
@@ -287,21 +259,17 @@ func (h *hub) sync(want []string) error {
 	return nil
 }
 
-// handle acts on an event from the connection's reader. It returns false
-// when the connection must be replaced.
+// handle acts on an event from the reader; false: replace the connection.
 func (h *hub) handle(e Event) bool {
 	n := h.n
 	switch e.Kind {
 	case Subscribed:
-		// Confirmed while the connection is subscribed, wanted or not: a
-		// waiter may come before sync unsubscribes it.
+		// Wanted or not: a waiter may come before sync unsubscribes it.
 		if _, ok := h.c.sent[e.Channel]; ok {
 			n.mu.Lock()
 			h.confirmed[e.Channel] = struct{}{}
 			n.mu.Unlock()
 		}
-		// Messages before the confirmation may have been missed: the
-		// waiters try now.
 		n.wake(e.Channel, "")
 	case Unsubscribed:
 		h.unsubscribed(e.Channel)
@@ -312,9 +280,8 @@ func (h *hub) handle(e Event) bool {
 			n.mu.Unlock()
 			return false
 		}
-		// A refused subscription (MOVED after a slot moved, an ACL
-		// without the channel): the channel stays unconfirmed, its
-		// waiters poll, and checkPending routes it again.
+		// MOVED, or an ACL without the channel: its waiters poll, and
+		// checkPending routes it again.
 		n.log.LogAttrs(h.ctx, slog.LevelDebug, "fencelock: wake-up subscription refused",
 			slog.String("node", h.key), slog.Any("error", e.Err))
 	case Broken:
@@ -323,13 +290,11 @@ func (h *hub) handle(e Event) bool {
 	return true // Published never comes here: the reader wakes its waiters
 }
 
-// unsubscribed acts on the end of channel's subscription: the confirmation
-// of the hub's own unsubscription, or the server's.
+// unsubscribed acts on the end of channel's subscription: its own, or the
+// server's after the channel's slot moved, which routes it again.
 func (h *hub) unsubscribed(channel string) {
 	c, n := h.c, h.n
 	if c.unsent[channel] > 0 {
-		// The confirmation of our own unsubscription, even if the channel
-		// was subscribed again since.
 		if c.unsent[channel]--; c.unsent[channel] == 0 {
 			delete(c.unsent, channel)
 		}
@@ -338,22 +303,17 @@ func (h *hub) unsubscribed(channel string) {
 	if _, ok := c.sent[channel]; !ok {
 		return
 	}
-	// The server ended the subscription: the channel's slot moved to
-	// another node. Subscribe it where it is now.
 	delete(c.sent, channel)
 	n.mu.Lock()
 	delete(h.confirmed, channel)
-	if n.topo != Single {
-		n.rerouteLocked(channel, h.key)
-	}
-	h.kickLocked()
+	n.rerouteLocked(channel, h.key)
+	poke(h.kick)
 	n.mu.Unlock()
 	n.wake(channel, "")
 }
 
-// checkPending routes again the channels whose subscription has not been
-// confirmed for a while (refused, or its confirmation lost), and returns
-// when to check next: zero if no channel waits for its confirmation.
+// checkPending routes again the channels unconfirmed for n.reroute, and
+// returns when to check next: zero if no channel waits for a confirmation.
 func (h *hub) checkPending() (next time.Time) {
 	n := h.n
 	now := h.now()
@@ -368,17 +328,13 @@ func (h *hub) checkPending() (next time.Time) {
 			continue
 		}
 		delete(h.c.sent, ch)
-		if n.topo != Single {
-			n.rerouteLocked(ch, "") // unsubscribed by the next sync if it moved
-		}
+		n.rerouteLocked(ch, "") // unsubscribed by the next sync if it moved
 		next = now
 	}
 	return next
 }
 
-// rerouteAllLocked routes every channel of h again, as the lookup of its
-// node would find it now, once the Network has learnt the slot's new
-// master (see Notifier.route).
+// rerouteAllLocked routes every channel of h again (see Notifier.route).
 func (h *hub) rerouteAllLocked() {
 	n := h.n
 	for ch := range h.want {
@@ -391,7 +347,7 @@ func (h *hub) rerouteAllLocked() {
 }
 
 // conn is one subscription connection and its reader goroutine; only the
-// hub's owner goroutine touches it.
+// hub's run touches it.
 type conn struct {
 	cn      Conn
 	sharded bool
@@ -418,21 +374,8 @@ func (c *conn) close() {
 	}
 }
 
-// forgive starts the reopen backoff over if c, now ending, lasted for its
-// longest step: a connection that breaks after a while is reopened at
-// once, one that breaks as soon as it is opened ever less often.
-func (c *conn) forgive(reopen *backoff.Backoff, now time.Time) {
-	if !c.opened.IsZero() && !now.Before(c.opened.Add(reopen.Max)) {
-		reopen.Reset()
-	}
-}
-
-// read is a connection's reader goroutine. It wakes the waiters of a
-// channel's messages itself, the shortest way from a publisher to its
-// waiter, and hands everything else to the owner. It stops at Broken: the
-// owner opens a new connection, as the client library's own reconnection
-// would subscribe every channel in one command, which a Cluster refuses
-// (CROSSSLOT).
+// read is a connection's reader goroutine, started by sync, waited for by
+// close, and ended by Broken; it hands every event but a message to run.
 func (c *conn) read(n *Notifier) {
 	defer close(c.done)
 	for {

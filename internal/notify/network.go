@@ -6,8 +6,7 @@ import "context"
 type Topology int
 
 const (
-	// Single is one node for every channel: a server, a Sentinel-managed
-	// master.
+	// Single is one node for every channel: a server, a Sentinel-managed master.
 	Single Topology = iota
 	// Ring is a channel's shard, found by its name.
 	Ring
@@ -19,36 +18,27 @@ const (
 // A Network is the Redis deployment a Notifier subscribes on, through a
 // client library the Notifier does not know.
 type Network interface {
-	// Topology tells how the channels spread over the nodes; it does not
-	// change.
-	Topology() Topology
-	// Route returns the address of the node that serves channel, on a Ring
-	// or a Cluster (Single needs no route: its node is "").
+	Topology() Topology // never changes
+	// Route returns the address of the node that serves channel ("" on Single).
 	Route(ctx context.Context, channel string) (node string, err error)
-	// Reload has a Cluster read its slot map again, in the background: it
-	// must not block, as it is called with the Notifier's mutex held. It
-	// does nothing on other topologies.
+	// Reload has a Cluster read its slot map again in the background, without
+	// blocking: the Notifier's mutex is held.
 	Reload(ctx context.Context)
-	// Open returns a connection to node (an address from Route, or ""),
-	// sharded (SSUBSCRIBE) or classic (SUBSCRIBE). It dials nothing: the
-	// first Subscribe does.
+	// Open returns a connection to node (from Route, or ""), sharded
+	// (SSUBSCRIBE) or classic (SUBSCRIBE), that the first Subscribe dials.
 	Open(node string, sharded bool) Conn
 }
 
 // A Conn is one subscription connection. Its hub calls Subscribe,
 // Unsubscribe and Close from one goroutine, and Receive from another.
 type Conn interface {
-	// Subscribe sends the subscription of channel, whose confirmation
-	// comes as an event. The first call opens the connection, and returns
-	// the error of a failed dial.
+	// Subscribe sends channel's subscription, confirmed by an event; the
+	// first call dials, and returns the dial's error.
 	Subscribe(ctx context.Context, channel string) error
-	// Unsubscribe sends the end of channel's subscription.
 	Unsubscribe(ctx context.Context, channel string) error
-	// Receive waits for the next event on the connection; after a Broken
-	// one, or Close, there are no more.
+	// Receive waits for the next event; none comes after Broken or Close.
 	Receive(ctx context.Context) Event
-	// Close closes the connection, ending a Receive under way.
-	Close() error
+	Close() error // ends a Receive under way
 }
 
 // EventKind is what an Event tells.
@@ -74,7 +64,5 @@ type Event struct {
 	Channel string
 	Payload string
 	Err     error
-	// Unknown: Refused because the server does not know the command (no
-	// sharded pub/sub before Redis 7).
-	Unknown bool
+	Unknown bool // Refused as an unknown command (no sharded pub/sub before Redis 7)
 }

@@ -1,10 +1,7 @@
 // Package notify fans the messages published on Redis channels out to the
-// calls that wait for them. A Notifier keeps one hub per node: one
-// subscription connection, owned by its goroutine, that subscribes the
-// channels its waiters need and reads their messages. Registering and
-// leaving only change maps under the Notifier's mutex and kick a hub: no
-// registration waits for a subscription's change. It carries channels and
-// payloads; what a payload means is its waiters' Hearers' business.
+// calls that wait for them, through one subscription connection per node (a
+// hub); registering and leaving never wait for Redis, and a payload means
+// what the waiters' Hearers make of it. GUARANTEES.md ("Waiting") tells how.
 package notify
 
 import (
@@ -15,17 +12,15 @@ import (
 	"time"
 )
 
-// HubLinger is how long a hub stays open after its last channel left, by
-// default, so that a steady stream of waits does not reconnect each time.
+// HubLinger is how long a hub stays open after its last channel left, so
+// that a steady stream of waits does not reconnect each time.
 const HubLinger = 30 * time.Second
 
-// ChannelLinger is how long a channel stays subscribed, by default, after
-// its last waiter left when that one's Hearer lingers: a wait soon after
-// finds its subscription confirmed at once.
+// ChannelLinger is how long a channel stays subscribed after its last waiter,
+// whose Hearer lingers, left: a wait soon after finds it confirmed at once.
 const ChannelLinger = time.Second
 
-// routeTimeout bounds the lookup of the node that serves a channel.
-const routeTimeout = 5 * time.Second
+const routeTimeout = 5 * time.Second // bounds the lookup of a channel's node
 
 // Clock is a source of local time: Now never goes back, and a timer from
 // NewTimer(d) does not fire before d has passed.
@@ -41,33 +36,21 @@ func (systemClock) NewTimer(d time.Duration) *time.Timer { return time.NewTimer(
 
 // Options configures a Notifier; a zero field means its default.
 type Options struct {
-	// Logger gets a failed or refused subscription at Debug. Default: discard.
-	Logger *slog.Logger
-	// Clock is every time and timer of the Notifier and its hubs. Default:
-	// the system's.
-	Clock Clock
-	// Linger is how long a hub stays open after its last channel left.
-	// Default HubLinger.
-	Linger time.Duration
-	// Keep is how long a channel whose last waiter lingers stays
-	// subscribed after it left. Default ChannelLinger; negative: none.
-	Keep time.Duration
-	// Reroute is how long a subscription may stay unconfirmed, or its
-	// node unreachable, before its channel is routed again. Default 2s.
+	Logger *slog.Logger // gets a failed or refused subscription at Debug; default: discard
+	Clock  Clock        // every time and timer of the Notifier; default: the system's
+	// Reroute is how long a subscription may stay unconfirmed, or its node
+	// unreachable, before its channel is routed again. Default 2s.
 	Reroute time.Duration
 }
 
-// A Notifier fans the messages on its Network's channels out to the
-// waiters registered on them. It owns every goroutine it starts (hub
-// owners and their readers, routing lookups), and Close waits for all of
-// them.
+// A Notifier fans its Network's messages out to the waiters registered on
+// them; Close waits for every goroutine it starts (hubs, readers, lookups).
 type Notifier struct {
 	net     Network
 	topo    Topology
 	log     *slog.Logger
 	clock   Clock
-	linger  atomic.Int64 // a time.Duration; SetLinger changes it
-	keep    time.Duration
+	linger  atomic.Int64 // a time.Duration, HubLinger unless SetLinger changed it
 	reroute time.Duration
 	ctx     context.Context // cancelled by Close
 	cancel  context.CancelFunc
@@ -97,30 +80,22 @@ func New(net Network, o Options) *Notifier {
 	if o.Clock == nil {
 		o.Clock = systemClock{}
 	}
-	if o.Linger == 0 {
-		o.Linger = HubLinger
-	}
-	if o.Keep == 0 {
-		o.Keep = ChannelLinger
-	}
 	if o.Reroute == 0 {
 		o.Reroute = 2 * time.Second
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	n := &Notifier{net: net, topo: net.Topology(), log: o.Logger, clock: o.Clock, keep: o.Keep, reroute: o.Reroute,
+	n := &Notifier{net: net, topo: net.Topology(), log: o.Logger, clock: o.Clock, reroute: o.Reroute,
 		ctx: ctx, cancel: cancel, channels: make(map[string]*chanState), hubs: make(map[string]*hub)}
-	n.linger.Store(int64(o.Linger))
+	n.linger.Store(int64(HubLinger))
 	return n
 }
 
-// SetLinger changes Options.Linger, for the hubs' next steps (tests
-// shorten it).
+// SetLinger changes how long a hub stays open after its last channel left,
+// from the hubs' next steps on (tests shorten it).
 func (n *Notifier) SetLinger(d time.Duration) { n.linger.Store(int64(d)) }
 
-// Register adds a waiter on channel and returns at once (nil after Close).
-// It is woken, on wake if not nil (buffered), by the channel's messages as
-// h decides, the subscription's confirmation among them (at once if it
-// already was).
+// Register adds a waiter on channel, woken on wake (buffered; made if nil)
+// as h decides, and returns at once (nil after Close).
 func (n *Notifier) Register(channel string, wake chan struct{}, h Hearer) *Waiter {
 	if wake == nil {
 		wake = make(chan struct{}, 1)
@@ -143,7 +118,7 @@ func (n *Notifier) Register(channel string, wake chan struct{}, h Hearer) *Waite
 	switch {
 	case cs.hub != nil:
 		if _, ok := cs.hub.confirmed[channel]; ok && h.Hear(Message{}) != Ignore {
-			w.signal() // subscribed: try now, a message may have come since the caller last asked
+			poke(w.wake) // subscribed: try now, a message may have come since the caller last asked
 		}
 	case !cs.routing:
 		n.routeLocked(channel, cs, "")
@@ -151,8 +126,7 @@ func (n *Notifier) Register(channel string, wake chan struct{}, h Hearer) *Waite
 	return w
 }
 
-// Hubs returns how many hubs n has: subscription connections open, or
-// being opened, or lingering.
+// Hubs returns how many hubs n has: connections open, opening or lingering.
 func (n *Notifier) Hubs() int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -172,15 +146,14 @@ func (n *Notifier) Subscribed(channel string) bool {
 	return ok
 }
 
-// Close shuts every hub down and waits for every goroutine of n, until by
-// at most: a hub in a call to a hung server ends when the client library
-// gives up on it. The waiters are woken; Register returns nil from now on.
+// Close shuts every hub down, wakes the waiters, and waits for n's goroutines
+// until by at most (one in a call to a hung server ends with that call).
 func (n *Notifier) Close(by time.Time) {
 	n.mu.Lock()
 	n.closed = true
 	for _, h := range n.hubs {
 		h.closed = true
-		h.kickLocked()
+		poke(h.kick)
 	}
 	n.signalLocked(nil)
 	n.mu.Unlock()
@@ -190,7 +163,12 @@ func (n *Notifier) Close(by time.Time) {
 		n.wg.Wait()
 		close(done)
 	}()
-	t := n.clock.NewTimer(by.Sub(n.clock.Now()))
+	sleep(n.clock, by.Sub(n.clock.Now()), done)
+}
+
+// sleep waits for d on clock, or until done is closed.
+func sleep(clock Clock, d time.Duration, done <-chan struct{}) {
+	t := clock.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-done:
@@ -198,9 +176,8 @@ func (n *Notifier) Close(by time.Time) {
 	}
 }
 
-// routeLocked assigns channel to the hub of the node that serves it: the
-// one hub of Single at once, a node's hub on Cluster and Ring after a
-// lookup on a goroutine of its own (it may ask the cluster for its slots).
+// routeLocked assigns channel to the hub of the node that serves it: at once
+// on Single, after a lookup on a goroutine of its own on Cluster and Ring.
 func (n *Notifier) routeLocked(channel string, cs *chanState, moved string) {
 	if n.topo == Single {
 		n.attachLocked(channel, cs, "")
@@ -229,27 +206,19 @@ func (n *Notifier) routeLocked(channel string, cs *chanState, moved string) {
 	}()
 }
 
-// route returns the node that serves channel. moved names the node that
-// ended the channel's subscription because its slot moved, or that could
-// not be reached for n.reroute (a crash, and a replica's takeover): route
-// waits, briefly, for the Network to learn the slot's new master.
+// route returns the node that serves channel, waiting briefly for the Network
+// to learn a new one while it says moved (the node that lost the channel).
 func (n *Notifier) route(ctx context.Context, channel, moved string) (string, error) {
 	node, err := n.net.Route(ctx, channel)
 	for i := 0; moved != "" && err == nil && node == moved && i < 50; i++ {
 		n.net.Reload(ctx)
-		t := n.clock.NewTimer(20 * time.Millisecond)
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		}
-		t.Stop()
+		sleep(n.clock, 20*time.Millisecond, ctx.Done())
 		node, err = n.net.Route(ctx, channel)
 	}
 	return node, err
 }
 
-// attachLocked subscribes channel on the hub for node, opening the hub if
-// needed.
+// attachLocked subscribes channel on the hub for node, opening it if needed.
 func (n *Notifier) attachLocked(channel string, cs *chanState, node string) {
 	h := n.hubs[node]
 	if h == nil {
@@ -260,28 +229,27 @@ func (n *Notifier) attachLocked(channel string, cs *chanState, node string) {
 	}
 	cs.hub = h
 	h.want[channel] = struct{}{}
-	h.kickLocked()
+	poke(h.kick)
 	if _, ok := h.confirmed[channel]; ok { // still subscribed: its last waiter left just now
 		for w := range cs.waiters {
 			if w.h.Hear(Message{}) != Ignore {
-				w.signal()
+				poke(w.wake)
 			}
 		}
 	}
 }
 
-// rerouteLocked detaches channel from its hub and routes it again: its
-// slot may have moved to another node (moved, if the node said so or is
-// unreachable).
+// rerouteLocked detaches channel from its hub and routes it again, away
+// from moved if not "" (see route); on Single it does nothing.
 func (n *Notifier) rerouteLocked(channel, moved string) {
 	cs := n.channels[channel]
-	if cs == nil || cs.routing {
+	if n.topo == Single || cs == nil || cs.routing {
 		return
 	}
 	if cs.hub != nil {
 		delete(cs.hub.want, channel)
 		delete(cs.hub.confirmed, channel)
-		cs.hub.kickLocked()
+		poke(cs.hub.kick)
 		cs.hub = nil
 	}
 	if len(cs.waiters) == 0 { // lingering: nobody needs it elsewhere
@@ -294,7 +262,7 @@ func (n *Notifier) rerouteLocked(channel, moved string) {
 
 // wake gives the message payload to the waiters on channel.
 func (n *Notifier) wake(channel, payload string) {
-	m := ParseMessage(payload)
+	m := parseMessage(payload)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if cs := n.channels[channel]; cs != nil {
@@ -307,9 +275,17 @@ func (n *Notifier) signalLocked(h *hub) {
 	for _, cs := range n.channels {
 		if h == nil || cs.hub == h {
 			for w := range cs.waiters {
-				w.signal()
+				poke(w.wake)
 			}
 		}
+	}
+}
+
+// poke makes a send on ch, buffered, unless one is pending.
+func poke(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
 	}
 }
 

@@ -98,7 +98,8 @@ func (h *heard) count(payload string) int {
 // a new one.
 func TestSubscriptionLingersThenCloses(t *testing.T) {
 	srv := redistest.Start(t)
-	n := newNotifier(t, srv.Client(nil), notify.Options{Linger: 300 * time.Millisecond})
+	n := newNotifier(t, srv.Client(nil), notify.Options{})
+	n.SetLinger(300 * time.Millisecond)
 	admin, ch := srv.Client(nil), channel(t)
 	var hubs []any
 	wait := func() {
@@ -125,7 +126,8 @@ func TestSubscriptionLingersThenCloses(t *testing.T) {
 // hub itself closes after its own linger.
 func TestChannelLingersThenEnds(t *testing.T) {
 	srv := redistest.Start(t)
-	n := newNotifier(t, srv.Client(nil), notify.Options{Linger: 300 * time.Millisecond})
+	n := newNotifier(t, srv.Client(nil), notify.Options{})
+	n.SetLinger(300 * time.Millisecond)
 	ch := channel(t)
 	wait := func(h notify.Hearer) time.Time {
 		t.Helper()
@@ -257,7 +259,8 @@ func (stillClock) NewTimer(d time.Duration) *time.Timer { return time.NewTimer(d
 // the hub's linger, when the linger's timer fires.
 func TestHubLingerEndsOnAClockThatStandsStill(t *testing.T) {
 	srv := redistest.Start(t)
-	n := newNotifier(t, srv.Client(nil), notify.Options{Clock: stillClock{time.Now()}, Linger: 20 * time.Millisecond})
+	n := newNotifier(t, srv.Client(nil), notify.Options{Clock: stillClock{time.Now()}})
+	n.SetLinger(20 * time.Millisecond)
 	ch := channel(t)
 	w := n.Register(ch, nil, notify.EveryMessage{})
 	requireWoken(t, w, 5*time.Second, "not confirmed")

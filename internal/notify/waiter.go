@@ -8,20 +8,19 @@ type Waiter struct {
 	channel string
 	wake    chan struct{} // buffered: a pending wake-up
 	also    []*Waiter     // the same call's other registrations (see Join); Leave ends them too
-	h       Hearer        // what the call makes of the channel's messages
-	seq     uint64        // the order of registration: one wake-up goes to the earliest
-	wokeBy  *Message      // the wake-up it got as one of many (see WakeOne); guarded by n.mu
+	h       Hearer
+	seq     uint64   // the order of registration: one wake-up goes to the earliest
+	wokeBy  *Message // the wake-up it got as one of many (see WakeOne); guarded by n.mu
 }
 
-// A Hearer is what one kind of waiter makes of the messages on its
-// channel; the Notifier knows no payload. It is called with the Notifier's
-// mutex held, and must not call the Notifier.
+// A Hearer is what one kind of waiter makes of the messages on its channel.
+// It is called with the Notifier's mutex held, and must not call the Notifier.
 type Hearer interface {
-	// Hear tells what m, a message on the waiter's channel (the empty
-	// payload: the subscription's confirmation), does to the waiter.
+	// Hear tells what m (the empty payload: the subscription's
+	// confirmation) does to the waiter.
 	Hear(m Message) Hearing
-	// Lingers reports whether the channel stays subscribed for the
-	// Notifier's keep time after this waiter, its last, left.
+	// Lingers reports whether the channel stays subscribed for
+	// ChannelLinger after this waiter, its last, left.
 	Lingers() bool
 }
 
@@ -33,9 +32,8 @@ const (
 	Ignore Hearing = iota
 	// WakeAll wakes this waiter.
 	WakeAll
-	// WakeOne wakes this waiter or another that heard the same, the one
-	// that registered first; the one woken passes the wake-up on if it
-	// does not use it (Waiter.PassOn, Waiter.Leave).
+	// WakeOne wakes the first registered of the waiters that heard it so;
+	// it passes the wake-up on if it does not use it (PassOn, Leave).
 	WakeOne
 )
 
@@ -48,21 +46,19 @@ func (EveryMessage) Hear(Message) Hearing { return WakeAll }
 // Lingers returns false.
 func (EveryMessage) Lingers() bool { return false }
 
-// A Message is a payload published on a channel, cut once, by the
-// connection that read it, into its first word and the rest.
+// A Message is a payload published on a channel, cut once into its first
+// word and the rest.
 type Message struct {
 	Payload    string
 	Head, Rest string
 }
 
-// ParseMessage cuts payload at its first space.
-func ParseMessage(payload string) Message {
+func parseMessage(payload string) Message {
 	head, rest, _ := strings.Cut(payload, " ")
 	return Message{Payload: payload, Head: head, Rest: rest}
 }
 
-// C returns the channel w's wake-ups come on: buffered, one pending at
-// most.
+// C returns the channel w's wake-ups come on, one pending at most.
 func (w *Waiter) C() <-chan struct{} { return w.wake }
 
 // Join registers w's call on channel of n too, woken on w's channel.
@@ -72,8 +68,8 @@ func (w *Waiter) Join(n *Notifier, channel string, h Hearer) {
 	}
 }
 
-// Drain drops a pending wake-up of w: the caller is about to ask Redis,
-// which answers for every message before.
+// Drain drops a pending wake-up of w, before a call to Redis that answers
+// for every message before it.
 func (w *Waiter) Drain() {
 	select {
 	case <-w.wake:
@@ -81,10 +77,8 @@ func (w *Waiter) Drain() {
 	}
 }
 
-// Leave deregisters w and the registrations joined to it; it never blocks
-// on Redis. A wake-up w got as one of many and has not taken goes to the
-// next such waiter. The last waiter on a channel has its hub unsubscribe
-// it, after the keep time if it lingers.
+// Leave deregisters w and those joined to it, without waiting for Redis, and
+// passes on a wake-up w got as one of many and did not take.
 func (w *Waiter) Leave() {
 	for _, o := range w.also {
 		o.Leave()
@@ -103,22 +97,21 @@ func (w *Waiter) Leave() {
 	if len(cs.waiters) > 0 {
 		return
 	}
-	if w.h.Lingers() && cs.hub != nil && n.keep > 0 && !n.closed {
+	if w.h.Lingers() && cs.hub != nil && !n.closed {
 		cs.idle = n.clock.Now()
-		cs.hub.kickLocked() // to end it after the keep time
+		poke(cs.hub.kick) // to end it after ChannelLinger
 		return
 	}
 	delete(n.channels, w.channel)
 	if cs.hub != nil {
-		// Still confirmed until the hub unsubscribes it (sync): a waiter
-		// that comes first finds it subscribed, and the hub sends nothing.
+		// Confirmed until the hub's sync unsubscribes it: a waiter that
+		// comes first finds it subscribed, and the hub sends nothing.
 		delete(cs.hub.want, w.channel)
-		cs.hub.kickLocked()
+		poke(cs.hub.kick)
 	}
 }
 
-// PassOn gives a wake-up w got as one of many, and did not use, to the
-// next such waiter.
+// PassOn gives a wake-up w got as one of many, and did not use, to the next.
 func (w *Waiter) PassOn() {
 	n := w.n
 	n.mu.Lock()
@@ -131,13 +124,6 @@ func (w *Waiter) PassOn() {
 	w.wokeBy = nil
 }
 
-func (w *Waiter) signal() {
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
-}
-
 // deliverLocked wakes the waiters m wakes, and the earliest of those it
 // wakes one of; with onlyOne, only that one (a wake-up passed on).
 func (cs *chanState) deliverLocked(m Message, onlyOne bool) {
@@ -146,11 +132,11 @@ func (cs *chanState) deliverLocked(m Message, onlyOne bool) {
 		switch w.h.Hear(m) {
 		case WakeAll:
 			if !onlyOne {
-				w.signal()
+				poke(w.wake)
 			}
 		case WakeOne:
-			// One with a wake-up pending tries anyway: the message goes
-			// to another, or a second one that comes at once is lost.
+			// Not one with a wake-up pending, which tries anyway: else a
+			// second message that comes at once would be lost.
 			if len(w.wake) == 0 && (one == nil || w.seq < one.seq) {
 				one = w
 			}
@@ -158,6 +144,6 @@ func (cs *chanState) deliverLocked(m Message, onlyOne bool) {
 	}
 	if one != nil {
 		one.wokeBy = &m
-		one.signal()
+		poke(one.wake)
 	}
 }

@@ -34,21 +34,17 @@ func (v *vote) take(g nodeGrant) {
 
 func (v *vote) count() int { return len(v.ok) + len(v.busy) + len(v.failed) }
 
-// Acquire takes the lock on a quorum and issues its fence: phase 1 grants
-// the lock on every node, each counting its fence counter on; the fence is
-// the largest value the granting nodes counted to, and phase 2 writes it
-// to those that counted to less, until a quorum has it (why this orders
-// fences without trusting clocks: GUARANTEES.md, "How Redlock works"). The
-// lease exists when a quorum has the fence within the validity.
+// Acquire takes the lock on a quorum and issues its fence: phase 1 grants it
+// on every node, each counting its fence counter on, and phase 2 (fenced)
+// writes the largest count to the nodes behind. The lease exists when a
+// quorum has the fence within the validity.
 func (k *lease) Acquire(ctx context.Context) store.Attempt {
 	q := k.q
 	ttl := k.spec.TTL
 	validity := ttl - store.Drift(ttl)
 	start := q.cfg.Clock.Now()
-	// A grant after the validity is of no use. The node calls are
-	// detached from ctx, which ends with the attempt (AttemptTimeout): the
-	// grants that come after it returns are read by settle, or given back
-	// by the clean-up of an Acquire that gives up.
+	// Detached from ctx (AttemptTimeout): a later grant is read by settle, or
+	// given back by the clean-up of an Acquire that gives up.
 	line := k.call.line // the line is kept on the first node
 	k.call.lined, k.call.ahead = false, 0
 	grants := each(ctx, q, validity, true, func(ctx context.Context, i int, _ *deployment.Deployment) nodeGrant {
@@ -81,16 +77,14 @@ func (k *lease) Acquire(ctx context.Context) store.Attempt {
 	return k.fenced(ctx, grants, v, start, validity)
 }
 
-// gather collects grants until a quorum granted, a quorum is out of
-// reach, or every node answered; once a quorum has answered, the others
-// get quorumGrace, not the validity: a hung minority must not hold an
-// attempt for a TTL. (Unlike results.collect, a granted quorum ends the
-// wait at once.)
+// gather collects grants until a quorum granted, a quorum is out of reach,
+// or every node answered; once a quorum has answered, the others get the
+// grace, not the validity (unlike collect, a granted quorum ends it at once).
 func (q *Quorum) gather(grants *results[nodeGrant], v *vote, start time.Time) {
 	var straggle <-chan time.Time
 	for len(v.ok) < q.n && len(v.busy)+len(v.failed) <= len(q.nodes)-q.n && v.count() < len(q.nodes) {
 		if straggle == nil && v.count() >= q.n {
-			t := q.cfg.Clock.NewTimer(quorumGrace(q.cfg.Clock.Now().Sub(start)))
+			t := graceTimer(q.cfg.Clock, start)
 			defer t.Stop()
 			straggle = t.C
 		}
@@ -102,11 +96,10 @@ func (q *Quorum) gather(grants *results[nodeGrant], v *vote, start time.Time) {
 	}
 }
 
-// straggle waits a little for the replies of an attempt without a quorum
-// still on their way, which usually come within a round trip, so that a
-// node that will not grant the lock needs no clean-up.
+// straggle waits the grace for the replies of an attempt without a quorum
+// still on their way: a node that will not grant the lock needs no clean-up.
 func (q *Quorum) straggle(ctx context.Context, grants *results[nodeGrant], v *vote, start time.Time) {
-	grace := q.cfg.Clock.NewTimer(quorumGrace(q.cfg.Clock.Now().Sub(start)))
+	grace := graceTimer(q.cfg.Clock, start)
 	defer grace.Stop()
 	for v.count() < len(q.nodes) {
 		select {
@@ -121,8 +114,7 @@ func (q *Quorum) straggle(ctx context.Context, grants *results[nodeGrant], v *vo
 }
 
 // fenced is phase 2, once a quorum granted: it writes the fence to the
-// granting nodes that counted to less, waited for only until a quorum has
-// it; nodes that counted in step (the usual case) need none.
+// granting nodes that counted to less, until a quorum has it.
 func (k *lease) fenced(ctx context.Context, grants *results[nodeGrant], v *vote, start time.Time, validity time.Duration) store.Attempt {
 	q := k.q
 	var fence int64
@@ -162,9 +154,8 @@ func (k *lease) fenced(ctx context.Context, grants *results[nodeGrant], v *vote,
 	return store.Attempt{OK: true, Fence: fence}
 }
 
-// catchUp writes fence to the nodes behind, until end, and returns how
-// many nodes record it once a quorum does, and the nodes' errors.
-// Detached: a caller that gives up must not leave a node behind.
+// catchUp writes fence to the nodes behind until end, detached, and returns
+// how many nodes record it once a quorum does, and the nodes' errors.
 func (k *lease) catchUp(ctx context.Context, behind []bool, fence int64, recorded int, end time.Time) (int, []error, error) {
 	q := k.q
 	fenceArg := strconv.FormatInt(fence, 10)
@@ -196,9 +187,8 @@ func (k *lease) catchUp(ctx context.Context, behind []bool, fence int64, recorde
 }
 
 // decideSplit asks the nodes that found the lock held again, up to three
-// times within half the validity, when the attempt got the first node but
-// too few others and could still get a quorum: the first node decides a
-// split (GUARANTEES.md, "How Redlock works").
+// times within half the validity, when the attempt got the first node, which
+// decides a split, but too few others.
 func (q *Quorum) decideSplit(ctx context.Context, k *lease, start time.Time, validity time.Duration, v *vote) {
 	if !slices.ContainsFunc(v.ok, func(g nodeGrant) bool { return g.node == 0 }) {
 		return
@@ -222,9 +212,8 @@ func (q *Quorum) decideSplit(ctx context.Context, k *lease, start time.Time, val
 	}
 }
 
-// askAgain asks the nodes v found busy for the grant again, within
-// timeout; one that does not answer stays busy (it is given back on
-// failure: it may grant it).
+// askAgain asks the nodes v found busy for the grant again, within timeout;
+// one that does not answer stays busy, and is given back on failure.
 func (q *Quorum) askAgain(ctx context.Context, k *lease, timeout time.Duration, v *vote) {
 	asked := v.busy
 	ask := make([]bool, len(q.nodes))
@@ -260,12 +249,9 @@ func (q *Quorum) askAgain(ctx context.Context, k *lease, timeout time.Duration, 
 	}
 }
 
-// settle writes the fence, in the background, to the nodes whose grants
-// came after the quorum's were read (pending replies), which stored what
-// their own counters reached: so that Inspect reads the lease's fence
-// there and a counter behind it is raised. It stops at end, the lease's
-// validity; no ordering rests on it: a quorum had the fence before
-// Acquire returned.
+// settle writes the fence, on a goroutine Tasks tracks until end at most, to
+// the nodes whose grants came after the quorum's (pending replies), so that
+// Inspect reads it there; no ordering rests on it.
 func (k *lease) settle(grants *results[nodeGrant], pending int, fence int64, end time.Time) {
 	if pending == 0 {
 		return
@@ -288,11 +274,9 @@ func (k *lease) settle(grants *results[nodeGrant], pending int, fence int64, end
 	}()
 }
 
-// refused is the outcome of an attempt that got no quorum: busy when
-// enough nodes are held by another, misconfigured when refusals make a
-// quorum impossible, unavailable otherwise. The nodes that granted it, and
-// those whose answer is not known, are cleaned up in the background, and
-// the token retired: the next attempt needs a new one.
+// refused is the outcome of an attempt without a quorum: busy, misconfigured
+// when refusals make a quorum impossible, else unavailable. The nodes that
+// may hold it are cleaned up in the background and the token retired.
 func (q *Quorum) refused(k *lease, v *vote) store.Attempt {
 	var cleanup []int
 	for _, g := range v.ok {
@@ -318,9 +302,8 @@ func (q *Quorum) refused(k *lease, v *vote) store.Attempt {
 		q.retire(k, cleanup)
 	}
 	spare := len(q.nodes) - q.n // how many nodes a quorum can do without
-	// Unavailable only when fewer than a quorum of nodes could answer: a
-	// minority down is not an outage. Otherwise the lock is held, on the
-	// nodes that answered busy and perhaps on those that did not.
+	// Unavailable only when fewer than a quorum could answer; else the lock
+	// is held, on the nodes that answered busy and perhaps the others.
 	reachable := len(v.ok) + len(v.busy) + misconfigured
 	if len(v.busy) > spare || (reachable >= q.n && len(v.busy) > 0 && misconfigured == 0) {
 		return k.busyVerdict(v.busy, retire)
@@ -339,10 +322,8 @@ func (q *Quorum) refused(k *lease, v *vote) store.Attempt {
 	return store.Attempt{Retire: retire, Err: errs.error(class, msg)}
 }
 
-// busyVerdict is a busy attempt's outcome: the holder's owner, the time
-// until the lock is free on a quorum (when this many of the busy nodes
-// have let it expire), and, for an attempt in line, whether the first node
-// found it busy: the call is then in that node's line (see line.go).
+// busyVerdict is a busy attempt's outcome: the holder, the time until the
+// lock is free on a quorum, and whether the first node put the call in line.
 func (k *lease) busyVerdict(busy []nodeGrant, retire bool) store.Attempt {
 	q := k.q
 	c := k.call
@@ -373,9 +354,8 @@ func kthShortest(pttls []time.Duration, k int) time.Duration {
 	return -1
 }
 
-// retire gives back, in the background, what an attempt without a quorum
-// may hold on nodes (all nodes when nodes is nil), and retires its token
-// there, so that a grant still on its way is refused.
+// retire gives back in the background what an attempt without a quorum may
+// hold on nodes (all when nil), retiring its token so a late grant is refused.
 func (q *Quorum) retire(k *lease, nodes []int) {
 	if nodes == nil {
 		nodes = make([]int, len(q.nodes))

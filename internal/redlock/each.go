@@ -9,10 +9,9 @@ import (
 	"github.com/fencelock/fencelock/internal/tasks"
 )
 
-// each runs f on every node in parallel, on goroutines the Locker tracks,
-// with a context bounded by timeout that ends when every call has
-// returned, not when the caller stops reading (a straggler's grant is part
-// of the lease, released with it), and with detach not with ctx either.
+// each runs f on every node in parallel, on goroutines Config.Tasks tracks,
+// with a context bounded by timeout, not ended when the caller stops reading
+// (a straggler's grant is the lease's), nor with ctx when detach is set.
 func each[T any](ctx context.Context, q *Quorum, timeout time.Duration, detach bool, f func(ctx context.Context, i int, d *deployment.Deployment) T) *results[T] {
 	base := ctx
 	if detach {
@@ -48,15 +47,12 @@ type results[T any] struct {
 	closed <-chan struct{} // an attempt's: the Locker's Close stops the reading too
 	timer  *time.Timer     // the calls' timeout
 	clock  tasks.Clock
-	start  time.Time // when the calls began, on clock
+	start  time.Time // when the calls began
 }
 
 // collect passes the results to take as they come, until every node has
-// answered, the timeout has passed or the caller's context has ended, or
-// for a grace (see quorumGrace) once take has reported the outcome
-// decided: the nodes that answer within it have applied the call when it
-// returns, and a hung node holds it up no longer. take must go on
-// reporting true once it has.
+// answered, the timeout has passed or ctx has ended, or for a grace once take
+// has reported the outcome decided (and it must go on reporting so).
 func (r *results[T]) collect(take func(T) (decided bool)) {
 	var grace <-chan time.Time
 	for range r.n {
@@ -65,23 +61,23 @@ func (r *results[T]) collect(take func(T) (decided bool)) {
 			return
 		}
 		if take(v) && grace == nil {
-			t := r.clock.NewTimer(quorumGrace(r.clock.Now().Sub(r.start)))
+			t := graceTimer(r.clock, r.start)
 			defer t.Stop()
 			grace = t.C
 		}
 	}
 }
 
-// quorumGrace is how long the nodes that have not answered get once a
-// call is decided, took after it began: about one more round trip (twice
-// took, at least minGrace, at most maxGrace), so that the healthy ones
-// have answered when the call returns.
-func quorumGrace(took time.Duration) time.Duration {
-	return min(max(minGrace, 2*took), maxGrace)
+// graceTimer times how long the nodes that have not answered get once a call
+// begun at start is decided: about one more round trip (twice what it took,
+// within minGrace and maxGrace), so the healthy ones have applied the call
+// when it returns and a hung minority holds it up no longer.
+func graceTimer(clock tasks.Clock, start time.Time) *time.Timer {
+	return clock.NewTimer(min(max(minGrace, 2*clock.Now().Sub(start)), maxGrace))
 }
 
-// Bounds of quorumGrace: minGrace leaves room for a reply on its way on a
-// busy machine; maxGrace bounds what a hung minority costs every call.
+// minGrace leaves room for a reply on its way on a busy machine; maxGrace
+// bounds what a hung minority costs every call.
 const (
 	minGrace = 5 * time.Millisecond
 	maxGrace = 100 * time.Millisecond
@@ -91,7 +87,7 @@ const (
 // the caller's context has ended.
 func (r *results[T]) next() (T, bool) { return r.nextOr(nil) }
 
-// nextOr is next, also ending when or fires. A result already there comes
+// nextOr is next, also ending when or fires; a result already there comes
 // first.
 func (r *results[T]) nextOr(or <-chan time.Time) (T, bool) {
 	select {

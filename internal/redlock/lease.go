@@ -25,10 +25,7 @@ type lease struct {
 	token string
 	arg   any
 	owner any
-
-	// held has a bit set for each node that has confirmed holding the lock
-	// for this token (granted or extended it).
-	held atomic.Uint64
+	held  atomic.Uint64 // a bit for each node that granted or extended the lock to the token
 
 	mu    sync.Mutex
 	fence int64     // guarded by mu; issued at the grant
@@ -87,18 +84,17 @@ type nodeGrant struct {
 	err   error
 }
 
-// grant runs redlock_grant.lua on node i: an attempt's phase 1 with fence
-// 0, a repair with the lease's fence otherwise. With a line id, the
-// attempt joins (or keeps its place in) the node's line when the lock is
-// busy, and leaves it when it is granted (see line.go).
+// grant runs redlock_grant.lua on node i: phase 1 with fence 0, a repair
+// with the lease's fence. With lineID the call keeps its place in the node's
+// line while the lock is busy, and leaves it when granted.
 func (k *lease) grant(ctx context.Context, i int, ttl time.Duration, fence int64, lineID string) nodeGrant {
 	q := k.q
 	reply, err := q.nodes[i].Run(ctx, script.RedlockGrant, false, k.args[:], k.arg,
 		store.Millis(ttl), strconv.FormatInt(fence, 10), k.owner, q.retention, lineID, q.entryTTL)
 	g := decodeGrant(reply)
 	if err != nil {
-		// With Options.Replicas, too few replicas count as no grant; a
-		// busy answer (which wrote only the line) stands.
+		// Too few replicas count as no grant; a busy answer (which wrote
+		// only the line) stands.
 		if !store.ReplicaShort(err) || g.err != nil || g.ok {
 			g = nodeGrant{err: err}
 		}
@@ -140,11 +136,9 @@ func decodeGrant(reply any) nodeGrant {
 	return nodeGrant{err: store.BadReply("redlock_grant", reply)}
 }
 
-// releaseNode runs redlock_release.lua on node d in mode, which also takes
-// the call lineID out of the node's line ("" for none; see line.go). Its
-// marker refuses a late attempt for as long as the lock would live,
-// whatever the mode: a grant still in flight to a slow node must not take
-// the lock.
+// releaseNode runs redlock_release.lua on node d in mode, taking lineID (if
+// not "") out of its line; whatever the mode, its marker refuses a grant
+// still in flight for as long as the lock would live.
 func (k *lease) releaseNode(ctx context.Context, d *deployment.Deployment, mode store.Mode, ttl time.Duration, lineID string) (store.Result, error, error) {
 	argv := []any{k.arg, d.ChannelArg(k.Key(), k.args[keys.LockKey]), store.ModeArg(mode), d.MarkerArg(store.Abandon, ttl)}
 	if lineID != "" {
@@ -164,22 +158,10 @@ type nodeReply struct {
 	perr, err error // perr: a release's publishing error
 }
 
-// Extend extends the lock on every node. A node that lost the lock, or
-// never got it, is given it back where it is free ("How Redlock works"):
-// before the deadline the lease still holds a quorum, so no one else can
-// hold one. Detached: every node is extended, also after the quorum has
-// answered.
-//
-// A repair never stores a fence older than a node has seen: the node
-// refuses it (as taken meanwhile) where its counter is beyond the lease's
-// fence (redlock_grant.lua), so a repair that reaches it after the
-// deadline, once another lease was granted and released there, does not
-// put the lock back with a stale fence. That check, on the node, is the
-// rule; the deadline, read again right before each repair, only spares
-// the calls that cannot be of use. A legitimate repair refused so (the
-// counter raised by another Locker's attempt that got no quorum, or by
-// this lease's own late grant) costs that node only. A node restarted
-// empty has no counter and is repaired.
+// Extend extends the lock on every node, detached, and repairs it with its
+// fence on a node that lost or never got it while the lease is valid; the
+// node refuses a repair where its counter is beyond the fence ("How Redlock
+// works"), and the deadline only spares the repairs of no use.
 func (k *lease) Extend(ctx context.Context, ttl time.Duration, renewal bool) (store.Result, error) {
 	q := k.q
 	start := q.cfg.Clock.Now()
@@ -259,10 +241,8 @@ func (q *Quorum) extended(ctx context.Context, exts *results[nodeReply]) (store.
 	return store.Gone, errs.error(store.Unavailable, msg)
 }
 
-// Release releases the lock on every node, also after the result is
-// known; it is held only if still held on a quorum ("How Redlock works"),
-// a node that did not answer counting only if it ever confirmed holding
-// the lock.
+// Release releases the lock on every node, detached; it was held only if
+// still held on a quorum, a node that did not answer counting if it held it.
 func (k *lease) Release(ctx context.Context, mode store.Mode, ttl time.Duration) (store.Result, error, error) {
 	q := k.q
 	rels := each(ctx, q, q.cfg.ReleaseTimeout, true, func(ctx context.Context, i int, d *deployment.Deployment) nodeReply {
@@ -277,8 +257,7 @@ func (k *lease) Release(ctx context.Context, mode store.Mode, ttl time.Duration)
 	return q.released(ctx, rels, k.held.Load())
 }
 
-// released counts the nodes' releases of a lease that held the nodes of
-// held.
+// released counts the releases of a lease that held the nodes of held.
 func (q *Quorum) released(ctx context.Context, rels *results[nodeReply], held uint64) (store.Result, error, error) {
 	var deleted, other, gone, maybe int
 	var perr error

@@ -10,27 +10,19 @@ import (
 	"github.com/fencelock/fencelock/internal/store"
 )
 
-// A line is a waiting Acquire's place in the line of the quorum's first
-// node ("How Redlock works" in GUARANTEES.md says why and how). Its id is
-// its Locker's line tag, a dot, and its first attempt's token; the
-// scripts keep its entry (redlock_grant.lua) and name it when its turn
-// comes ("next <id>" on the turn channel, redlock_release.lua). An entry
-// nobody keeps alive expires after LineEntryTTL.
+// A line is a waiting Acquire's place in the line of the quorum's first node
+// ("How Redlock works"). Its id is the Locker's line tag, a dot, and its
+// first token; releases name it ("next <id>") on the turn channel.
 type line struct {
 	id    string
 	in    atomic.Bool // the Acquire's last attempt found the lock held on the line's node, which kept its entry
 	first atomic.Bool // and found no one ahead of it there
 	named atomic.Bool // a release named it since (set by the notifier)
-
-	q       *Quorum
-	key     string
-	widened bool // only the Acquire's goroutine uses it
 }
 
 // A lineSeat is the hearer of an Acquire in a line (home: on the line's
-// node). In line, it hears only its turn, a release on the line's node,
-// or a confirmation when no one was ahead of it (a release before it named
-// one of those); woken, it is out of line until its next attempt.
+// node). In line, it hears only its turn, a release on the line's node, or
+// a confirmation when no one was ahead; woken, it is out of line.
 type lineSeat struct {
 	ln   *line
 	home bool
@@ -61,72 +53,55 @@ func (s lineSeat) Hear(m notify.Message) notify.Hearing {
 
 func (s lineSeat) Lingers() bool { return s.home }
 
-// widen registers w, the Acquire's waiter on the line's node, on the
-// other nodes too, once: the Acquire is out of line, and any node's
-// release may be the one it needs.
-func (ln *line) widen(w *notify.Waiter) {
-	if ln.widened {
+// widen registers the waiter, out of line now, on the other nodes too, once.
+func (lw *lineWakeup) widen() {
+	if lw.widened {
 		return
 	}
-	ln.widened = true
-	for _, d := range ln.q.nodes[1:] {
-		w.Join(d.Notifier(), d.Channel(ln.key), lineSeat{ln: ln})
+	lw.widened = true
+	for _, d := range lw.q.nodes[1:] {
+		lw.w.Join(d.Notifier(), d.Channel(lw.key), lineSeat{ln: lw.ln})
 	}
 }
 
 // LineEntryTTL is how long a line entry lives after its Acquire's last
-// attempt: long enough for the pause of an Acquire in line (at most
-// maxBackoff, Options.MaxRetryBackoff) and the attempt that follows it.
+// attempt: the longest pause in line (maxBackoff) and the next attempt.
 func LineEntryTTL(maxBackoff time.Duration) time.Duration {
 	return max(time.Second, 4*maxBackoff)
 }
 
-// registerLine adds the waiter of an Acquire in line on the line's node
-// only (its releases name who is next; the others' would wake it in vain),
-// on the lock's channel and on this Locker's turn channel, until
-// line.widen adds the others.
-func (q *Quorum) registerLine(key string, ln *line) *notify.Waiter {
-	home := q.nodes[0]
-	ln.q, ln.key = q, key
-	w := home.Listen(key, nil, lineSeat{ln: ln, home: true})
+// register adds a waiter on the lock's channel of the first node, with all
+// of every node (an Acquire in line hears the line's node only, until
+// line.widen), and on this Locker's turn channel there: a call may be named.
+func (q *Quorum) register(key string, h notify.Hearer, all bool) *notify.Waiter {
+	nodes := q.nodes[:1]
+	if all {
+		nodes = q.nodes
+	}
+	var w *notify.Waiter
+	for _, d := range nodes {
+		if w != nil {
+			w.Join(d.Notifier(), d.Channel(key), h)
+		} else {
+			w = d.Listen(key, nil, h) // nil once closed
+		}
+	}
 	if w != nil {
-		w.Join(home.Notifier(), q.turnChannel(key), lineSeat{ln: ln, home: true})
+		w.Join(q.nodes[0].Notifier(), q.turnChannel(key), h)
 	}
 	return w
 }
 
-// register adds a waiter on every node. A call out of line when it
-// registers also hears this Locker's turn channel on the line's node: its
-// later attempts may join the line there, and be named.
-func (q *Quorum) register(key string, h notify.Hearer) *notify.Waiter {
-	var first *notify.Waiter
-	for _, d := range q.nodes {
-		if first != nil {
-			first.Join(d.Notifier(), d.Channel(key), h)
-		} else {
-			first = d.Listen(key, nil, h) // nil once closed
-		}
-	}
-	if first != nil {
-		first.Join(q.nodes[0].Notifier(), q.turnChannel(key), h)
-	}
-	return first
-}
-
 // turnChannel is the channel on which the first node's releases name this
-// Locker's calls in the line of the lock at key ("next <id>",
-// redlock_release.lua): the lock's channel plus ":n:" and the Locker's line
-// tag, the part of the call's id before the dot. Only the named call's
-// Locker hears it.
+// Locker's calls in the line of the lock at key: the lock's channel, ":n:"
+// and the line tag.
 func (q *Quorum) turnChannel(key string) string {
 	return q.nodes[0].Channel(key) + ":n:" + q.cfg.LineTag
 }
 
 // wakeSpread is how long waiters woken by one release spread their next
-// attempts over: at once, they would split the nodes' votes among them
-// and none would get a quorum. Twice the time a quorum took to answer
-// lately lets the first attempt's grants reach the nodes before most of
-// the others start; it is capped by half MinRetryBackoff.
+// attempts over, lest they split the nodes' votes: twice the time a quorum
+// took to answer lately, at most half MinRetryBackoff.
 func (q *Quorum) wakeSpread() time.Duration {
 	return min(2*time.Duration(q.answerTime.Load()), q.cfg.MinRetryBackoff/2)
 }
@@ -134,11 +109,12 @@ func (q *Quorum) wakeSpread() time.Duration {
 // lineWakeup is the Wakeup of a waiting Acquire on the quorum: woken by
 // its turn while in line, by every node's releases when not.
 type lineWakeup struct {
-	q    *Quorum
-	key  string
-	call *call
-	w    *notify.Waiter
-	ln   *line // nil when w was registered out of line
+	q       *Quorum
+	key     string
+	call    *call
+	w       *notify.Waiter
+	ln      *line // nil when w was registered out of line
+	widened bool  // w hears every node
 }
 
 // Wakeup gives the lease's Acquire its id in the line.
@@ -154,9 +130,9 @@ func (lw *lineWakeup) Next(_ store.Attempt, _ bool, d time.Duration) (<-chan str
 			lw.ln = &line{id: c.line}
 			lw.ln.in.Store(true) // before its subscription's confirmation
 			lw.ln.first.Store(c.ahead == 0)
-			lw.w = lw.q.registerLine(lw.key, lw.ln)
+			lw.w = lw.q.register(lw.key, lineSeat{ln: lw.ln, home: true}, false)
 		} else {
-			lw.w = lw.q.register(lw.key, notify.EveryMessage{}) // nil after Close, which the wait hears
+			lw.w = lw.q.register(lw.key, notify.EveryMessage{}, true) // nil after Close, which the wait hears
 		}
 	}
 	if lw.w == nil {
@@ -167,7 +143,7 @@ func (lw *lineWakeup) Next(_ store.Attempt, _ bool, d time.Duration) (<-chan str
 		ln.in.Store(lined)
 		ln.first.Store(lined && c.ahead == 0)
 		if !lined {
-			ln.widen(lw.w)
+			lw.widen()
 		}
 	}
 	if lined {
@@ -186,10 +162,8 @@ func (lw *lineWakeup) Woken() time.Duration {
 	return rand.N(lw.q.wakeSpread() + 1)
 }
 
-// Leave also takes a call that gives up out of the line, in the
-// background, so that releases stop naming it, and retires its last token
-// there, so that an attempt still on its way does not put it back. It
-// tries once: an entry left behind expires by itself.
+// Leave also takes a call that gives up out of the line in the background,
+// trying once (an entry left behind expires), and retires its last token.
 func (lw *lineWakeup) Leave(gaveUp store.Lease, _ bool) {
 	if lw.w != nil {
 		lw.w.Leave()

@@ -1,10 +1,8 @@
 // Package redlock is the store of NewRedlock: a lock held on a quorum of
-// independent Redis deployments, the Redlock algorithm with fences ordered
-// without trusting clocks ("How Redlock works" in GUARANTEES.md). Every
-// call goes to all nodes in parallel, each bounded so that a hung node
-// cannot hold the others up, and counts when a quorum agree (each.go). An
-// attempt is phase 1, grants, and phase 2, the fence (acquire.go); waiting
-// calls keep a line on the first node (line.go).
+// independent Redis deployments, with fences ordered without trusting clocks
+// (GUARANTEES.md, "How Redlock works", tells the algorithm once). Calls go to
+// every node in parallel (each.go); an attempt is acquire.go, a waiting
+// call's line on the first node line.go.
 package redlock
 
 import (
@@ -24,17 +22,16 @@ import (
 
 // Config is what a Quorum needs of the Locker's options.
 type Config struct {
-	KeyPrefix        string
-	Owner            string // the Locker's default
-	ReleaseTimeout   time.Duration
-	FenceRetention   time.Duration
-	MinRetryBackoff  time.Duration
-	MaxRetryBackoff  time.Duration
-	Clock            tasks.Clock
-	Tasks            *tasks.Group
-	Closed           <-chan struct{} // closed by the Locker's Close: an attempt stops reading the nodes
-	LineTag          string          // names the Locker's calls in a line, and the channel of their turns
-	ReleaseTimeoutMS any             // ReleaseTimeout in ms, boxed
+	KeyPrefix       string
+	Owner           string // the Locker's default
+	ReleaseTimeout  time.Duration
+	FenceRetention  time.Duration
+	MinRetryBackoff time.Duration
+	MaxRetryBackoff time.Duration
+	Clock           tasks.Clock
+	Tasks           *tasks.Group
+	Closed          <-chan struct{} // closed by the Locker's Close: an attempt stops reading the nodes
+	LineTag         string          // names the Locker's calls in a line, and the channel of their turns
 }
 
 // A Quorum is a lock store over independent deployments, its nodes.
@@ -57,9 +54,8 @@ func New(nodes []*deployment.Deployment, cfg Config) *Quorum {
 }
 
 // Traits returns what the Locker needs to know of q: its attempts stop at
-// their context's end by themselves (the node calls run on goroutines of
-// their own), and every call honours its deadline when every node's
-// client does.
+// their context's end (the node calls run on goroutines of their own), and
+// its calls honour their deadlines when every node's client does.
 func (q *Quorum) Traits() store.Traits {
 	t := store.Traits{Deadlines: true, Stops: true}
 	for _, d := range q.nodes {
@@ -68,12 +64,8 @@ func (q *Quorum) Traits() store.Traits {
 	return t
 }
 
-// LineTag returns the tag that names the Locker's calls in a line, and
-// the channel of their turns (see line.go).
+// LineTag returns Config.LineTag.
 func (q *Quorum) LineTag() string { return q.cfg.LineTag }
-
-// Nodes returns the quorum's nodes.
-func (q *Quorum) Nodes() []*deployment.Deployment { return q.nodes }
 
 // Mark returns the counts of every node's dials.
 func (q *Quorum) Mark() store.Mark {
@@ -86,9 +78,8 @@ func (q *Quorum) Mark() store.Mark {
 	return m
 }
 
-// Since returns the error of a dial that failed on a node since m. A
-// node's failed dial proves nothing of an attempt's other nodes, which may
-// have had it on connections already open: never unsent.
+// Since returns the error of a dial that failed on a node since m, never
+// unsent: the other nodes may have had the request on open connections.
 func (q *Quorum) Since(m store.Mark) (cause error, unsent bool) {
 	if q.Mark().Failures == m.Failures {
 		return nil, false
@@ -108,9 +99,8 @@ func (q *Quorum) Close(by time.Time) {
 	}
 }
 
-// A quorumError is the error of a call that did not get a quorum: its
-// class is the verdict on the whole (busy nodes are not an outage; a
-// minority unreachable is not one either).
+// A quorumError is the error of a call that did not get a quorum, its class
+// the verdict on the whole (a minority unreachable is no outage).
 type quorumError struct {
 	class store.Class
 	msg   string
@@ -150,10 +140,9 @@ func (e *nodeErrs) error(class store.Class, msg string) *quorumError {
 	return &quorumError{class: class, msg: msg, errs: e.errs}
 }
 
-// Inspect reads the lock called name on every node, and decides only when
-// a quorum holds it for one token, or none can: its value and fence are
-// the ones most of those nodes have, its PTTL the one after which fewer
-// than a quorum hold it, the counter the quorum's lowest.
+// Inspect reads the lock called name on every node, deciding once a quorum
+// holds it for one token or none can: the value most of them have, the PTTL
+// after which fewer than a quorum hold it, the quorum's lowest counter.
 func (q *Quorum) Inspect(ctx context.Context, name string, waiters bool) (store.Holding, error) {
 	type read struct {
 		h   store.Holding
@@ -164,8 +153,7 @@ func (q *Quorum) Inspect(ctx context.Context, name string, waiters bool) (store.
 		return read{h, err}
 	})
 	defer reads.stop()
-	var in inspection
-	in.byToken = map[string][]store.Holding{}
+	in := inspection{byToken: map[string][]store.Holding{}}
 	reads.collect(func(r read) bool {
 		in.add(r.h, r.err)
 		return in.decided(q)

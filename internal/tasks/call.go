@@ -5,14 +5,10 @@ import (
 	"time"
 )
 
-// Call runs f and returns its result with done true, or returns done false
-// as soon as stop1 or stop2 is closed: f then runs to its end on a
-// goroutine that g tracks, and late, if not nil, gets its result there.
-// With two nil channels f runs on the caller's goroutine.
-//
-// This is how every call returns by its caller's deadline whatever the
-// Redis client's options: without ContextTimeoutEnabled, go-redis waits for
-// ReadTimeout on a hung connection, and retries a command that timed out.
+// Call runs f and returns its result with done true, or done false once
+// stop1 or stop2 is closed: f then runs to its end on a goroutine g tracks,
+// and late, if not nil, gets its result there. With two nil channels f runs
+// on the caller's goroutine.
 func Call[T any](g *Group, stop1, stop2 <-chan struct{}, f func() T, late func(T)) (res T, done bool) {
 	if stop1 == nil && stop2 == nil {
 		return f(), true
@@ -25,15 +21,9 @@ func Call[T any](g *Group, stop1, stop2 <-chan struct{}, f func() T, late func(T
 	case <-stop1:
 	case <-stop2:
 	}
-	// A call that honours the context (go-redis's dial loop, a client with
-	// ContextTimeoutEnabled) returns at once, often with the cause of its
-	// failure ("connection refused"): give it a moment.
-	t := g.clock.NewTimer(Grace)
-	select {
-	case <-c.done:
-	case <-t.C:
-	}
-	t.Stop()
+	// A call that honours the context returns at once, often with the cause
+	// of its failure ("connection refused"): give it a moment.
+	waitAtMost(g.clock, c.done, grace)
 	if !c.state.CompareAndSwap(0, 2) { // finished meanwhile
 		<-c.done
 		return c.res, true
@@ -41,9 +31,8 @@ func Call[T any](g *Group, stop1, stop2 <-chan struct{}, f func() T, late func(T
 	return res, false
 }
 
-// Grace is how long a call whose caller's context has ended still waits
-// for its result.
-const Grace = 5 * time.Millisecond
+// grace is how long Call still waits for a result once its caller has gone.
+const grace = 5 * time.Millisecond
 
 // pending is a call's result in transit.
 type pending[T any] struct {
@@ -58,64 +47,51 @@ func (c *pending[T]) run() {
 	c.res = c.f()
 	close(c.done)
 	if !c.state.CompareAndSwap(0, 1) && c.late != nil {
-		c.late(c.res) // the caller has returned
+		c.late(c.res)
 	}
 }
 
 // A job is what a worker of Group.run runs.
 type job interface{ run() }
 
-// run runs j on a tracked goroutine: a worker that waits for work, or a
-// new one. A worker waits workerIdle for more after each job, unless
-// maxIdlers already do, and exits then or at Close. A goroutine made for
-// each call would grow its stack anew in go-redis's calls, every time:
-// runtime.copystack took 14% of the CPU of a loop of acquire+release on
-// go-redis's default options, where each of them needs one.
+// run runs j on a worker waiting for work, or on a new tracked one. Workers
+// are reused because a goroutine per call grows its stack anew in go-redis's
+// calls: runtime.copystack took 14% of the CPU of an acquire+release loop.
 func (g *Group) run(j job) {
 	select {
-	case g.jobs <- j: // a worker was waiting
+	case g.jobs <- j:
 		return
 	default:
 	}
-	g.mu.Lock()
-	g.n++
-	stop := g.stopLocked()
-	g.mu.Unlock()
-	go g.work(j, stop)
+	g.Add()
+	go g.work(j)
 }
 
-// work runs j, then the jobs it receives, until it waits workerIdle for
-// none or stop is closed.
-func (g *Group) work(j job, stop <-chan struct{}) {
+// work runs j, then the jobs it receives, until it has waited workerIdle for
+// none, maxIdlers others already wait, or Close is called.
+func (g *Group) work(j job) {
 	defer g.Done()
-	// Real time, not the Group's clock: Reset, which each job needs, would
-	// be real time on a Clock's timer too, and a new timer a job would cost
-	// an allocation on the hot path; the timer only reclaims the goroutine.
+	// Real time, not the Group's clock: Reset on a Clock's timer would be real
+	// time too, and a new timer per job would allocate on the hot path.
 	idle := time.NewTimer(workerIdle)
 	defer idle.Stop()
-	for {
+	for j != nil {
 		j.run()
-		if g.idlers.Add(1) > maxIdlers {
-			g.idlers.Add(-1)
-			return
-		}
-		idle.Reset(workerIdle)
-		var more bool
-		select {
-		case j = <-g.jobs:
-			more = true
-		case <-idle.C:
-		case <-stop:
+		j = nil
+		if g.idlers.Add(1) <= maxIdlers {
+			idle.Reset(workerIdle)
+			select {
+			case j = <-g.jobs:
+			case <-idle.C:
+			case <-g.stop:
+			}
 		}
 		g.idlers.Add(-1)
-		if !more {
-			return
-		}
 	}
 }
 
-// How long a worker waits for more work, and how many wait at most: a
-// burst of calls leaves no more goroutines behind.
+// How long a worker waits for more work, and how many wait at most: a burst
+// of calls leaves no more goroutines behind.
 const (
 	workerIdle = 250 * time.Millisecond
 	maxIdlers  = 16

@@ -1,7 +1,7 @@
-// Package tasks owns the goroutines that outlive the call that started
-// them: a call cut short by its caller's deadline (Call), and the clean-ups
-// that go on in the background (Go, GiveBack). Close stops the clean-ups
-// and waits for all of them.
+// Package tasks owns the goroutines that outlive the call that started them:
+// a call cut short by its caller's deadline (Call: every call returns by its
+// deadline whatever the Redis client's options), and the clean-ups that go on
+// in the background (Go, GiveBack). Close stops them and waits for them all.
 package tasks
 
 import (
@@ -22,28 +22,25 @@ type Clock interface {
 
 // A Group tracks the goroutines of one Locker. Make it with New.
 type Group struct {
-	clock Clock
-	// For GiveBack: each try's bound, the log, and the errors that end
-	// the tries.
-	timeout time.Duration
+	clock   Clock
+	timeout time.Duration // bounds each try of GiveBack
 	log     *slog.Logger
-	final   func(error) bool
+	final   func(error) bool // true for an error that ends GiveBack's tries
 
 	mu     sync.Mutex
 	n      int           // guarded by mu; goroutines running
 	idle   chan struct{} // guarded by mu; closed when n drops to 0 while Close waits
-	stop   chan struct{} // guarded by mu; closed by Close: clean-ups stop retrying, workers exit
 	closed bool          // guarded by mu
-	// jobs never changes: the workers that wait for work receive on it
-	// (see run).
-	jobs   chan job
-	idlers atomic.Int32 // workers waiting for work
+	stop   chan struct{} // closed by Close: clean-ups stop retrying, workers exit
+	jobs   chan job      // idle workers receive on it
+	idlers atomic.Int32  // workers waiting for work
 }
 
 // New returns a Group on clock whose give-backs try each for timeout at
 // most, log to log, and stop at an error final reports true for.
 func New(clock Clock, timeout time.Duration, log *slog.Logger, final func(error) bool) *Group {
-	return &Group{clock: clock, timeout: timeout, log: log, final: final, jobs: make(chan job)}
+	return &Group{clock: clock, timeout: timeout, log: log, final: final,
+		stop: make(chan struct{}), jobs: make(chan job)}
 }
 
 // Add counts a call that Close waits for, until Done.
@@ -56,47 +53,29 @@ func (g *Group) Add() {
 // Done ends what Add counted.
 func (g *Group) Done() {
 	g.mu.Lock()
-	g.n--
-	if g.n == 0 && g.idle != nil {
+	defer g.mu.Unlock()
+	if g.n--; g.n == 0 && g.idle != nil {
 		close(g.idle)
 		g.idle = nil
 	}
-	g.mu.Unlock()
 }
 
 // Go runs f on a tracked goroutine; stop is closed by Close.
 func (g *Group) Go(f func(stop <-chan struct{})) {
-	g.mu.Lock()
-	g.n++
-	stop := g.stopLocked()
-	g.mu.Unlock()
+	g.Add()
 	go func() {
 		defer g.Done()
-		f(stop)
+		f(g.stop)
 	}()
 }
 
-// stopLocked returns the channel that Close closes, making it if needed.
-func (g *Group) stopLocked() chan struct{} {
-	if g.stop == nil {
-		g.stop = make(chan struct{})
-		if g.closed {
-			close(g.stop)
-		}
-	}
-	return g.stop
-}
-
-// Close tells the clean-ups to stop retrying and waits until no tracked
-// goroutine is running, until by at most: a goroutine still running then
-// is in a Redis call that the client has not given up on, and ends with it.
+// Close stops the clean-ups' retries and waits, until by at most, for every
+// tracked goroutine to end: one still running then ends with its Redis call.
 func (g *Group) Close(by time.Time) {
 	g.mu.Lock()
 	if !g.closed {
 		g.closed = true
-		if g.stop != nil {
-			close(g.stop)
-		}
+		close(g.stop)
 	}
 	if g.n == 0 {
 		g.mu.Unlock()
@@ -107,12 +86,12 @@ func (g *Group) Close(by time.Time) {
 	}
 	idle := g.idle
 	g.mu.Unlock()
-	WaitUntil(g.clock, idle, by)
+	waitAtMost(g.clock, idle, by.Sub(g.clock.Now()))
 }
 
-// WaitUntil waits until done is closed, or until by on clock at most.
-func WaitUntil(clock Clock, done <-chan struct{}, by time.Time) {
-	t := clock.NewTimer(by.Sub(clock.Now()))
+// waitAtMost waits until done is closed, or for d on clock at most.
+func waitAtMost(clock Clock, done <-chan struct{}, d time.Duration) {
+	t := clock.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-done:
@@ -120,13 +99,15 @@ func WaitUntil(clock Clock, done <-chan struct{}, by time.Time) {
 	}
 }
 
-// GiveBack runs try, which gives a lock back, on a tracked goroutine until
-// it succeeds, fails with an error final reports true for, Close is called,
-// or until has passed since it started (by then the lock has expired by
-// itself). Each try is bounded by the Group's timeout; the outcome is
-// logged, what naming it ("release", ...) and name the lock.
+// GiveBack retries try, which gives the lock name back, on a tracked goroutine
+// until it succeeds, fails with an error final reports true for, Close is
+// called, or until has passed (the lock has expired); each try is bounded by
+// the Group's timeout and the outcome is logged as what ("release", ...).
 func (g *Group) GiveBack(what, name string, until time.Duration, try func(ctx context.Context) (deleted bool, err error)) {
 	bg := context.Background()
+	log := func(level slog.Level, msg string, attrs ...slog.Attr) {
+		g.log.LogAttrs(bg, level, "fencelock: "+what+msg, append([]slog.Attr{slog.String("lock", name)}, attrs...)...)
+	}
 	g.Go(func(stop <-chan struct{}) {
 		end := g.clock.Now().Add(max(until, g.timeout))
 		bo := backoff.Backoff{Min: 10 * time.Millisecond, Max: time.Second}
@@ -134,26 +115,21 @@ func (g *Group) GiveBack(what, name string, until time.Duration, try func(ctx co
 			ctx, cancel := context.WithTimeout(bg, g.timeout)
 			deleted, err := try(ctx)
 			cancel()
-			if err == nil {
-				g.log.LogAttrs(bg, slog.LevelDebug, "fencelock: "+what+" done in the background",
-					slog.String("lock", name), slog.Bool("lock_deleted", deleted), slog.Int("tries", tries))
+			switch {
+			case err == nil:
+				log(slog.LevelDebug, " done in the background", slog.Bool("lock_deleted", deleted), slog.Int("tries", tries))
 				return
-			}
-			if g.final(err) || !g.clock.Now().Before(end) {
-				g.log.LogAttrs(bg, slog.LevelWarn, "fencelock: "+what+" failed in the background, the lock expires after its TTL",
-					slog.String("lock", name), slog.Int("tries", tries), slog.Any("error", err))
+			case g.final(err) || !g.clock.Now().Before(end):
+				log(slog.LevelWarn, " failed in the background, the lock expires after its TTL", slog.Int("tries", tries), slog.Any("error", err))
 				return
-			}
-			if tries == 1 {
-				g.log.LogAttrs(bg, slog.LevelDebug, "fencelock: "+what+" goes on in the background",
-					slog.String("lock", name), slog.Any("error", err))
+			case tries == 1:
+				log(slog.LevelDebug, " goes on in the background", slog.Any("error", err))
 			}
 			t := g.clock.NewTimer(bo.Next())
 			select {
 			case <-stop:
 				t.Stop()
-				g.log.LogAttrs(bg, slog.LevelWarn, "fencelock: "+what+" stopped by Close, the lock expires after its TTL",
-					slog.String("lock", name), slog.Int("tries", tries), slog.Any("error", err))
+				log(slog.LevelWarn, " stopped by Close, the lock expires after its TTL", slog.Int("tries", tries), slog.Any("error", err))
 				return
 			case <-t.C:
 			}

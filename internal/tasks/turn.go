@@ -6,23 +6,18 @@ import (
 )
 
 // A Turn is a mutex whose Lock ends with a context: the calls on one lease
-// reach Redis one at a time, in order. Its channel is made only when a
-// call has to wait, so an uncontended lease allocates none. The zero Turn
-// is free.
+// reach Redis one at a time, in order. The zero Turn is free, and an
+// uncontended one allocates nothing.
 type Turn struct {
 	mu   sync.Mutex
 	held bool          // guarded by mu
 	free chan struct{} // guarded by mu; closed at unlock when a call waits, nil otherwise
 }
 
+// Lock takes the turn, or returns ctx.Err() without it once ctx ends.
 func (o *Turn) Lock(ctx context.Context) error {
-	for {
-		o.mu.Lock()
-		if !o.held {
-			o.held = true
-			o.mu.Unlock()
-			return nil
-		}
+	o.mu.Lock()
+	for o.held {
 		if o.free == nil {
 			o.free = make(chan struct{})
 		}
@@ -33,9 +28,14 @@ func (o *Turn) Lock(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+		o.mu.Lock()
 	}
+	o.held = true
+	o.mu.Unlock()
+	return nil
 }
 
+// Unlock gives the turn back.
 func (o *Turn) Unlock() {
 	o.mu.Lock()
 	o.held = false
