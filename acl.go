@@ -6,8 +6,7 @@ import (
 	"github.com/fencelock/fencelock/internal/glob"
 )
 
-// An aclRule is one rule of the ACL that a Redis user of the lock needs:
-// the NOPERM advice lists them and Check tries each.
+// An aclRule is one rule a Redis user of the lock needs: advice lists it, Check tries it.
 type aclRule struct {
 	rule  string   // as ACL SETUSER takes it; <KeyPrefix> is Options.KeyPrefix, glob-escaped
 	only  string   // "": always needed; else with what (the only* constants)
@@ -29,8 +28,7 @@ const (
 	onlyCluster  = "a Cluster client"
 )
 
-// Check tries the rules in this order: SET first, so that the writes after
-// it fail on the key's type instead of creating keys; DEL last.
+// In this order: SET first, so that later writes fail on its type, not make keys.
 var aclRules = []aclRule{
 	{rule: "+@scripting", sev: SeverityCritical, needs: "the lock's scripts (EVALSHA, EVAL)"},
 	{rule: "~<KeyPrefix>*", sev: SeverityCritical, needs: "the lock's keys"},
@@ -88,8 +86,7 @@ func aclAdviceFor(prefix string) string {
 	return strings.ReplaceAll(aclRulesText(), "<KeyPrefix>", glob.Escape(prefix))
 }
 
-// aclRulesText lists the rules: those always needed, then in parentheses
-// those for Redis 6 and those needed with each condition.
+// aclRulesText lists the rules always needed, then those for Redis 6 and each condition.
 func aclRulesText() string {
 	var always, redis6, conds []string
 	only := map[string][]string{}

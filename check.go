@@ -55,8 +55,7 @@ func (l *Locker) Inspect(ctx context.Context, name string) (LockInfo, error) {
 	return info, nil
 }
 
-// read runs f, a read of the lock called name (what names it in an
-// error), bounded by ctx whatever the client's options.
+// read runs f, a read of the lock name, bounded by ctx; what names it in errors.
 func (l *Locker) read(ctx context.Context, name, what string, f func(ctx context.Context) (store.Holding, error)) (store.Holding, error) {
 	type result struct {
 		h   store.Holding
@@ -142,8 +141,7 @@ func (l *Locker) Check(ctx context.Context) ([]Finding, error) {
 	return findings, nil
 }
 
-// checker gathers the findings of one Check, on a goroutine of the Locker's
-// that may go on after Check has returned.
+// checker gathers one Check's findings, on a goroutine that may outlive Check.
 type checker struct {
 	l        *Locker
 	mu       sync.Mutex
@@ -165,7 +163,6 @@ type checkNode struct {
 // base returns the client behind an AutoPipeliner: it knows n's servers.
 func (n checkNode) base() redis.UniversalClient { return goredis.Base(n.client) }
 
-// A testLock is a test lock of the permissions check, on client.
 type testLock struct {
 	client redis.UniversalClient
 	keys   []string
@@ -180,10 +177,7 @@ func (c *checker) run(ctx context.Context) {
 		}
 		c.deployment(ctx, n)
 	}
-	if len(c.l.checks) > 1 { // a Redlock
-		if c.cut(ctx) {
-			return
-		}
+	if len(c.l.checks) > 1 && !c.cut(ctx) { // a Redlock
 		c.independence(len(c.l.checks))
 	}
 	if !c.cut(ctx) {
@@ -202,8 +196,7 @@ func (c *checker) result() ([]Finding, bool) {
 	return c.findings, c.complete
 }
 
-// cut reports whether ctx has ended: the check then stops, and the last
-// command's error is no finding, as ctx's end may have cut it short.
+// cut reports whether ctx has ended: the check stops, the last error no finding.
 func (c *checker) cut(ctx context.Context) bool {
 	if !c.ended && ctxErr(ctx) != nil {
 		c.ended = true
@@ -211,7 +204,6 @@ func (c *checker) cut(ctx context.Context) bool {
 	return c.ended
 }
 
-// serverInfo is what one server said about its identity and replication.
 type serverInfo struct {
 	node, addr, runID, replID string
 	master                    string // a replica's master, host:port
@@ -225,7 +217,6 @@ func (c *checker) add(f Finding) {
 	}
 }
 
-// deployment checks each server of n.
 func (c *checker) deployment(ctx context.Context, n checkNode) {
 	node := n.name
 	servers, err := serversOf(ctx, n.base())
@@ -276,8 +267,7 @@ func (c *checker) deployment(ctx context.Context, n checkNode) {
 	}
 }
 
-// nameOn returns a test lock's name, base with a suffix, whose keys the
-// Cluster's master m serves.
+// nameOn returns a test lock's name, base with a suffix, whose keys m serves.
 func (c *checker) nameOn(ctx context.Context, cl *redis.ClusterClient, m *redis.Client, base string) (string, bool) {
 	addr := m.Options().Addr
 	for i := range 1 << 16 { // a master with one slot of 16384 is found 98 times in 100
@@ -293,13 +283,10 @@ func (c *checker) nameOn(ctx context.Context, cl *redis.ClusterClient, m *redis.
 	return "", false
 }
 
-// serversOf returns a client for each server that holds locks: the masters
-// of a Cluster, the shards of a Ring, the client itself otherwise.
+// serversOf returns a client for each server that holds locks, sorted.
 func serversOf(ctx context.Context, client redis.UniversalClient) ([]*redis.Client, error) {
-	var (
-		mu  sync.Mutex // the callbacks run concurrently
-		out []*redis.Client
-	)
+	var mu sync.Mutex // the callbacks run concurrently
+	var out []*redis.Client
 	collect := func(_ context.Context, c *redis.Client) error {
 		mu.Lock()
 		defer mu.Unlock()
@@ -413,8 +400,7 @@ func (c *checker) settings(node string, srv, mem map[string]string) {
 	}
 }
 
-// persistence checks a server's persistence, and reports whether ctx ended
-// meanwhile.
+// persistence checks a server's persistence, and reports whether ctx ended.
 func (c *checker) persistence(ctx context.Context, s *redis.Client, node string, pers map[string]string) bool {
 	if pers == nil {
 		return false
@@ -462,8 +448,7 @@ func pairs(s, sep, eq string) map[string]string {
 	return m
 }
 
-// roundTrip compares PING's round trip through client with the default
-// TTL's drift allowance, and reports whether the server answered.
+// roundTrip compares PING's round trip with TTL's drift allowance; false: no answer.
 func (c *checker) roundTrip(ctx context.Context, client redis.UniversalClient, node string) bool {
 	var worst time.Duration
 	for range 5 {
@@ -557,8 +542,7 @@ func (c *checker) permissions(ctx context.Context, n checkNode, master *redis.Cl
 	}
 }
 
-// released releases the test lock h and publishes a wake-up on its
-// channel, and reports whether ctx has not ended.
+// released releases test lock h and publishes a wake-up; false: ctx ended.
 func (c *checker) released(ctx context.Context, n checkNode, master *redis.Client, h store.Lease, node, name, channel string) bool {
 	_, perr, err := h.Release(ctx, store.Release, time.Second)
 	if err == nil && perr == nil {
@@ -597,8 +581,7 @@ func publishTest(ctx context.Context, client redis.UniversalClient, master *redi
 	return err
 }
 
-// cleanUp deletes every key the test locks may have left (fence counters,
-// markers), also after ctx ended, within one ReleaseTimeout.
+// cleanUp deletes the test locks' keys, also after ctx ended, within ReleaseTimeout.
 func (c *checker) cleanUp(ctx context.Context) {
 	if len(c.written) == 0 {
 		return
@@ -691,8 +674,7 @@ func tryThenPing(ctx context.Context, m *redis.Client, args []any) error {
 	return cmd.Err()
 }
 
-// refused reports whether err is the ACL's refusal, recording it with the
-// rule that would permit what.
+// refused reports and records err if it is the ACL's refusal of what.
 func (c *checker) refused(node, what string, err error) bool {
 	if err == nil || !strings.Contains(err.Error(), "NOPERM") { // EXEC: "EXECABORT ... because of: NOPERM ..."
 		return false
@@ -713,8 +695,7 @@ func (c *checker) refused(node, what string, err error) bool {
 	return true
 }
 
-// tryArgs splits a command of aclRules into arguments, with key, channel
-// and db in place of {key}, {channel} and {db}.
+// tryArgs splits an aclRules command into arguments, filling {key}, {channel}, {db}.
 func tryArgs(try, key, channel string, db int) []any {
 	var args []any
 	r := strings.NewReplacer("{key}", key, "{channel}", channel, "{db}", strconv.Itoa(db))
@@ -724,8 +705,7 @@ func tryArgs(try, key, channel string, db int) []any {
 	return args
 }
 
-// clientDB returns the database the client's connections select; 0 on a
-// Cluster.
+// clientDB returns the database the client's connections select.
 func clientDB(c redis.UniversalClient) int {
 	switch c := c.(type) {
 	case *redis.Client:
@@ -736,8 +716,7 @@ func clientDB(c redis.UniversalClient) int {
 	return 0
 }
 
-// independence reports Redlock nodes that are one server or replicas of
-// one another: one failure then takes several nodes.
+// independence reports Redlock nodes that are one server or replicate one another.
 func (c *checker) independence(nodes int) {
 	for i, a := range c.servers {
 		for _, b := range c.servers[i+1:] {

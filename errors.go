@@ -82,8 +82,7 @@ func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
 }
 
-// An opError has a one-line message of its own and matches several errors,
-// which errors.Join would put on separate lines.
+// An opError matches several errors with a one-line message (errors.Join's has several).
 type opError struct {
 	msg  string
 	errs []error
@@ -100,8 +99,7 @@ func withCtx(err, ctxErr error) error {
 	return &opError{msg: err.Error() + "; " + ctxErr.Error(), errs: []error{err, ctxErr}}
 }
 
-// ctxEnded is the error of a call whose context ended before Redis gave any
-// verdict: it matches ctx's error and cause, and no sentinel.
+// ctxEnded is the error of a call ended by ctx before any verdict: no sentinel.
 func ctxEnded(ctx context.Context, what string) error {
 	err := ctx.Err()
 	if err == nil {
@@ -127,8 +125,7 @@ func classify(err error) store.Class {
 	return store.ClassOf(err)
 }
 
-// callError turns a Redis call's error, not of class store.NoVerdict, into
-// ErrUnavailable or ErrMisconfigured with a one-line message.
+// callError turns a Redis call's error (not NoVerdict) into one of this package's.
 func callError(name string, err error) error {
 	if errors.Is(err, ErrMisconfigured) {
 		return err // its message is already this package's
@@ -139,8 +136,7 @@ func callError(name string, err error) error {
 	return &opError{msg: ErrUnavailable.Error() + ": " + store.OneLine(err.Error()), errs: []error{ErrUnavailable, err}}
 }
 
-// advice describes a refusal and what to change, without the script's
-// internals (its SHA and line numbers).
+// advice describes a refusal and what to change, without the script's internals.
 func advice(name string, err error) string {
 	var refusal *store.Refusal
 	if errors.As(err, &refusal) {
@@ -204,8 +200,7 @@ func advice(name string, err error) string {
 	return fmt.Sprintf("%s (in the script of lock %q)", msg, name)
 }
 
-// closedError is the error of an Acquire of name ended by Close; verdict,
-// the last attempt's, is named but not matched.
+// closedError is an Acquire ended by Close, naming but not matching verdict.
 func closedError(name string, verdict error) error {
 	msg := fmt.Sprintf("%s: acquire %q", ErrClosed.Error(), name)
 	if verdict != nil {
@@ -214,8 +209,7 @@ func closedError(name string, verdict error) error {
 	return &opError{msg: msg, errs: []error{ErrClosed}}
 }
 
-// A noReplyError is an attempt that got no reply within its bound, matching
-// the failed dial that explains it, if any.
+// A noReplyError is an attempt with no reply in time, matching the dial error, if any.
 type noReplyError struct {
 	timeout time.Duration
 	half    bool // the bound was half the time left before the deadline, for fail-open
@@ -240,8 +234,7 @@ func (e *noReplyError) Unwrap() error { return e.cause }
 // Unsent reports whether the attempt was provably not sent.
 func (e *noReplyError) Unsent() bool { return e.unsent }
 
-// busySeen is an Acquire's last busy answer and until when its holder holds
-// the lock: an outage meanwhile is no reason to fail open.
+// busySeen is an Acquire's last busy answer, until when an outage does not fail open.
 type busySeen struct {
 	err   *BusyError
 	until time.Time
@@ -280,8 +273,7 @@ func joinErr(werr, lost error) error {
 
 var errMaxHold = errors.New("held for MaxHold") // starts the cause of a lease no longer renewed
 
-// lostBecause is the cause of a lease Redis found not held; it matches
-// ErrLost only.
+// lostBecause is the cause of a lease Redis found not held, matching ErrLost only.
 func lostBecause(notHeld error) error {
 	return &opError{msg: ErrLost.Error() + ": " + strings.TrimPrefix(notHeld.Error(), "fencelock: "),
 		errs: []error{ErrLost}}
@@ -298,8 +290,7 @@ func deadlinePassed(lastErr error) error {
 	return fmt.Errorf("%w: deadline passed before a renewal succeeded", ErrLost)
 }
 
-// releaseCutShort is the error of a release that returned before Redis
-// answered.
+// releaseCutShort is the error of a release that returned before Redis answered.
 func (l *Locker) releaseCutShort(ctx context.Context) error {
 	if ctxErr(ctx) != nil {
 		return ctxEnded(ctx, "release (it goes on in the background)")

@@ -19,16 +19,13 @@ import (
 // joins the lock's line with its first attempt, then waits for a release to
 // grant it the lock, keeping its entry alive, until the wait or ctx ends.
 
-// single is what one deployment offers beyond its store, for fair waiting
-// and the kinds that live on one deployment; nil on a Redlock.
+// single is one deployment's calls beyond its store, for fair waiting and the kinds.
 type single interface {
 	store.Store
-	// Run runs s, with WAIT for Options.Replicas (a *store.ReplicaError
-	// when too few acknowledged); Eval runs s alone.
+	// Run runs s, with WAIT for Options.Replicas (*store.ReplicaError); Eval alone.
 	Run(ctx context.Context, s *script.Script, eval bool, keys []any, argv ...any) (any, error)
 	Eval(ctx context.Context, s *script.Script, keys []any, argv ...any) (any, error)
-	// Took is the attempt of k's acquire script; a lock taken short of
-	// replicas is given back.
+	// Took is the attempt of k's acquire script, given back if short of replicas.
 	Took(ctx context.Context, k store.Lease, reply any, err error, a store.Attempt) store.Attempt
 	GiveBack(k store.Lease, what string, ttl time.Duration)                // abandons k in the background
 	Listen(key string, wake chan struct{}, h notify.Hearer) *notify.Waiter // nil after Close
@@ -38,12 +35,10 @@ type single interface {
 	Subscribers(ctx context.Context, key string) (int, error)              // of key's wake-up channel
 }
 
-// A lineLease can wait in its lock's line of fair waiters: a lock's
-// (fairLock) or a semaphore's permit.
+// A lineLease can wait in its lock's line of fair waiters: a lock's or a permit's.
 type lineLease interface {
 	store.Lease
-	// Queue keeps the token's entry alive for store.QueueEntryTTL or, with
-	// leave, takes it out; a grant is for ttl.
+	// Queue keeps the token's entry alive or, with leave, takes it out; a grant is for ttl.
 	Queue(ctx context.Context, ttl time.Duration, leave bool) (queueReply, error)
 }
 
@@ -123,8 +118,7 @@ const (
 	lineFirst     queueState = 4 // the lock is free and it is first in line: take it
 )
 
-// replyFlag is the first element of a script's reply arr, what it says; -1
-// when arr is empty.
+// replyFlag is the first element of a script's reply, what it says; -1 if none.
 func replyFlag(arr []any) int64 {
 	if len(arr) == 0 {
 		return -1
@@ -140,8 +134,7 @@ func keepAliveEvery(ttl time.Duration) time.Duration {
 	return min(store.QueueEntryTTL/4, max(ttl/3, 10*time.Millisecond))
 }
 
-// A fairWait is one fair Acquire's state: a state machine with one method
-// per event (an attempt, a grant, a wake-up, a keep-alive's answer).
+// A fairWait is one fair Acquire's state machine, with one method per event.
 type fairWait struct {
 	*acquisition
 	queued func(store.Spec) lineLease
@@ -185,8 +178,7 @@ func newFairWait(a *acquisition, queued func(store.Spec) lineLease, spec store.S
 	return f
 }
 
-// run runs a fair Acquire's attempts and waits until it takes the lock or
-// gives up.
+// run runs the attempts and waits until it takes the lock or gives up.
 func (f *fairWait) run() (*Lease, error) {
 	if ctxErr(f.ctx) != nil { // before subscribing: no Redis call
 		return nil, ctxEnded(f.ctx, fmt.Sprintf("acquire %q", f.lease.name))
@@ -215,7 +207,6 @@ func (f *fairWait) run() (*Lease, error) {
 	}
 }
 
-// quit gives up, as a handler's result.
 func (f *fairWait) quit() (*Lease, error, bool) {
 	got, err := f.giveUp()
 	return got, err, true
@@ -227,9 +218,8 @@ func (f *fairWait) listen() {
 	f.w = f.l.single.Listen(f.q.Key(), nil, f.g)
 }
 
-// untilExpiry is when to ask next, from a request's send time, given the
-// holder's PTTL: at its expiry, when the first in line takes the lock, if
-// that comes before the next keep-alive.
+// untilExpiry is when to ask next, from a request's send time: at the
+// holder's expiry (pttl), when the first in line takes it, if that comes first.
 func (f *fairWait) untilExpiry(pttl time.Duration) time.Duration {
 	if pttl >= 0 { // 0: it expires within the millisecond
 		return min(f.every, pttl+time.Millisecond)
@@ -237,8 +227,7 @@ func (f *fairWait) untilExpiry(pttl time.Duration) time.Duration {
 	return f.every
 }
 
-// rotate waits on with a new token, leaving the line with the old one in
-// the background if leave: a grant to the old one must not count.
+// rotate waits on with a new token (leaving with the old one if leave).
 func (f *fairWait) rotate(leave bool) {
 	if leave {
 		f.l.leaveQueue(f.lease, f.q)
@@ -291,8 +280,7 @@ func (f *fairWait) attempt() (*Lease, error, bool) {
 	return nil, nil, false
 }
 
-// wait waits for the next event: the end of the wait, a grant, a wake-up,
-// the keep-alive that is due, or its answer.
+// wait waits for the next event: the end, a grant, a wake-up, a keep-alive due or answered.
 func (f *fairWait) wait() (*Lease, error, bool) {
 	l := f.l
 	end := f.waitEnd
@@ -344,8 +332,7 @@ func (f *fairWait) wait() (*Lease, error, bool) {
 	return nil, nil, false
 }
 
-// grantHeard takes a grant's message: the lock is this token's if the
-// message is current, else the server is asked.
+// grantHeard takes a grant's message if current, else asks the server.
 func (f *fairWait) grantHeard(fence int64) (*Lease, error, bool) {
 	if !f.trust {
 		f.askAgain = f.inflight != nil
@@ -358,24 +345,20 @@ func (f *fairWait) grantHeard(fence int64) (*Lease, error, bool) {
 	return f.obtained(fence, f.waiting, time.Time{}, true)
 }
 
-// next follows a wait that ended on a wake-up or the timer: an attempt when
-// not in line, else the keep-alive that is due, unless one is in flight.
+// next follows a wake-up or the timer: an attempt when not in line, else a keep-alive.
 func (f *fairWait) next() {
 	if !f.joined {
-		// The attempt failed; if it reached Redis, it may have been granted
-		// the lock meanwhile.
+		// The attempt failed; if it reached Redis, it may have been granted the lock.
 		f.attemptNow, f.trust = true, f.trust && !f.unsure
 		return
 	}
 	if f.inflight == nil {
-		// It also learns of a grant whose message was lost; it runs while
-		// the waiter waits on, so that a grant's message counts at once.
+		// It runs while the waiter waits on: a grant's message counts at once.
 		f.sent, f.askAgain = f.l.clock.Now(), false
 		f.inflight = f.l.keepAlive(f.ctx, f.q, f.lease.ttl)
 	}
 }
 
-// answered takes a keep-alive's answer.
 func (f *fairWait) answered(r queueResult) (*Lease, error, bool) {
 	f.inflight = nil
 	switch {
@@ -425,8 +408,7 @@ func (f *fairWait) obtained(fence int64, from, bound time.Time, granted bool) (*
 			f.rotate(f.unsure)
 			return nil, nil, false
 		case store.ReplicaShort(err) && l.clock.Now().Before(f.waitEnd):
-			// Short of replicas: pass it on (leaving the line releases it),
-			// and join the line again after a pause.
+			// Short of replicas: pass it on, and join again after a pause.
 			f.verdict = err
 			f.rotate(true)
 			f.attemptNow, f.short, f.askAt = false, true, l.clock.Now().Add(f.retry)
@@ -443,8 +425,7 @@ func (f *fairWait) obtained(fence int64, from, bound time.Time, granted bool) (*
 	return lease, nil, true
 }
 
-// A grantee is a fair waiter's hearer: a grant ("granted <token> <fence>")
-// goes to its grantee only; every other message wakes it.
+// A grantee hears its own grant ("granted <token> <fence>"); all but grants wake it.
 type grantee struct {
 	token   string
 	granted chan int64 // buffered
@@ -466,8 +447,7 @@ func (g *grantee) Hear(m notify.Message) notify.Hearing {
 
 func (*grantee) Lingers() bool { return true }
 
-// stillBusy is a fair waiter's verdict on "still waiting" with the lock's
-// pttl (-2: free, others ahead), naming the holder verdict named.
+// stillBusy is the verdict on "still waiting" (pttl -2: free, others ahead).
 func stillBusy(verdict error, name string, pttl time.Duration) *BusyError {
 	b := &BusyError{Name: name, TTL: pttl}
 	var was *BusyError
@@ -480,8 +460,7 @@ func stillBusy(verdict error, name string, pttl time.Duration) *BusyError {
 	return b
 }
 
-// keepAlive sends q's keep-alive on a goroutine the Locker tracks, and
-// returns the channel of its outcome.
+// keepAlive sends q's keep-alive on a tracked goroutine, to the channel returned.
 func (l *Locker) keepAlive(ctx context.Context, q lineLease, ttl time.Duration) chan queueResult {
 	c := make(chan queueResult, 1)
 	l.bg.Add()

@@ -18,8 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// maxNames is the most names one AcquireAll takes.
-const maxNames = 1000
+const maxNames = 1000 // the most names one AcquireAll takes
 
 // AcquireAll takes the locks called names, all or none, and returns their
 // leases in the order given ("Several names at once"); WithWait bounds the
@@ -69,8 +68,7 @@ func (l *Locker) setOptions(names []string, opts []Option) (callOptions, error) 
 	return co, err
 }
 
-// acquireAllObserved is AcquireAll with its options checked, without
-// failing open; an Observer sees one OpAcquire of the names joined.
+// acquireAllObserved is AcquireAll without failing open, seen as one OpAcquire.
 func (l *Locker) acquireAllObserved(ctx context.Context, names []string, co callOptions, open bool) ([]*Lease, error) {
 	obs := l.opts.Observer
 	if obs == nil {
@@ -99,8 +97,7 @@ func (l *Locker) acquireAll(ctx context.Context, names []string, co callOptions,
 	return l.acquireInOrder(ctx, names, co, open, st)
 }
 
-// together reports whether one script can take the locks of all of names
-// through c: not on a Ring, on a Cluster when they hash to one slot.
+// together reports whether one script can take all of names through c.
 func together(c redis.UniversalClient, names []string) bool {
 	switch c.(type) {
 	case *redis.ClusterClient:
@@ -133,8 +130,7 @@ func keySlot(tag string) int {
 	return int(crc) & 16383
 }
 
-// acquireTogether takes names in one script per attempt, through one
-// acquisition of a set.
+// acquireTogether takes names in one script per attempt, as one acquisition.
 func (l *Locker) acquireTogether(ctx context.Context, names []string, co callOptions, open bool, st *acquireStats) ([]*Lease, error) {
 	l.bg.Add() // as acquireWith
 	defer l.bg.Done()
@@ -153,16 +149,14 @@ func (l *Locker) acquireTogether(ctx context.Context, names []string, co callOpt
 	return leases, nil
 }
 
-// A setCall is one AcquireAll's taking of names together; won is the set
-// that took them.
+// A setCall is one AcquireAll's taking of names together.
 type setCall struct {
 	l     *Locker
 	names []string
 	won   *set // written by the set's Acquire that took the locks, read once the acquisition returned
 }
 
-// A set is the store lease of one token of a setCall: a lock lease per name,
-// taken together, which AcquireAll returns.
+// A set is the store lease of one token of a setCall: a lock lease per name.
 type set struct {
 	c       *setCall
 	spec    store.Spec
@@ -209,9 +203,8 @@ func (s *set) Acquire(ctx context.Context) store.Attempt {
 	return a
 }
 
-// decodeAcquireAll decodes multi_acquire.lua's reply: {1, fence, ...}, {0,
-// i, pttl, owner} for the i-th name (from 1) found busy, or {2} for a
-// retired token.
+// decodeAcquireAll decodes multi_acquire.lua's reply: {1, fence, ...}, {0, i,
+// pttl, owner} for the i-th name (from 1) found busy, or {2}: retired token.
 func decodeAcquireAll(reply any, names []string) (fences []int64, a store.Attempt) {
 	arr, _ := reply.([]any)
 	flag := replyFlag(arr)
@@ -253,8 +246,8 @@ func (s *set) Extend(ctx context.Context, ttl time.Duration, renewal bool) (stor
 	return store.Done, nil
 }
 
-// Release releases (or abandons) every lock of the set, answering Done when
-// each was deleted, else as the first that was not, and the first error.
+// Release releases (or abandons) every lock of the set, answering as the first
+// not Done, with the first error once all were tried.
 func (s *set) Release(ctx context.Context, mode store.Mode, ttl time.Duration) (r store.Result, perr, err error) {
 	r = store.Done
 	for _, m := range s.members {
@@ -272,11 +265,9 @@ func (s *set) Release(ctx context.Context, mode store.Mode, ttl time.Duration) (
 	return r, perr, err
 }
 
-// Read reads the set's first lock.
 func (s *set) Read(ctx context.Context) (store.Holding, error) { return s.members[0].Read(ctx) }
 
-// Wakeup wakes a waiting AcquireAll on the channels of the names it found
-// busy, each heard from the first attempt that found it held.
+// Wakeup wakes a waiting AcquireAll on the channels of the names found busy.
 func (s *set) Wakeup() store.Wakeup {
 	return &setReleases{c: s.c, wake: make(chan struct{}, 1), ws: make(map[string]*notify.Waiter)}
 }
@@ -321,8 +312,7 @@ func (setHearing) Hear(m notify.Message) notify.Hearing {
 
 func (setHearing) Lingers() bool { return false }
 
-// acquireInOrder takes names one by one in sorted order, each as Acquire
-// does, all within co.wait, keeping those it holds (acquireHolding).
+// acquireInOrder takes names one by one in sorted order, all within co.wait.
 func (l *Locker) acquireInOrder(ctx context.Context, names []string, co callOptions, open bool, st *acquireStats) ([]*Lease, error) {
 	order := make([]int, len(names))
 	for i := range order {
@@ -376,8 +366,7 @@ func (l *Locker) acquireHolding(ctx context.Context, name string, co callOptions
 	}
 }
 
-// releaseAll releases leases within one bound, handing a release that got
-// no answer to the background.
+// releaseAll releases leases within one bound, the unanswered in the background.
 func (l *Locker) releaseAll(ctx context.Context, leases []*Lease) {
 	for i, err := range l.releaseLeases(ctx, leases, nil) {
 		if errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrNotHeld) {
@@ -386,7 +375,6 @@ func (l *Locker) releaseAll(ctx context.Context, leases []*Lease) {
 	}
 }
 
-// degradedAll returns the fail-open stand-ins for names.
 func (l *Locker) degradedAll(ctx context.Context, names []string, co callOptions, err error) []*Lease {
 	leases := make([]*Lease, len(names))
 	for i, name := range names {
@@ -395,8 +383,7 @@ func (l *Locker) degradedAll(ctx context.Context, names []string, co callOptions
 	return leases
 }
 
-// settleAll is settle for several leases, released within one bound; it
-// returns their losses joined.
+// settleAll is settle for several leases; it returns their losses joined.
 func (l *Locker) settleAll(ctx context.Context, leases []*Lease) error {
 	byWork := make(map[*Lease]bool, len(leases))
 	lost := make([]error, len(leases))
@@ -521,8 +508,7 @@ func (l *Locker) releaseLeases(ctx context.Context, leases []*Lease, notHeld fun
 	return errs
 }
 
-// observeReleases tells the Observer of an OpRelease for each of leases, and
-// returns what tells it of their ends, with the errors in errs.
+// observeReleases starts an OpRelease for each lease; end ends them with errs.
 func (l *Locker) observeReleases(ctx context.Context, leases []*Lease, errs []error) (end func()) {
 	obs := l.opts.Observer
 	ctxs := make([]context.Context, len(leases))

@@ -98,8 +98,7 @@ func OutcomeOf(err error) Outcome {
 	return OutcomeFailed
 }
 
-// acquireObserved is Acquire with its options checked, without failing open:
-// the Observer sees the attempts' outcome.
+// acquireObserved is Acquire without failing open, seen by the Observer.
 func (l *Locker) acquireObserved(ctx context.Context, name string, co callOptions, open bool) (*Lease, error) {
 	obs := l.opts.Observer
 	if obs == nil {
@@ -124,8 +123,7 @@ func (l *Locker) acquireObserved(ctx context.Context, name string, co callOption
 // errAborted is the error of an OpRun whose work panicked or called Goexit.
 var errAborted = errors.New("fencelock: the work panicked or called runtime.Goexit")
 
-// observeRun runs run between the Observer's Start and End of an OpRun,
-// also when run panics; the End names the lease run stores in *lease.
+// observeRun runs run within an OpRun, ended also on a panic, naming *lease.
 func (l *Locker) observeRun(ctx context.Context, name string, run func(ctx context.Context, lease **Lease) error) error {
 	obs := l.opts.Observer
 	ctx = obs.Start(ctx, OpRun, name)

@@ -176,8 +176,7 @@ func (o *Options) withDefaults() (Options, error) {
 // Option changes one Acquire call.
 type Option func(callOptions) callOptions
 
-// callOptions holds what the Options of one call set, passed by value so
-// that nothing escapes to the heap.
+// callOptions holds what one call's Options set, by value: nothing escapes.
 type callOptions struct {
 	ttl      time.Duration
 	ttlSet   bool
@@ -215,7 +214,6 @@ func (c callOptions) opens(failOpen bool) bool {
 	return failOpen
 }
 
-// defaultOwner is the hostname and the process id.
 func defaultOwner() string {
 	host, err := os.Hostname()
 	if err != nil || host == "" {
@@ -267,7 +265,6 @@ func WithFair() Option {
 	return func(c callOptions) callOptions { c.fair = true; return c }
 }
 
-// orDefault sets *v to def if it is zero.
 func orDefault[T comparable](v *T, def T) {
 	var zero T
 	if *v == zero {
@@ -275,8 +272,7 @@ func orDefault[T comparable](v *T, def T) {
 	}
 }
 
-// drift is the clock drift and network allowance subtracted from a TTL for
-// a lease's local deadline.
+// drift is the clock drift and network allowance a lease's deadline subtracts.
 func drift(ttl time.Duration) time.Duration { return store.Drift(ttl) }
 
 func checkTTL(what string, ttl time.Duration) error {
@@ -302,7 +298,6 @@ func checkReplicaTimeout(timeout, ttl time.Duration, what string) error {
 	return nil
 }
 
-// renewInterval returns the watchdog's interval for a lease with ttl.
 func (o *Options) renewInterval(ttl time.Duration) time.Duration {
 	if o.RenewInterval != 0 {
 		return o.RenewInterval
@@ -344,8 +339,7 @@ func checkName(name string) error {
 	return nil
 }
 
-// callOptions checks a call for the lock called name and applies opts: ErrInvalid
-// for a zero Locker or a bad argument, ErrClosed after Close.
+// callOptions checks a call for name and applies opts: ErrInvalid, ErrClosed.
 func (l *Locker) callOptions(name string, opts []Option) (callOptions, error) {
 	if err := l.usable(); err != nil {
 		return callOptions{}, err
@@ -382,8 +376,7 @@ func (l *Locker) callOptions(name string, opts []Option) (callOptions, error) {
 	return co, nil
 }
 
-// outage reports whether a fail-open call runs degraded after err: Redis
-// unavailable, and ctx still running.
+// outage reports whether a fail-open call runs degraded after err.
 func outage(ctx context.Context, err error) bool {
 	return errors.Is(err, ErrUnavailable) && ctx.Err() == nil
 }
@@ -397,8 +390,7 @@ func (l *Locker) degraded(ctx context.Context, name string, co callOptions, err 
 	return lease
 }
 
-// openEnd is when a fail-open call that began at start stops waiting for an
-// outage to end: half the time before ctx's deadline; never for other calls.
+// openEnd is when a fail-open call stops waiting for an outage: half-way to ctx's deadline.
 func (l *Locker) openEnd(ctx context.Context, open bool, start time.Time) time.Time {
 	if dl, ok := ctx.Deadline(); ok && open {
 		return start.Add(time.Until(dl) / 2) // real time, as ctx's deadline

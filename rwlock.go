@@ -73,8 +73,8 @@ func (rw *RWLock) RunWithLock(ctx context.Context, work func(ctx context.Context
 	return rw.l.RunWithLock(ctx, rw.name, work, opts...)
 }
 
-// RunWithSharedLock runs work holding a share of the lock, taken as
-// AcquireShared takes it, as Locker.RunWithLock does with a lock, with its errors.
+// RunWithSharedLock runs work holding a share, taken as AcquireShared takes
+// it, as Locker.RunWithLock does with a lock, with its errors.
 func (rw *RWLock) RunWithSharedLock(ctx context.Context, work func(ctx context.Context, lease *Lease) error, opts ...Option) error {
 	opts, err := rw.kind(false, opts)
 	if err != nil {
@@ -116,14 +116,12 @@ func (rw *RWLock) usable() error {
 	return nil
 }
 
-// lineEntryTTL is how long a waiting writer's intent outlives its last
-// attempt: a pause and the attempt after it (as redlock.LineEntryTTL).
+// lineEntryTTL is how long a waiting writer's intent outlives its last attempt.
 func lineEntryTTL(maxBackoff time.Duration) time.Duration {
 	return max(time.Second, 4*maxBackoff)
 }
 
-// An rwShare is what the leases of one call on an RWLock are, shared or
-// exclusive (rwlock_prelude.lua).
+// An rwShare is one RWLock call's kind of lease (rwlock_prelude.lua).
 type rwShare struct {
 	rw        *RWLock
 	exclusive bool
@@ -131,8 +129,7 @@ type rwShare struct {
 	intent    any  // the intent's TTL in ms when it waits, 0 otherwise
 }
 
-// An rwLease is the store lease of one token's share: the writer's key, or
-// a reader's own.
+// An rwLease is the store lease of one token's share, on the writer's key or its own.
 type rwLease struct {
 	rwShare
 	spec store.Spec
@@ -226,8 +223,7 @@ func (r *rwReleases) Next(_ store.Attempt, _ bool, d time.Duration) (<-chan stru
 
 func (r *rwReleases) Woken() time.Duration { return 0 }
 
-// Leave also abandons a waiting writer's intent in the background when it
-// gives up, waking the readers it held back.
+// Leave also abandons a waiting writer's intent, waking the readers it held back.
 func (r *rwReleases) Leave(gaveUp store.Lease, _ bool) {
 	if r.w != nil {
 		r.w.Leave()

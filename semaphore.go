@@ -83,8 +83,7 @@ func (s *Semaphore) usable() error {
 	return s.err
 }
 
-// with returns opts, in a slice of their own, and the option that makes a
-// call take a permit of s.
+// with returns a copy of opts and the option that makes a call take a permit.
 func (s *Semaphore) with(opts []Option) []Option {
 	k := kind{lease: func(spec store.Spec) store.Lease { return s.permit(spec) },
 		queued: func(spec store.Spec) lineLease { return s.permit(spec) }}
@@ -157,8 +156,7 @@ func (s *Semaphore) attemptOf(reply any) store.Attempt {
 	return store.Attempt{Err: store.BadReply("semaphore_acquire", reply)}
 }
 
-// A permitsError is an Acquire with another number of permits than the
-// holders use.
+// A permitsError is an Acquire with another number of permits than the holders'.
 type permitsError struct {
 	name       string
 	used, want int
@@ -197,14 +195,13 @@ func (p *permit) Queue(ctx context.Context, ttl time.Duration, leave bool) (queu
 		p.arg, leave, ttl, p.owner, s.permitsArg)
 }
 
-// Read reads the permit for Lease.TTL: its value as a lock's, or "" when it
-// holds none.
+// Read reads the permit for Lease.TTL: its value as a lock's, "" if none.
 func (p *permit) Read(ctx context.Context) (store.Holding, error) {
 	r, err := p.s.read(ctx)
 	if err != nil {
 		return store.Holding{}, err
 	}
-	for _, h := range r.holders {
+	for _, h := range r.Holders {
 		if h.Token == p.token {
 			return store.Holding{Value: keys.Value(h.Token, h.Fence, h.Owner), PTTL: h.TTL}, nil
 		}
@@ -236,10 +233,10 @@ func (s *Semaphore) Inspect(ctx context.Context) (SemaphoreInfo, error) {
 	if err := s.usable(); err != nil {
 		return SemaphoreInfo{}, err
 	}
-	var r semRead // read only once the read returned
+	var info SemaphoreInfo // read only once the read returned
 	h, err := s.l.read(ctx, s.name, fmt.Sprintf("inspect semaphore %q", s.name), func(ctx context.Context) (store.Holding, error) {
 		var err error
-		if r, err = s.read(ctx); err != nil {
+		if info, err = s.read(ctx); err != nil {
 			return store.Holding{}, err
 		}
 		n, err := s.l.single.Subscribers(ctx, s.key)
@@ -248,46 +245,41 @@ func (s *Semaphore) Inspect(ctx context.Context) (SemaphoreInfo, error) {
 	if err != nil {
 		return SemaphoreInfo{}, err
 	}
-	info := SemaphoreInfo{Name: s.name, Permits: s.permits, Holders: r.holders, LastFence: r.counter, Waiters: h.Waiters}
-	if r.permits > 0 {
-		info.Permits = r.permits
+	info.Name, info.Waiters = s.name, h.Waiters
+	if info.Permits <= 0 { // no holder
+		info.Permits = s.permits
 	}
 	return info, nil
 }
 
-// semRead is what semaphore_inspect.lua read.
-type semRead struct {
-	permits int // the holders'; 0 when none holds one
-	counter int64
-	holders []HolderInfo // oldest fence first
-}
-
-func (s *Semaphore) read(ctx context.Context) (semRead, error) {
+// read reads semaphore_inspect.lua's Permits (0 when none holds one),
+// LastFence and Holders.
+func (s *Semaphore) read(ctx context.Context) (SemaphoreInfo, error) {
 	reply, err := s.l.single.Eval(ctx, script.SemInspect, []any{s.args[keys.LockKey], s.infoArg, s.args[keys.CounterKey]})
 	if err != nil {
-		return semRead{}, err
+		return SemaphoreInfo{}, err
 	}
 	arr, _ := reply.([]any)
 	bad := store.BadReply("semaphore_inspect", reply)
 	if len(arr) != 3 {
-		return semRead{}, bad
+		return SemaphoreInfo{}, bad
 	}
 	permits, ok1 := arr[0].(string)
 	counter, ok2 := arr[1].(string)
 	items, ok3 := arr[2].([]any)
 	if !ok1 || !ok2 || !ok3 || len(items)%3 != 0 {
-		return semRead{}, bad
+		return SemaphoreInfo{}, bad
 	}
-	var r semRead
-	r.permits, _ = strconv.Atoi(permits)
-	r.counter, _ = strconv.ParseInt(counter, 10, 64)
+	var r SemaphoreInfo
+	r.Permits, _ = strconv.Atoi(permits)
+	r.LastFence, _ = strconv.ParseInt(counter, 10, 64)
 	for i := 0; i < len(items); i += 3 {
 		token, _ := items[i].(string)
 		pttl, _ := items[i+1].(int64)
 		value, _ := items[i+2].(string)
 		_, fence, owner := keys.Parse("x " + value)
-		r.holders = append(r.holders, HolderInfo{Token: token, Owner: owner, TTL: time.Duration(pttl) * time.Millisecond, Fence: fence})
+		r.Holders = append(r.Holders, HolderInfo{Token: token, Owner: owner, TTL: time.Duration(pttl) * time.Millisecond, Fence: fence})
 	}
-	slices.SortFunc(r.holders, func(a, b HolderInfo) int { return cmp.Compare(a.Fence, b.Fence) })
+	slices.SortFunc(r.Holders, func(a, b HolderInfo) int { return cmp.Compare(a.Fence, b.Fence) })
 	return r, nil
 }
