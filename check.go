@@ -472,9 +472,8 @@ func (c *checker) roundTrip(ctx context.Context, client redis.UniversalClient, n
 	return true
 }
 
-// permissions tries aclRules, takes and releases the test lock name, and
-// publishes and subscribes on its channel, as the library does. master is
-// the Cluster's master that serves name's keys, else nil.
+// permissions tries aclRules, test lock name and its channel as the library uses
+// them; master is a Cluster's master that serves name's keys, else nil.
 func (c *checker) permissions(ctx context.Context, n checkNode, master *redis.Client, node, name string) {
 	if c.cut(ctx) { // nothing sent, nothing to delete
 		return
@@ -595,9 +594,8 @@ func (c *checker) cleanUp(ctx context.Context) {
 	wg.Wait()
 }
 
-// tryRules sends each of aclRules' commands on key and channel (to master
-// if not nil) and reports those the ACL refuses (NOPERM). It reports false
-// when ctx ended or no connection can be set up: nothing else is worth trying.
+// tryRules sends aclRules' commands (to master if not nil) and reports those the ACL
+// refuses; false when ctx ended or no connection can be set up.
 func (c *checker) tryRules(ctx context.Context, n checkNode, master *redis.Client, node, key, channel string) bool {
 	o := &c.l.opts
 	db := clientDB(n.base())

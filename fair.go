@@ -61,10 +61,8 @@ func (f *fairLock) Queue(ctx context.Context, ttl time.Duration, leave bool) (qu
 	return queue(ctx, f.l.single, script.Queue, f.keys, f.Token(), leave, ttl, f.owner)
 }
 
-// queue runs the line script s (queue.lua, semaphore_queue.lua) for token,
-// keeping its entry alive or, with leave, taking it out. It answers {1,
-// "<fence> <owner>", pttl} for a grant, {0, pttl} or {0} while waiting, {3}
-// out of line, {4} first.
+// queue runs line script s for token, keeping its entry alive or, with leave, taking
+// it out: {1, "<fence> <owner>", pttl} granted, {0[, pttl]} waiting, {3} out, {4} first.
 func queue(ctx context.Context, d single, s *script.Script, keys []any, token any, leave bool, ttl time.Duration, argv ...any) (queueReply, error) {
 	mode := "k"
 	if leave {
@@ -127,9 +125,8 @@ func replyFlag(arr []any) int64 {
 	return flag
 }
 
-// keepAliveEvery is how often a fair waiter of a lock with ttl asks the
-// server: at least three times a TTL, so that the last "still waiting",
-// from which a grant's Deadline counts, is never older than a third of it.
+// keepAliveEvery is how often a fair waiter asks the server: at least thrice a TTL,
+// as a grant's Deadline counts from the last "still waiting".
 func keepAliveEvery(ttl time.Duration) time.Duration {
 	return min(store.QueueEntryTTL/4, max(ttl/3, 10*time.Millisecond))
 }
@@ -472,10 +469,9 @@ func (l *Locker) keepAlive(ctx context.Context, q lineLease, ttl time.Duration) 
 	return c
 }
 
-// leaveQueue takes a fair waiter that gave up out of the line in the
-// background, giving back a lock granted or taken meanwhile, and retires
-// the token. It leaves twice: a late attempt may have joined again between
-// the first leave and the retirement.
+// leaveQueue takes a waiter that gave up out of line in the background, giving back
+// a lock granted or taken meanwhile, and retires the token. It leaves twice: a late
+// attempt may have joined again between the first leave and the retirement.
 func (l *Locker) leaveQueue(lease *Lease, q lineLease) {
 	ttl := lease.ttl
 	l.giveBack(lease, "leaving the fair queue", func(ctx context.Context) (bool, error) {

@@ -87,9 +87,8 @@ func (l *Locker) acquireAllObserved(ctx context.Context, names []string, co call
 	return got, err
 }
 
-// acquireAll takes names with one script per attempt where one can take
-// them all, else one by one in sorted order, so that two overlapping calls
-// never wait for each other in a circle ("Several names at once").
+// acquireAll takes names with one script where one can, else one by one in sorted
+// order: two overlapping calls never wait for each other in a circle.
 func (l *Locker) acquireAll(ctx context.Context, names []string, co callOptions, open bool, st *acquireStats) ([]*Lease, error) {
 	if l.single != nil && together(goredis.Base(l.checks[0].client), names) {
 		return l.acquireTogether(ctx, names, co, open, st)
@@ -519,12 +518,7 @@ func (l *Locker) observeReleases(ctx context.Context, leases []*Lease, errs []er
 	return func() {
 		now := l.clock.Now()
 		for i, lease := range leases {
-			e := Event{Op: OpRelease, Name: lease.name, Lease: lease, Outcome: OutcomeOf(errs[i]), Err: errs[i],
-				Fence: lease.fence, Duration: now.Sub(start)}
-			if errs[i] == nil && lease.lostCause() == nil {
-				e.Held = now.Sub(lease.acquired)
-			}
-			obs.End(ctxs[i], e)
+			obs.End(ctxs[i], releaseEvent(lease, errs[i], start, now))
 		}
 	}
 }

@@ -147,12 +147,16 @@ func (l *Locker) observeRelease(ctx context.Context, lease *Lease, release func(
 	ctx = obs.Start(ctx, OpRelease, lease.name)
 	start := l.clock.Now()
 	err := release(ctx)
-	now := l.clock.Now()
+	obs.End(ctx, releaseEvent(lease, err, start, l.clock.Now()))
+	return err
+}
+
+// releaseEvent is the OpRelease of lease, from start to now, that returned err.
+func releaseEvent(lease *Lease, err error, start, now time.Time) Event {
 	e := Event{Op: OpRelease, Name: lease.name, Lease: lease, Outcome: OutcomeOf(err), Err: err,
 		Fence: lease.fence, Duration: now.Sub(start)}
 	if err == nil && lease.lostCause() == nil {
 		e.Held = now.Sub(lease.acquired)
 	}
-	obs.End(ctx, e)
-	return err
+	return e
 }

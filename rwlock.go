@@ -51,10 +51,8 @@ func (rw *RWLock) Acquire(ctx context.Context, opts ...Option) (*Lease, error) {
 	return rw.l.Acquire(ctx, rw.name, opts...)
 }
 
-// AcquireShared takes a share of the lock, as Locker.Acquire takes a lock,
-// when no writer holds or waits for it. It returns Locker.Acquire's errors,
-// cleaning up after one as it does, and ErrInvalid on a NewRedlock Locker or
-// with WithFair.
+// AcquireShared takes a share of the lock when no writer holds or waits for
+// it, as Acquire takes the lock, with its errors.
 func (rw *RWLock) AcquireShared(ctx context.Context, opts ...Option) (*Lease, error) {
 	opts, err := rw.kind(false, opts)
 	if err != nil {
@@ -201,8 +199,7 @@ func (k *rwLease) Read(ctx context.Context) (store.Holding, error) {
 	return store.InspectReply(reply)
 }
 
-// Wakeup wakes a waiting call on every message on its channel, not one
-// waiter of many: the readers behind a writer all enter when it leaves.
+// Wakeup wakes every waiting call on each message: the readers behind a writer all enter.
 func (k *rwLease) Wakeup() store.Wakeup { return &rwReleases{share: k.rwShare, ttl: k.spec.TTL} }
 
 type rwReleases struct {

@@ -128,9 +128,8 @@ func (p *permit) Acquire(ctx context.Context) store.Attempt {
 	return d.Took(ctx, p, reply, err, s.attemptOf(reply))
 }
 
-// attemptOf decodes semaphore_acquire.lua's reply: as acquire.lua's, or
-// {0, pttl, holders, owner} when all permits are taken, or {3, permits} for
-// holders with another number of permits (ErrMisconfigured).
+// attemptOf decodes semaphore_acquire.lua's reply: as acquire.lua's, or {0, pttl,
+// holders, owner} when all are taken, or {3, permits} for another number of permits.
 func (s *Semaphore) attemptOf(reply any) store.Attempt {
 	arr, _ := reply.([]any)
 	flag := replyFlag(arr)
