@@ -311,23 +311,18 @@ func serversOf(ctx context.Context, client redis.UniversalClient) ([]*redis.Clie
 // info returns an INFO section as a map, or records that it could not.
 func (c *checker) info(ctx context.Context, s *redis.Client, node, section string) map[string]string {
 	text, err := s.Info(ctx, section).Result()
-	if err != nil {
-		if !c.cut(ctx) {
-			c.notPermitted(node, "INFO "+section, err)
+	if err == nil {
+		return pairs(text, "\n", ":")
+	}
+	if !c.cut(ctx) {
+		sev, means := SeverityInfo, "Check could not look at this"
+		if classify(err) == store.Unavailable {
+			sev, means = SeverityCritical, "the server did not answer: the lock cannot be taken there"
 		}
-		return nil
+		c.add(Finding{Severity: sev, Check: "config", Node: node,
+			Seen: fmt.Sprintf("INFO %s not answered: %s", section, store.OneLine(err.Error())), Means: means})
 	}
-	return pairs(text, "\n", ":")
-}
-
-// notPermitted records a command Check could not run.
-func (c *checker) notPermitted(node, cmd string, err error) {
-	sev, means := SeverityInfo, "Check could not look at this"
-	if classify(err) == store.Unavailable {
-		sev, means = SeverityCritical, "the server did not answer: the lock cannot be taken there"
-	}
-	c.add(Finding{Severity: sev, Check: "config", Node: node,
-		Seen: fmt.Sprintf("%s not answered: %s", cmd, store.OneLine(err.Error())), Means: means})
+	return nil
 }
 
 // server checks one server's role, memory policy, persistence and replicas.

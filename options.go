@@ -111,7 +111,7 @@ func (o *Options) withDefaults() (Options, error) {
 		return out, err
 	}
 	orDefault(&out.TTL, defaultTTL)
-	if err := checkTTL("Options.TTL", out.TTL); err != nil {
+	if err := checkDuration("Options.TTL", out.TTL, minTTL, maxTTL); err != nil {
 		return out, err
 	}
 	orDefault(&out.MinRetryBackoff, defaultMinRetryBackoff)
@@ -275,10 +275,6 @@ func orDefault[T comparable](v *T, def T) {
 // drift is the clock drift and network allowance a lease's deadline subtracts.
 func drift(ttl time.Duration) time.Duration { return store.Drift(ttl) }
 
-func checkTTL(what string, ttl time.Duration) error {
-	return checkDuration(what, ttl, minTTL, maxTTL)
-}
-
 func checkDuration(what string, d, lo, hi time.Duration) error {
 	switch {
 	case d <= 0:
@@ -314,7 +310,7 @@ func checkRenewInterval(interval, ttl time.Duration) error {
 
 // checkCallTTL checks a ttl given to one call (WithTTL, Extend) against o.
 func (o *Options) checkCallTTL(what string, ttl time.Duration) error {
-	if err := checkTTL(what, ttl); err != nil {
+	if err := checkDuration(what, ttl, minTTL, maxTTL); err != nil {
 		return err
 	}
 	if err := checkRenewInterval(o.RenewInterval, ttl); err != nil {

@@ -96,8 +96,8 @@ func (rw *RWLock) kind(exclusive bool, opts []Option) ([]Option, error) {
 		return nil, invalidf("WithFair on an RWLock: a waiting writer stops new readers, and readers enter together after it")
 	}
 	share := rwShare{rw: rw, exclusive: exclusive, intent: int64(0)}
-	if exclusive && co.wait > 0 {
-		share.waits, share.intent = true, store.Millis(lineEntryTTL(rw.l.opts.MaxRetryBackoff))
+	if exclusive && co.wait > 0 { // the intent outlives a pause and the attempt after it
+		share.waits, share.intent = true, store.Millis(max(time.Second, 4*rw.l.opts.MaxRetryBackoff))
 	}
 	k := kind{lease: func(spec store.Spec) store.Lease { return share.lease(spec) }}
 	return append(opts[:len(opts):len(opts)], withKind(k)), nil
@@ -112,11 +112,6 @@ func (rw *RWLock) usable() error {
 			"and a quorum would need the Redlock fence phases and line for each")
 	}
 	return nil
-}
-
-// lineEntryTTL is how long a waiting writer's intent outlives its last attempt.
-func lineEntryTTL(maxBackoff time.Duration) time.Duration {
-	return max(time.Second, 4*maxBackoff)
 }
 
 // An rwShare is one RWLock call's kind of lease (rwlock_prelude.lua).
