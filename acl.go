@@ -6,24 +6,17 @@ import (
 	"github.com/fencelock/fencelock/internal/glob"
 )
 
-// An aclRule is one rule of the ACL that a Redis user of the lock needs.
-// aclRules are all of them, in one place: the NOPERM advice lists them and
-// Check tries each. A test reads the scripts for their commands and fails
-// on a command missing here.
+// An aclRule is one rule a Redis user of the lock needs: advice lists it, Check tries it.
 type aclRule struct {
 	rule  string   // as ACL SETUSER takes it; <KeyPrefix> is Options.KeyPrefix, glob-escaped
-	only  string   // "": always needed; else with what (see aclOnly)
+	only  string   // "": always needed; else with what (the only* constants)
 	needs string   // what fails without it
 	sev   Severity // of Check's finding without it
-	// try is the command with which Check tries the rule, {key} and
-	// {channel} standing for a test lock's and {db} for the client's
-	// database; "" when Check's test lock,
-	// subscription or server checks try it. creates: try makes its key if
-	// there is none.
+	// try is Check's command for it, {key}, {channel} and {db} a test lock's
+	// and the client's; "" when other checks try it. creates: it makes its key.
 	try     string
 	creates bool
-	// redis6 is what Redis 6, without sharded pub/sub, needs instead, and
-	// try6 how Check tries it there; "" when the same.
+	// redis6 is what Redis 6 needs instead, try6 how Check tries it; "" when the same.
 	redis6, try6 string
 }
 
@@ -35,9 +28,7 @@ const (
 	onlyCluster  = "a Cluster client"
 )
 
-// Check tries the rules in this order: SET first, so that the writes
-// after it find a string with a TTL and fail on its type (after the ACL
-// let them through) instead of creating keys; DEL last.
+// In this order: SET first, so that later writes fail on its type, not make keys.
 var aclRules = []aclRule{
 	{rule: "+@scripting", sev: SeverityCritical, needs: "the lock's scripts (EVALSHA, EVAL)"},
 	{rule: "~<KeyPrefix>*", sev: SeverityCritical, needs: "the lock's keys"},
@@ -75,12 +66,9 @@ var aclRules = []aclRule{
 	{rule: "+del", sev: SeverityCritical, needs: "the scripts", try: "DEL {key}"},
 	{rule: "+wait", only: onlyReplicas, sev: SeverityCritical, needs: "acknowledgements by replicas", try: "WAIT 0 0"},
 	{rule: "+waitaof", only: onlyFsync, sev: SeverityCritical, needs: "acknowledgements by replicas", try: "WAITAOF 0 0 0"},
-	// go-redis selects the database when it sets up a connection: without
-	// +select every command fails.
+	// Without +select every go-redis connection to the database fails.
 	{rule: "+select", only: onlyDB, sev: SeverityCritical, needs: "go-redis's connections to the database", try: "SELECT {db}"},
-	// What go-redis's ClusterClient sends of its own. Check tries these on
-	// every master; try is followed by PING on its connection, which spends
-	// the flag ASKING sets for the next command.
+	// What go-redis's ClusterClient sends of its own, tried on every master.
 	{rule: "+cluster|slots", only: onlyCluster, sev: SeverityCritical, needs: "go-redis finding the cluster's slots", try: "CLUSTER SLOTS"},
 	{rule: "+asking", only: onlyCluster, sev: SeverityCritical,
 		needs: "go-redis following ASK while a slot migrates (the lock fails as misconfigured instead of retrying)", try: "ASKING"},
@@ -88,10 +76,7 @@ var aclRules = []aclRule{
 		needs: "go-redis's command info (it logs the refusal at nearly every command, and routes without it)", try: "COMMAND COUNT"},
 }
 
-// aclAdvice is the NOPERM advice: every rule, those needed always first,
-// then in parentheses those for Redis 6 and those needed only with an
-// option or a kind of client, one "with" for each condition; then how
-// to write <KeyPrefix>.
+// aclAdvice is the NOPERM advice: every rule, and how to write <KeyPrefix>.
 func aclAdvice() string {
 	return aclRulesText() + "; <KeyPrefix> is Options.KeyPrefix with a backslash before each * ? [ ] or \\ in it"
 }
@@ -101,7 +86,7 @@ func aclAdviceFor(prefix string) string {
 	return strings.ReplaceAll(aclRulesText(), "<KeyPrefix>", glob.Escape(prefix))
 }
 
-// aclRulesText lists the rules, with <KeyPrefix>.
+// aclRulesText lists the rules always needed, then those for Redis 6 and each condition.
 func aclRulesText() string {
 	var always, redis6, conds []string
 	only := map[string][]string{}

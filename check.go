@@ -55,8 +55,7 @@ func (l *Locker) Inspect(ctx context.Context, name string) (LockInfo, error) {
 	return info, nil
 }
 
-// read runs f, a read of the lock called name (what names it in an
-// error), bounded by ctx whatever the client's options.
+// read runs f, a read of the lock name, bounded by ctx; what names it in errors.
 func (l *Locker) read(ctx context.Context, name, what string, f func(ctx context.Context) (store.Holding, error)) (store.Holding, error) {
 	type result struct {
 		h   store.Holding
@@ -121,15 +120,11 @@ func (f Finding) String() string {
 
 // Check inspects the deployment (every node of a Redlock, master of a Cluster,
 // shard of a Ring) for what weakens the lock, most severe first (docs/operating.md,
-// "A deployment check"), trying each command the library sends on a lock
-// "fencelock-check:<random>" whose keys it deletes. ACLs are each server's own:
-// on a Cluster it tries them on every master, with a lock in a slot the master
-// serves; on a Ring, on the shard of its one test lock only. It returns an error
-// only for a zero Locker (ErrInvalid), or when ctx ends first: then by ctx's
-// end, as every call, whatever the client's options, one matching ctx.Err(),
-// with the findings made before (none from a command that ctx's end cut
-// short), and the test lock's keys, if any were written, are deleted in the
-// background (Close waits for it).
+// "A deployment check"), trying each command the library sends on a test lock
+// "fencelock-check:<random>" whose keys it deletes. It returns an error only for
+// a zero Locker (ErrInvalid), or by ctx's end, whatever the client's options: one
+// matching ctx.Err(), with the findings made before, the test lock's keys then
+// deleted in the background (Close waits for it).
 func (l *Locker) Check(ctx context.Context) ([]Finding, error) {
 	if err := l.usable(); err != nil {
 		return nil, err
@@ -146,19 +141,16 @@ func (l *Locker) Check(ctx context.Context) ([]Finding, error) {
 	return findings, nil
 }
 
-// checker gathers the findings of one Check. It runs on a goroutine of the
-// Locker's (see call), which may go on after Check has returned.
+// checker gathers one Check's findings, on a goroutine that may outlive Check.
 type checker struct {
-	l *Locker
-
+	l        *Locker
 	mu       sync.Mutex
-	findings []Finding // guarded by mu
-	complete bool      // guarded by mu; every check ran: what may be left is the clean-up
-	returned bool      // guarded by mu; Check has returned: findings are no longer added
-
-	ended   bool         // ctx ended: the check stops (see cut)
-	written []testLock   // the test locks whose keys may have been written, for cleanUp
-	servers []serverInfo // Redlock: what each node said, for the independence check
+	findings []Finding    // guarded by mu
+	complete bool         // guarded by mu; every check ran: what may be left is the clean-up
+	returned bool         // guarded by mu; Check has returned: findings are no longer added
+	ended    bool         // ctx ended: the check stops (see cut)
+	written  []testLock   // the test locks whose keys may have been written, for cleanUp
+	servers  []serverInfo // Redlock: what each node said, for the independence check
 }
 
 // A checkNode is a deployment Check looks at: New's, or a Redlock node.
@@ -168,11 +160,9 @@ type checkNode struct {
 	single single                // for the test lock
 }
 
-// base returns the client that knows n's servers and serves its
-// subscriptions: the one behind an AutoPipeliner.
+// base returns the client behind an AutoPipeliner: it knows n's servers.
 func (n checkNode) base() redis.UniversalClient { return goredis.Base(n.client) }
 
-// A testLock is a test lock of the permissions check, on client.
 type testLock struct {
 	client redis.UniversalClient
 	keys   []string
@@ -187,10 +177,7 @@ func (c *checker) run(ctx context.Context) {
 		}
 		c.deployment(ctx, n)
 	}
-	if len(c.l.checks) > 1 { // a Redlock
-		if c.cut(ctx) {
-			return
-		}
+	if len(c.l.checks) > 1 && !c.cut(ctx) { // a Redlock
 		c.independence(len(c.l.checks))
 	}
 	if !c.cut(ctx) {
@@ -200,8 +187,7 @@ func (c *checker) run(ctx context.Context) {
 	}
 }
 
-// result returns the findings, most severe first, and whether every check
-// ran; the findings the checker makes after it are dropped.
+// result returns the findings, most severe first, and whether every check ran.
 func (c *checker) result() ([]Finding, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -210,10 +196,7 @@ func (c *checker) result() ([]Finding, bool) {
 	return c.findings, c.complete
 }
 
-// cut reports whether ctx has ended. The check then stops, and the error of
-// the command it ran last, if any, is no finding: ctx's end may have cut it
-// short (with the context's error, or a network timeout at its deadline
-// with ContextTimeoutEnabled), and says nothing about the server.
+// cut reports whether ctx has ended: the check stops, the last error no finding.
 func (c *checker) cut(ctx context.Context) bool {
 	if !c.ended && ctxErr(ctx) != nil {
 		c.ended = true
@@ -221,15 +204,9 @@ func (c *checker) cut(ctx context.Context) bool {
 	return c.ended
 }
 
-// serverInfo is what one server said about its identity and replication.
 type serverInfo struct {
-	node        string
-	runID       string
-	replID      string
-	role        string
-	master      string // a replica's master, host:port
-	addr        string
-	replicaAddr []string // a master's replicas, host:port
+	node, addr, runID, replID string
+	master                    string // a replica's master, host:port
 }
 
 func (c *checker) add(f Finding) {
@@ -240,7 +217,6 @@ func (c *checker) add(f Finding) {
 	}
 }
 
-// deployment checks each server of n.
 func (c *checker) deployment(ctx context.Context, n checkNode) {
 	node := n.name
 	servers, err := serversOf(ctx, n.base())
@@ -263,7 +239,7 @@ func (c *checker) deployment(ctx context.Context, n checkNode) {
 			return
 		}
 	}
-	if !c.roundTrip(ctx, n.client, node) { // unreachable: reported by the server checks, and nothing to try
+	if !c.roundTrip(ctx, n.client, node) { // unreachable: reported by the server checks
 		return
 	}
 	base := "fencelock-check:" + string(keys.NewToken())
@@ -272,9 +248,7 @@ func (c *checker) deployment(ctx context.Context, n checkNode) {
 		c.permissions(ctx, n, nil, node, base)
 		return
 	}
-	// ACLs are each node's own: try them on every master, each with a test
-	// lock in one of its slots.
-	for _, m := range servers {
+	for _, m := range servers { // ACLs are each master's own
 		where := m.Options().Addr
 		if node != "" {
 			where = node + " (" + where + ")"
@@ -293,8 +267,7 @@ func (c *checker) deployment(ctx context.Context, n checkNode) {
 	}
 }
 
-// nameOn returns the name of a test lock, base with a suffix, whose keys
-// the Cluster's master m serves, as the client sees the slots.
+// nameOn returns a test lock's name, base with a suffix, whose keys m serves.
 func (c *checker) nameOn(ctx context.Context, cl *redis.ClusterClient, m *redis.Client, base string) (string, bool) {
 	addr := m.Options().Addr
 	for i := range 1 << 16 { // a master with one slot of 16384 is found 98 times in 100
@@ -310,13 +283,10 @@ func (c *checker) nameOn(ctx context.Context, cl *redis.ClusterClient, m *redis.
 	return "", false
 }
 
-// serversOf returns a client for each server that holds locks: the masters
-// of a Cluster, the shards of a Ring, the client itself otherwise.
+// serversOf returns a client for each server that holds locks, sorted.
 func serversOf(ctx context.Context, client redis.UniversalClient) ([]*redis.Client, error) {
-	var (
-		mu  sync.Mutex // the callbacks run concurrently
-		out []*redis.Client
-	)
+	var mu sync.Mutex // the callbacks run concurrently
+	var out []*redis.Client
 	collect := func(_ context.Context, c *redis.Client) error {
 		mu.Lock()
 		defer mu.Unlock()
@@ -341,27 +311,21 @@ func serversOf(ctx context.Context, client redis.UniversalClient) ([]*redis.Clie
 // info returns an INFO section as a map, or records that it could not.
 func (c *checker) info(ctx context.Context, s *redis.Client, node, section string) map[string]string {
 	text, err := s.Info(ctx, section).Result()
-	if err != nil {
-		if !c.cut(ctx) {
-			c.notPermitted(node, "INFO "+section, err)
+	if err == nil {
+		return pairs(text, "\n", ":")
+	}
+	if !c.cut(ctx) {
+		sev, means := SeverityInfo, "Check could not look at this"
+		if classify(err) == store.Unavailable {
+			sev, means = SeverityCritical, "the server did not answer: the lock cannot be taken there"
 		}
-		return nil
+		c.add(Finding{Severity: sev, Check: "config", Node: node,
+			Seen: fmt.Sprintf("INFO %s not answered: %s", section, store.OneLine(err.Error())), Means: means})
 	}
-	return pairs(text, "\n", ":")
+	return nil
 }
 
-// notPermitted records a command Check could not run.
-func (c *checker) notPermitted(node, cmd string, err error) {
-	sev, means := SeverityInfo, "Check could not look at this"
-	if classify(err) == store.Unavailable {
-		sev, means = SeverityCritical, "the server did not answer: the lock cannot be taken there"
-	}
-	c.add(Finding{Severity: sev, Check: "config", Node: node,
-		Seen: fmt.Sprintf("%s not answered: %s", cmd, store.OneLine(err.Error())), Means: means})
-}
-
-// server checks one server's role, memory policy, persistence and
-// replicas.
+// server checks one server's role, memory policy, persistence and replicas.
 func (c *checker) server(ctx context.Context, s *redis.Client, node string) {
 	if err := s.Ping(ctx).Err(); err != nil && classify(err) != store.Misconfigured {
 		if c.cut(ctx) { // no verdict: the server may answer yet
@@ -379,8 +343,7 @@ func (c *checker) server(ctx context.Context, s *redis.Client, node string) {
 	if c.ended {
 		return
 	}
-
-	info := serverInfo{node: node, addr: s.Options().Addr, runID: srv["run_id"], replID: repl["master_replid"], role: repl["role"]}
+	info := serverInfo{node: node, addr: s.Options().Addr, runID: srv["run_id"], replID: repl["master_replid"]}
 	if repl["role"] == "slave" {
 		info.master = hostPort(repl["master_host"], repl["master_port"])
 		c.add(Finding{Severity: SeverityCritical, Check: "role", Node: node,
@@ -390,21 +353,15 @@ func (c *checker) server(ctx context.Context, s *redis.Client, node string) {
 	}
 	online := 0 // replicas
 	for k, v := range repl {
-		if strings.HasPrefix(k, "slave") && strings.Contains(v, "ip=") {
-			f := pairs(v, ",", "=")
-			info.replicaAddr = append(info.replicaAddr, hostPort(f["ip"], f["port"]))
-			if f["state"] == "online" {
-				online++
-			}
+		if strings.HasPrefix(k, "slave") && strings.Contains(v, "ip=") && pairs(v, ",", "=")["state"] == "online" {
+			online++
 		}
 	}
 	c.servers = append(c.servers, info)
-
 	c.settings(node, srv, mem)
 	if c.persistence(ctx, s, node, pers) {
 		return
 	}
-
 	if want := c.l.opts.Replicas; want > 0 && repl["role"] == "master" && online < want {
 		c.add(Finding{Severity: SeverityCritical, Check: "replicas", Node: node,
 			Seen:  fmt.Sprintf("%d replicas online, Options.Replicas is %d", online, want),
@@ -423,7 +380,6 @@ func (c *checker) settings(node string, srv, mem map[string]string) {
 				Fix:   "Redis 7 or later"})
 		}
 	}
-
 	if policy, maxmemory := mem["maxmemory_policy"], mem["maxmemory"]; maxmemory != "0" && maxmemory != "" {
 		seen := fmt.Sprintf("maxmemory-policy %s with maxmemory %s", policy, maxmemory)
 		switch {
@@ -439,31 +395,31 @@ func (c *checker) settings(node string, srv, mem map[string]string) {
 	}
 }
 
-// persistence checks a server's persistence, and reports whether ctx ended
-// meanwhile.
+// persistence checks a server's persistence, and reports whether ctx ended.
 func (c *checker) persistence(ctx context.Context, s *redis.Client, node string, pers map[string]string) bool {
-	if pers != nil {
-		aof := pers["aof_enabled"] == "1"
-		fsync := ""
-		if aof {
-			v, err := s.ConfigGet(ctx, "appendfsync").Result()
-			if err != nil && c.cut(ctx) {
-				return true
-			}
-			fsync = v["appendfsync"]
+	if pers == nil {
+		return false
+	}
+	aof := pers["aof_enabled"] == "1"
+	fsync := ""
+	if aof {
+		v, err := s.ConfigGet(ctx, "appendfsync").Result()
+		if err != nil && c.cut(ctx) {
+			return true
 		}
-		switch {
-		case !aof:
-			c.add(Finding{Severity: SeverityWarning, Check: "persistence", Node: node,
-				Seen:  "appendonly no",
-				Means: "a server restarted at once comes back without the locks it held and grants them again (GUARANTEES.md S5)",
-				Fix:   "appendonly yes with appendfsync always, or keep a crashed server down for longer than the longest TTL"})
-		case fsync != "" && fsync != "always":
-			c.add(Finding{Severity: SeverityInfo, Check: "persistence", Node: node,
-				Seen:  "appendfsync " + fsync,
-				Means: "a crash loses the last writes (up to a second with everysec): locks taken just before it are granted again",
-				Fix:   "appendfsync always, if that cost is acceptable"})
-		}
+		fsync = v["appendfsync"]
+	}
+	switch {
+	case !aof:
+		c.add(Finding{Severity: SeverityWarning, Check: "persistence", Node: node,
+			Seen:  "appendonly no",
+			Means: "a server restarted at once comes back without the locks it held and grants them again (GUARANTEES.md S5)",
+			Fix:   "appendonly yes with appendfsync always, or keep a crashed server down for longer than the longest TTL"})
+	case fsync != "" && fsync != "always":
+		c.add(Finding{Severity: SeverityInfo, Check: "persistence", Node: node,
+			Seen:  "appendfsync " + fsync,
+			Means: "a crash loses the last writes (up to a second with everysec): locks taken just before it are granted again",
+			Fix:   "appendfsync always, if that cost is acceptable"})
 	}
 	return false
 }
@@ -475,8 +431,8 @@ func hostPort(host, port string) string {
 	return host + ":" + port
 }
 
-// pairs parses the key-value pairs of INFO: "k1:v1\r\nk2:v2" with sep "\n"
-// and eq ":", a replica's "ip=...,port=..." with sep "," and eq "=".
+// pairs parses INFO's "k1:v1\r\nk2:v2" (sep "\n", eq ":") or a replica's
+// "ip=...,port=..." (sep ",", eq "=").
 func pairs(s, sep, eq string) map[string]string {
 	m := make(map[string]string)
 	for _, f := range strings.Split(s, sep) {
@@ -487,16 +443,13 @@ func pairs(s, sep, eq string) map[string]string {
 	return m
 }
 
-// roundTrip measures PING's round trip through client and compares it
-// with the drift allowance of the default TTL. It reports whether the
-// server answered.
+// roundTrip compares PING's round trip with TTL's drift allowance; false: no answer.
 func (c *checker) roundTrip(ctx context.Context, client redis.UniversalClient, node string) bool {
 	var worst time.Duration
 	for range 5 {
 		start := c.l.clock.Now()
 		if err := client.Ping(ctx).Err(); err != nil {
-			// Unreachable: reported by the server checks. A refusal
-			// (an ACL without +ping) is the permissions check's.
+			// Unreachable: the server checks'; a refusal: the permissions check's.
 			return !c.cut(ctx) && classify(err) != store.Unavailable
 		}
 		worst = max(worst, c.l.clock.Now().Sub(start))
@@ -514,11 +467,8 @@ func (c *checker) roundTrip(ctx context.Context, client redis.UniversalClient, n
 	return true
 }
 
-// permissions tries each command of aclRules on a test key, takes and
-// releases the test lock name, and publishes and subscribes on its
-// channel, as the library does. On a Cluster, master is the master that
-// serves name's keys, which the commands without a key are sent to;
-// otherwise nil.
+// permissions tries aclRules, test lock name and its channel as the library uses
+// them; master is a Cluster's master that serves name's keys, else nil.
 func (c *checker) permissions(ctx context.Context, n checkNode, master *redis.Client, node, name string) {
 	if c.cut(ctx) { // nothing sent, nothing to delete
 		return
@@ -537,8 +487,7 @@ func (c *checker) permissions(ctx context.Context, n checkNode, master *redis.Cl
 	switch {
 	case a.Err != nil && c.cut(ctx):
 		return
-	case a.Err != nil && errors.As(a.Err, &replicas):
-		// Reported by the replicas check; cleanUp deletes the lock.
+	case a.Err != nil && errors.As(a.Err, &replicas): // the replicas check's; cleanUp deletes the lock
 	case a.Err != nil:
 		sev := SeverityCritical
 		if classify(a.Err) == store.Unavailable {
@@ -553,7 +502,6 @@ func (c *checker) permissions(ctx context.Context, n checkNode, master *redis.Cl
 			return
 		}
 	}
-	// Subscribing, as waiters do.
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	ps := n.client.SSubscribe(sctx, channel)
@@ -588,9 +536,7 @@ func (c *checker) permissions(ctx context.Context, n checkNode, master *redis.Cl
 	}
 }
 
-// released releases the test lock h and publishes a wake-up on its
-// channel, as a release does where waiters subscribe, and reports whether
-// the check goes on (ctx has not ended).
+// released releases test lock h and publishes a wake-up; false: ctx ended.
 func (c *checker) released(ctx context.Context, n checkNode, master *redis.Client, h store.Lease, node, name, channel string) bool {
 	_, perr, err := h.Release(ctx, store.Release, time.Second)
 	if err == nil && perr == nil {
@@ -612,9 +558,8 @@ func (c *checker) released(ctx context.Context, n checkNode, master *redis.Clien
 	return true
 }
 
-// publishTest publishes "released" on channel as release.lua does
-// (SPUBLISH, or PUBLISH before Redis 7), through client or, on a Cluster,
-// master, and returns the error of a publish the server refused.
+// publishTest publishes "released" on channel as release.lua does, through
+// master if not nil, and returns the error of a publish the server refused.
 func publishTest(ctx context.Context, client redis.UniversalClient, master *redis.Client, channel string) error {
 	via := redis.Cmdable(client)
 	if master != nil {
@@ -630,12 +575,7 @@ func publishTest(ctx context.Context, client redis.UniversalClient, master *redi
 	return err
 }
 
-// cleanUp deletes every key the permissions checks may have made: each
-// test lock, and what its release leaves, its fence counter (kept for
-// FenceRetention) and its token marker, so that Check leaves nothing. It
-// runs after ctx ended too, bounded by one ReleaseTimeout, on each
-// deployment at once; it sends nothing when nothing was sent before.
-// Without +del, which tryRules reports, the keys expire.
+// cleanUp deletes the test locks' keys, also after ctx ended, within ReleaseTimeout.
 func (c *checker) cleanUp(ctx context.Context) {
 	if len(c.written) == 0 {
 		return
@@ -649,13 +589,8 @@ func (c *checker) cleanUp(ctx context.Context) {
 	wg.Wait()
 }
 
-// tryRules sends the command of each of aclRules that has one, on key
-// and channel, and reports those the ACL refuses (NOPERM): other errors
-// (a key of another type, say) come after the ACL's verdict. It sends
-// them through d's client, or to master, a Cluster's master that serves
-// key, when not nil. It reports false when the client's connections
-// cannot be set up, which refuses every command, or when ctx ended:
-// nothing else is worth trying.
+// tryRules sends aclRules' commands (to master if not nil) and reports those the ACL
+// refuses; false when ctx ended or no connection can be set up.
 func (c *checker) tryRules(ctx context.Context, n checkNode, master *redis.Client, node, key, channel string) bool {
 	o := &c.l.opts
 	db := clientDB(n.base())
@@ -663,8 +598,7 @@ func (c *checker) tryRules(ctx context.Context, n checkNode, master *redis.Clien
 	if master != nil {
 		via = master
 	}
-	for _, r := range aclRules {
-		// go-redis selects the database as it sets up a connection.
+	for _, r := range aclRules { // go-redis selects the database as it sets up a connection
 		if r.only == onlyDB && db != 0 {
 			err := via.Do(ctx, tryArgs(r.try, key, channel, db)...).Err()
 			if err != nil && c.cut(ctx) || c.refused(node, r.try, err) {
@@ -721,10 +655,8 @@ func (c *checker) tryRules(ctx context.Context, n checkNode, master *redis.Clien
 	return true
 }
 
-// tryThenPing sends args, then PING, on one connection to the Cluster's
-// master m, and returns the error of args: what go-redis's ClusterClient
-// sends of its own (ASKING, say, whose flag would otherwise hold for the
-// connection's next command, a lock's).
+// tryThenPing sends args, then PING, on one connection to m, and returns
+// args' error: PING spends the flag ASKING would leave for a lock's command.
 func tryThenPing(ctx context.Context, m *redis.Client, args []any) error {
 	var cmd *redis.Cmd
 	_, _ = m.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -735,8 +667,7 @@ func tryThenPing(ctx context.Context, m *redis.Client, args []any) error {
 	return cmd.Err()
 }
 
-// refused reports err of the command named by what when it is the ACL's
-// refusal, with the rule that would permit it, and whether it was.
+// refused reports and records err if it is the ACL's refusal of what.
 func (c *checker) refused(node, what string, err error) bool {
 	if err == nil || !strings.Contains(err.Error(), "NOPERM") { // EXEC: "EXECABORT ... because of: NOPERM ..."
 		return false
@@ -757,8 +688,7 @@ func (c *checker) refused(node, what string, err error) bool {
 	return true
 }
 
-// tryArgs splits a command of aclRules into arguments, with key, channel
-// and db in place of {key}, {channel} and {db}.
+// tryArgs splits an aclRules command into arguments, filling {key}, {channel}, {db}.
 func tryArgs(try, key, channel string, db int) []any {
 	var args []any
 	r := strings.NewReplacer("{key}", key, "{channel}", channel, "{db}", strconv.Itoa(db))
@@ -768,9 +698,7 @@ func tryArgs(try, key, channel string, db int) []any {
 	return args
 }
 
-// clientDB returns the database the client's connections select (go-redis
-// sends SELECT when they are set up): Options.DB of a Client or Ring, 0 for
-// a Cluster, which has only database 0.
+// clientDB returns the database the client's connections select.
 func clientDB(c redis.UniversalClient) int {
 	switch c := c.(type) {
 	case *redis.Client:
@@ -781,9 +709,7 @@ func clientDB(c redis.UniversalClient) int {
 	return 0
 }
 
-// independence reports Redlock nodes (nodes of them) that are one server,
-// or replicas of one another: a failure of one then takes more than one
-// node with it.
+// independence reports Redlock nodes that are one server or replicate one another.
 func (c *checker) independence(nodes int) {
 	for i, a := range c.servers {
 		for _, b := range c.servers[i+1:] {

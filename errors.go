@@ -70,11 +70,9 @@ func (e *BusyError) Error() string {
 // Is reports whether target is ErrNotObtained.
 func (e *BusyError) Is(target error) bool { return target == ErrNotObtained }
 
-// errReleased is the cause of a KeepAlive context cancelled by Release.
-var errReleased = fmt.Errorf("%w: lease released", ErrNotHeld)
-
-// Why a lease is not held, as Redis told it.
+// Why a lease is not held: released (a KeepAlive context's cause), or as Redis told it.
 var (
+	errReleased = fmt.Errorf("%w: lease released", ErrNotHeld)
 	errGone     = fmt.Errorf("%w: the lock expired or was deleted", ErrNotHeld)
 	errTakenBy  = fmt.Errorf("%w: the lock is held by another holder", ErrNotHeld)
 	errReleaseD = fmt.Errorf("%w: released already", ErrNotHeld)
@@ -84,9 +82,7 @@ func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
 }
 
-// An opError is an error of this package with a one-line message of its own
-// that matches several errors (a sentinel, its cause, a context's error):
-// errors.Join would put them on separate lines.
+// An opError matches several errors with a one-line message (errors.Join's has several).
 type opError struct {
 	msg  string
 	errs []error
@@ -95,8 +91,7 @@ type opError struct {
 func (e *opError) Error() string   { return e.msg }
 func (e *opError) Unwrap() []error { return e.errs }
 
-// withCtx adds the caller's context error to err: the result matches both,
-// on one line.
+// withCtx adds the caller's context error to err, matching both.
 func withCtx(err, ctxErr error) error {
 	if err == nil || ctxErr == nil {
 		return err
@@ -104,9 +99,7 @@ func withCtx(err, ctxErr error) error {
 	return &opError{msg: err.Error() + "; " + ctxErr.Error(), errs: []error{err, ctxErr}}
 }
 
-// ctxEnded is the error of a call whose context ended before Redis gave any
-// verdict: it matches ctx's error (and its cause) and no sentinel of this
-// package.
+// ctxEnded is the error of a call ended by ctx before any verdict: no sentinel.
 func ctxEnded(ctx context.Context, what string) error {
 	err := ctx.Err()
 	if err == nil {
@@ -121,8 +114,7 @@ func ctxEnded(ctx context.Context, what string) error {
 	return &opError{msg: msg, errs: errs}
 }
 
-// classify tells what err, returned by a store's call or by this package,
-// means (see store.ClassOf).
+// classify tells what err, a store's or this package's, means.
 func classify(err error) store.Class {
 	switch {
 	case errors.Is(err, ErrMisconfigured):
@@ -133,9 +125,7 @@ func classify(err error) store.Class {
 	return store.ClassOf(err)
 }
 
-// callError turns the error of a Redis call for the lock named name into
-// one of this package's: ErrUnavailable or ErrMisconfigured, with a one-line
-// message. It is not used for errors of class store.NoVerdict.
+// callError turns a Redis call's error (not NoVerdict) into one of this package's.
 func callError(name string, err error) error {
 	if errors.Is(err, ErrMisconfigured) {
 		return err // its message is already this package's
@@ -146,8 +136,7 @@ func callError(name string, err error) error {
 	return &opError{msg: ErrUnavailable.Error() + ": " + store.OneLine(err.Error()), errs: []error{ErrUnavailable, err}}
 }
 
-// advice describes a refusal and what to change, without the script's
-// internals (its SHA and line numbers).
+// advice describes a refusal and what to change, without the script's internals.
 func advice(name string, err error) string {
 	var refusal *store.Refusal
 	if errors.As(err, &refusal) {
@@ -176,10 +165,7 @@ func advice(name string, err error) string {
 		}
 	}
 	msg = strings.TrimSuffix(strings.TrimSpace(msg), ".")
-	if strings.Contains(msg, "Protocol error: unauthenticated") {
-		// Redis (7.0.x and later) refuses a long command (the scripts' EVALSHA
-		// has more than 10 arguments) from a client that did not log in
-		// with this, before it would say NOAUTH.
+	if strings.Contains(msg, "Protocol error: unauthenticated") { // Redis 7: a long command before login
 		return "NOAUTH: the server requires a password and refused a command before login (" + msg +
 			"): set Password (and Username) in the go-redis options"
 	}
@@ -214,8 +200,7 @@ func advice(name string, err error) string {
 	return fmt.Sprintf("%s (in the script of lock %q)", msg, name)
 }
 
-// closedError is the error of an Acquire of name ended by Close; verdict,
-// the last attempt's, is named but not matched.
+// closedError is an Acquire ended by Close, naming but not matching verdict.
 func closedError(name string, verdict error) error {
 	msg := fmt.Sprintf("%s: acquire %q", ErrClosed.Error(), name)
 	if verdict != nil {
@@ -224,8 +209,7 @@ func closedError(name string, verdict error) error {
 	return &opError{msg: msg, errs: []error{ErrClosed}}
 }
 
-// A noReplyError is an attempt that got no reply within its bound. It
-// matches the failed dial that explains it, when dials failed meanwhile.
+// A noReplyError is an attempt with no reply in time, matching the dial error, if any.
 type noReplyError struct {
 	timeout time.Duration
 	half    bool // the bound was half the time left before the deadline, for fail-open
@@ -250,9 +234,7 @@ func (e *noReplyError) Unwrap() error { return e.cause }
 // Unsent reports whether the attempt was provably not sent.
 func (e *noReplyError) Unsent() bool { return e.unsent }
 
-// busySeen is the last busy answer of an Acquire, and until when, at least,
-// the holder it named holds the lock: an outage after it is no reason to
-// fail open while that lasts. An attempt that finds the lock free ends it.
+// busySeen is an Acquire's last busy answer, until when an outage does not fail open.
 type busySeen struct {
 	err   *BusyError
 	until time.Time
@@ -267,8 +249,7 @@ func (b *busySeen) see(busy *BusyError, sent time.Time) error {
 	return busy
 }
 
-// verdict is v, or the busy answer when v is an outage that came while the
-// holder it named still held the lock.
+// verdict is v, or the busy answer when v is an outage while it lasts.
 func (b *busySeen) verdict(v error, now time.Time) error {
 	if b.err != nil && now.Before(b.until) && errors.Is(v, ErrUnavailable) {
 		return b.err
@@ -276,8 +257,7 @@ func (b *busySeen) verdict(v error, now time.Time) error {
 	return v
 }
 
-// lostAtRelease is the loss of a lease found not held (rerr) by the
-// release after the work.
+// lostAtRelease is the loss of a lease found not held after the work.
 func lostAtRelease(rerr error) error {
 	return &opError{msg: ErrLost.Error() + ": not held when released after the work: " + rerr.Error(),
 		errs: []error{ErrLost, rerr}}
@@ -291,18 +271,15 @@ func joinErr(werr, lost error) error {
 	return &opError{msg: werr.Error() + "; " + lost.Error(), errs: []error{werr, lost}}
 }
 
-// errMaxHold starts the cause of a lease no longer renewed after MaxHold.
-var errMaxHold = errors.New("held for MaxHold")
+var errMaxHold = errors.New("held for MaxHold") // starts the cause of a lease no longer renewed
 
-// lostBecause is the cause of a lease lost because Redis said it is not
-// held. It matches ErrLost only: the lease was held, then lost.
+// lostBecause is the cause of a lease Redis found not held, matching ErrLost only.
 func lostBecause(notHeld error) error {
 	return &opError{msg: ErrLost.Error() + ": " + strings.TrimPrefix(notHeld.Error(), "fencelock: "),
 		errs: []error{ErrLost}}
 }
 
-// deadlinePassed is the cause of a lease lost at its local deadline,
-// wrapping the last renewal error if there was one.
+// deadlinePassed is the cause of a lease lost at its local deadline.
 func deadlinePassed(lastErr error) error {
 	if errors.Is(lastErr, errMaxHold) {
 		return fmt.Errorf("%w: %w; its deadline passed", ErrLost, lastErr)
@@ -313,8 +290,7 @@ func deadlinePassed(lastErr error) error {
 	return fmt.Errorf("%w: deadline passed before a renewal succeeded", ErrLost)
 }
 
-// releaseCutShort is the error of a release that returned before Redis
-// answered: ctx ended, or ReleaseTimeout passed.
+// releaseCutShort is the error of a release that returned before Redis answered.
 func (l *Locker) releaseCutShort(ctx context.Context) error {
 	if ctxErr(ctx) != nil {
 		return ctxEnded(ctx, "release (it goes on in the background)")

@@ -16,21 +16,16 @@ import (
 )
 
 // Fair waiting ("How fair waiting works" in GUARANTEES.md): a fair Acquire
-// subscribes, joins the lock's line with its first attempt, then waits for
-// a release to grant it the lock, keeping its entry alive, until the wait
-// or ctx ends.
+// joins the lock's line with its first attempt, then waits for a release to
+// grant it the lock, keeping its entry alive, until the wait or ctx ends.
 
-// single is what one deployment offers beyond its store, set by New: the
-// calls fair waiting and the kinds that live on one deployment
-// (semaphore.go, rwlock.go, multi.go) run there; nil on a Redlock.
+// single is one deployment's calls beyond its store, for fair waiting and the kinds.
 type single interface {
 	store.Store
-	// Run runs s, with WAIT for Options.Replicas (a *store.ReplicaError
-	// with the reply when too few acknowledged); Eval runs s alone.
+	// Run runs s, with WAIT for Options.Replicas (*store.ReplicaError); Eval alone.
 	Run(ctx context.Context, s *script.Script, eval bool, keys []any, argv ...any) (any, error)
 	Eval(ctx context.Context, s *script.Script, keys []any, argv ...any) (any, error)
-	// Took is the attempt of k's acquire script (Run's reply and err, a as
-	// its decoder read it); a lock taken short of replicas is given back.
+	// Took is the attempt of k's acquire script, given back if short of replicas.
 	Took(ctx context.Context, k store.Lease, reply any, err error, a store.Attempt) store.Attempt
 	GiveBack(k store.Lease, what string, ttl time.Duration)                // abandons k in the background
 	Listen(key string, wake chan struct{}, h notify.Hearer) *notify.Waiter // nil after Close
@@ -40,17 +35,14 @@ type single interface {
 	Subscribers(ctx context.Context, key string) (int, error)              // of key's wake-up channel
 }
 
-// A lineLease can wait in its lock's line of fair waiters: a lock's
-// (fairLock) or a semaphore's permit.
+// A lineLease can wait in its lock's line of fair waiters: a lock's or a permit's.
 type lineLease interface {
 	store.Lease
-	// Queue keeps the token's entry in the line alive for
-	// store.QueueEntryTTL, or, with leave, takes it out; a grant is for ttl.
+	// Queue keeps the token's entry alive or, with leave, takes it out; a grant is for ttl.
 	Queue(ctx context.Context, ttl time.Duration, leave bool) (queueReply, error)
 }
 
-// A fairLock is the lease of a lock that waits in the lock's line
-// (queue.lua).
+// A fairLock is the lease of a lock that waits in the lock's line (queue.lua).
 type fairLock struct {
 	store.Lease
 	l     *Locker
@@ -58,8 +50,7 @@ type fairLock struct {
 	owner string
 }
 
-// fairLock returns the lease of spec's token on its lock, which can wait
-// in the lock's line.
+// fairLock returns the lease of spec's token, which can wait in line.
 func (l *Locker) fairLock(spec store.Spec) lineLease {
 	ks := keys.ForLease(l.opts.KeyPrefix, spec.Name, spec.Token)
 	return &fairLock{Lease: l.single.Lock(spec), l: l, owner: spec.Owner,
@@ -67,15 +58,45 @@ func (l *Locker) fairLock(spec store.Spec) lineLease {
 }
 
 func (f *fairLock) Queue(ctx context.Context, ttl time.Duration, leave bool) (queueReply, error) {
+	return queue(ctx, f.l.single, script.Queue, f.keys, f.Token(), leave, ttl, f.owner)
+}
+
+// queue runs line script s for token, keeping its entry alive or, with leave, taking
+// it out: {1, "<fence> <owner>", pttl} granted, {0[, pttl]} waiting, {3} out, {4} first.
+func queue(ctx context.Context, d single, s *script.Script, keys []any, token any, leave bool, ttl time.Duration, argv ...any) (queueReply, error) {
 	mode := "k"
 	if leave {
 		mode = "d"
 	}
-	reply, err := f.l.single.Eval(ctx, script.Queue, f.keys, f.Token(), mode, store.Millis(store.QueueEntryTTL), store.Millis(ttl), f.owner)
+	argv = append([]any{token, mode, store.Millis(store.QueueEntryTTL), store.Millis(ttl)}, argv...)
+	reply, err := d.Eval(ctx, s, keys, argv...)
 	if err != nil {
 		return queueReply{}, err
 	}
-	return queueReplyOf("queue", reply)
+	arr, _ := reply.([]any)
+	r := queueReply{State: queueState(replyFlag(arr)), PTTL: -2}
+	ok := len(arr) > 0
+	switch r.State {
+	case lineGranted:
+		ok = len(arr) == 3
+		if ok {
+			v, _ := arr[1].(string)
+			f, _, _ := strings.Cut(v, " ")
+			r.Fence, _ = strconv.ParseInt(f, 10, 64)
+			pttl, _ := arr[2].(int64)
+			r.PTTL = time.Duration(pttl) * time.Millisecond
+			ok = r.Fence > 0
+		}
+	case lineWaiting:
+		if len(arr) == 2 {
+			pttl, _ := arr[1].(int64)
+			r.PTTL = time.Duration(pttl) * time.Millisecond
+		}
+	}
+	if !ok {
+		return queueReply{}, store.BadReply(s.Name, reply)
+	}
+	return r, nil
 }
 
 // queueReply is what a fair waiter's keep-alive or departure found.
@@ -95,51 +116,22 @@ const (
 	lineFirst     queueState = 4 // the lock is free and it is first in line: take it
 )
 
-// queueReplyOf decodes the reply of a queue script: {1, fence, pttl} for a
-// grant (the fence as the lock's value has it: "<fence> <owner>"), {0,
-// pttl} or {0} while waiting, {3} out of line, {4} first.
-func queueReplyOf(script string, reply any) (queueReply, error) {
-	arr, _ := reply.([]any)
-	r := queueReply{PTTL: -2}
-	ok := len(arr) > 0
-	if ok {
-		state, _ := arr[0].(int64)
-		r.State = queueState(state)
+// replyFlag is the first element of a script's reply, what it says; -1 if none.
+func replyFlag(arr []any) int64 {
+	if len(arr) == 0 {
+		return -1
 	}
-	switch r.State {
-	case lineGranted:
-		ok = len(arr) == 3
-		if ok {
-			s, _ := arr[1].(string)
-			f, _, _ := strings.Cut(s, " ")
-			r.Fence, _ = strconv.ParseInt(f, 10, 64)
-			pttl, _ := arr[2].(int64)
-			r.PTTL = time.Duration(pttl) * time.Millisecond
-			ok = r.Fence > 0
-		}
-	case lineWaiting:
-		if len(arr) == 2 {
-			pttl, _ := arr[1].(int64)
-			r.PTTL = time.Duration(pttl) * time.Millisecond
-		}
-	}
-	if !ok {
-		return queueReply{}, store.BadReply(script, reply)
-	}
-	return r, nil
+	flag, _ := arr[0].(int64)
+	return flag
 }
 
-// keepAliveEvery is how often a fair waiter of a lock with ttl asks the
-// server: every quarter of store.QueueEntryTTL, and at least three times a
-// TTL, so that the send time of the last answer "still waiting", from
-// which a grant's Deadline counts, is never more than a third of the TTL
-// old.
+// keepAliveEvery is how often a fair waiter asks the server: at least thrice a TTL,
+// as a grant's Deadline counts from the last "still waiting".
 func keepAliveEvery(ttl time.Duration) time.Duration {
 	return min(store.QueueEntryTTL/4, max(ttl/3, 10*time.Millisecond))
 }
 
-// A fairWait is one fair Acquire's state: a state machine with one method
-// per event (an attempt, a grant, a wake-up, a keep-alive's answer).
+// A fairWait is one fair Acquire's state machine, with one method per event.
 type fairWait struct {
 	*acquisition
 	queued func(store.Spec) lineLease
@@ -154,16 +146,12 @@ type fairWait struct {
 	sent     time.Time        // when it was sent
 	askAgain bool             // a wake-up came while it was in flight: ask again once it is answered
 	joined   bool             // the line has (or may have) an entry of this token
-	// trust: a grant's message for this token is current. Once the token
-	// may have been granted the lock unseen (an attempt of unknown
-	// outcome, an entry found gone) and joins the line again, a message
-	// could bring that earlier grant, expired since: from then on a
-	// message only makes the waiter ask the server with a keep-alive.
+	// trust: a grant's message is current. Once the token may have been
+	// granted unseen and joins again, a message could bring that expired
+	// grant: it then only makes the waiter ask the server.
 	trust bool
-	// short: the last lock taken was short of replicas and given back.
-	// The next attempt comes after a pause, whatever wakes the waiter
-	// meanwhile: a release tells nothing about the replicas, and may be
-	// this waiter's own give-back, with the next still under way.
+	// short: the last lock taken was short of replicas and given back; the
+	// next attempt waits a pause, as a release says nothing of the replicas.
 	short      bool
 	attemptNow bool
 	g          *grantee
@@ -187,8 +175,7 @@ func newFairWait(a *acquisition, queued func(store.Spec) lineLease, spec store.S
 	return f
 }
 
-// run runs the attempts and the waits of a fair Acquire until it takes
-// the lock or gives up.
+// run runs the attempts and waits until it takes the lock or gives up.
 func (f *fairWait) run() (*Lease, error) {
 	if ctxErr(f.ctx) != nil { // before subscribing: no Redis call
 		return nil, ctxEnded(f.ctx, fmt.Sprintf("acquire %q", f.lease.name))
@@ -217,17 +204,19 @@ func (f *fairWait) run() (*Lease, error) {
 	}
 }
 
-// listen registers the current token's grantee on the lock's channel (nil
-// after Close, which the wait hears).
+func (f *fairWait) quit() (*Lease, error, bool) {
+	got, err := f.giveUp()
+	return got, err, true
+}
+
+// listen registers the current token's grantee on the lock's channel.
 func (f *fairWait) listen() {
 	f.g = &grantee{token: f.q.Token(), granted: make(chan int64, 1)}
 	f.w = f.l.single.Listen(f.q.Key(), nil, f.g)
 }
 
-// untilExpiry is when to ask next, from a request's send time, given the
-// holder's PTTL the server read after it: at its expiry (the lock is then
-// free, and the first in line takes it) if that comes before the next
-// keep-alive. From the send time: a slow link does not stretch the period.
+// untilExpiry is when to ask next, from a request's send time: at the
+// holder's expiry (pttl), when the first in line takes it, if that comes first.
 func (f *fairWait) untilExpiry(pttl time.Duration) time.Duration {
 	if pttl >= 0 { // 0: it expires within the millisecond
 		return min(f.every, pttl+time.Millisecond)
@@ -235,9 +224,7 @@ func (f *fairWait) untilExpiry(pttl time.Duration) time.Duration {
 	return f.every
 }
 
-// rotate waits on with a new token (leaving the line with the old one, in
-// the background, if leave), which joins the line afresh: a grant to the
-// old one must not count for the new one.
+// rotate waits on with a new token (leaving with the old one if leave).
 func (f *fairWait) rotate(leave bool) {
 	if leave {
 		f.l.leaveQueue(f.lease, f.q)
@@ -262,20 +249,16 @@ func (f *fairWait) attempt() (*Lease, error, bool) {
 	now := f.l.clock.Now()
 	at, done := f.try()
 	if !done {
-		got, err := f.giveUp()
-		return got, err, true
+		return f.quit()
 	}
 	switch {
-	case at.Err != nil && at.Retire:
-		// Taken without enough replicas: the store gives it back and
-		// retires the token (taking the lock took its entry out of line).
+	case at.Err != nil && at.Retire: // short of replicas: given back, the token retired
 		f.verdict = callError(f.lease.name, at.Err)
 		if at.Free {
 			f.seen = busySeen{}
 		}
 		if !now.Before(f.waitEnd) {
-			got, err := f.giveUp()
-			return got, err, true
+			return f.quit()
 		}
 		f.rotate(false)
 		f.attemptNow, f.short, f.askAt = false, true, f.l.clock.Now().Add(f.retry)
@@ -283,8 +266,7 @@ func (f *fairWait) attempt() (*Lease, error, bool) {
 		refused := f.failed(at)
 		f.askAt = f.l.clock.Now().Add(f.retry) // in line or not, not at once
 		if refused {
-			got, err := f.giveUp()
-			return got, err, true
+			return f.quit()
 		}
 	case at.OK:
 		return f.obtained(at.Fence, now, time.Time{}, false)
@@ -295,8 +277,7 @@ func (f *fairWait) attempt() (*Lease, error, bool) {
 	return nil, nil, false
 }
 
-// wait waits for the next event: the end of the wait, a grant, a wake-up,
-// the keep-alive that is due, or its answer.
+// wait waits for the next event: the end, a grant, a wake-up, a keep-alive due or answered.
 func (f *fairWait) wait() (*Lease, error, bool) {
 	l := f.l
 	end := f.waitEnd
@@ -305,8 +286,7 @@ func (f *fairWait) wait() (*Lease, error, bool) {
 	}
 	now := l.clock.Now()
 	if !now.Before(end) {
-		got, err := f.giveUp()
-		return got, err, true
+		return f.quit()
 	}
 	var wake <-chan struct{}
 	var granted <-chan int64
@@ -330,12 +310,10 @@ func (f *fairWait) wait() (*Lease, error, bool) {
 	select {
 	case <-f.ctx.Done():
 		f.unsure = f.unsure || f.inflight != nil
-		got, err := f.giveUp()
-		return got, err, true
+		return f.quit()
 	case <-l.closed:
 		f.unsure = f.unsure || f.inflight != nil
-		got, err := f.giveUp()
-		return got, err, true
+		return f.quit()
 	case fence := <-granted:
 		return f.grantHeard(fence)
 	case <-wake:
@@ -351,8 +329,7 @@ func (f *fairWait) wait() (*Lease, error, bool) {
 	return nil, nil, false
 }
 
-// grantHeard takes a grant's message: the lock is this token's, if the
-// message is current; else the server is asked.
+// grantHeard takes a grant's message if current, else asks the server.
 func (f *fairWait) grantHeard(fence int64) (*Lease, error, bool) {
 	if !f.trust {
 		f.askAgain = f.inflight != nil
@@ -365,34 +342,26 @@ func (f *fairWait) grantHeard(fence int64) (*Lease, error, bool) {
 	return f.obtained(fence, f.waiting, time.Time{}, true)
 }
 
-// next is what follows a wait that ended on a wake-up or the timer: an
-// attempt when not in line; else the keep-alive that is due, unless one is
-// in flight.
+// next follows a wake-up or the timer: an attempt when not in line, else a keep-alive.
 func (f *fairWait) next() {
 	if !f.joined {
-		// Not in line: the attempt failed. Try again; if it may have
-		// reached Redis, it may have joined the line and been granted the
-		// lock meanwhile.
+		// The attempt failed; if it reached Redis, it may have been granted the lock.
 		f.attemptNow, f.trust = true, f.trust && !f.unsure
 		return
 	}
 	if f.inflight == nil {
-		// Keep the entry alive, and learn of a grant whose message was
-		// lost. The keep-alive runs while the waiter goes on waiting: a
-		// grant's message that comes meanwhile counts at once.
+		// It runs while the waiter waits on: a grant's message counts at once.
 		f.sent, f.askAgain = f.l.clock.Now(), false
 		f.inflight = f.l.keepAlive(f.ctx, f.q, f.lease.ttl)
 	}
 }
 
-// answered takes a keep-alive's answer.
 func (f *fairWait) answered(r queueResult) (*Lease, error, bool) {
 	f.inflight = nil
 	switch {
 	case r.err != nil && ctxErr(f.ctx) != nil:
 		f.unsure = true
-		got, err := f.giveUp()
-		return got, err, true
+		return f.quit()
 	case r.err != nil:
 		f.verdict = callError(f.lease.name, r.err) // keep waiting: the entry lives on for a while
 		f.askAt = f.l.clock.Now().Add(f.retry)
@@ -408,9 +377,7 @@ func (f *fairWait) answered(r queueResult) (*Lease, error, bool) {
 		if f.askAgain {
 			f.askAt = f.sent
 		}
-	case r.r.State == lineOutOfLine:
-		// The entry expired (this waiter was paused, say), or a grant this
-		// waiter missed ended: join again.
+	case r.r.State == lineOutOfLine: // its entry expired, or a grant it missed ended
 		f.attemptNow, f.trust = true, false
 	case r.r.State == lineFirst:
 		f.attemptNow = true // take the free lock
@@ -418,12 +385,9 @@ func (f *fairWait) answered(r queueResult) (*Lease, error, bool) {
 	return nil, nil, false
 }
 
-// obtained completes a lease whose lock was taken or granted with fence,
-// its Deadline counting from from, or from bound if later. A grant too
-// long ago to count on is renewed now, from a time known to come before
-// the new expiry; with Replicas, every grant is, so that it counts only
-// once replicas have it (the release that granted it did not WAIT). With
-// done false (attemptNow set), the waiter waits on with a new token.
+// obtained completes a lease taken or granted with fence, its Deadline
+// counting from from, or from bound if later. A grant too old to count on,
+// or any grant with Replicas (its release did not WAIT), is renewed first.
 func (f *fairWait) obtained(fence int64, from, bound time.Time, granted bool) (*Lease, error, bool) {
 	l := f.l
 	lease := f.complete(fence, from)
@@ -435,18 +399,13 @@ func (f *fairWait) obtained(fence int64, from, bound time.Time, granted bool) (*
 		switch {
 		case !done: // ctx ended, or Close: the lock may be this waiter's
 			f.joined = true
-			got, err := f.giveUp()
-			return got, err, true
+			return f.quit()
 		case err == nil:
-		case errors.Is(err, ErrNotHeld) && l.clock.Now().Before(f.waitEnd):
-			// It expired before this waiter came to it (a pause): wait in
-			// line again.
+		case errors.Is(err, ErrNotHeld) && l.clock.Now().Before(f.waitEnd): // expired before it came to it
 			f.rotate(f.unsure)
 			return nil, nil, false
 		case store.ReplicaShort(err) && l.clock.Now().Before(f.waitEnd):
-			// Granted, but not on enough replicas to survive a failover:
-			// pass it on (leaving the line releases it), and join the line
-			// again at its end after a pause.
+			// Short of replicas: pass it on, and join again after a pause.
 			f.verdict = err
 			f.rotate(true)
 			f.attemptNow, f.short, f.askAt = false, true, l.clock.Now().Add(f.retry)
@@ -454,8 +413,7 @@ func (f *fairWait) obtained(fence int64, from, bound time.Time, granted bool) (*
 		default:
 			f.verdict = err // lease.extend's error reads as Acquire's
 			f.joined = true // so that giveUp gives the lock back, or passes it on
-			got, err := f.giveUp()
-			return got, err, true
+			return f.quit()
 		}
 	}
 	if f.st != nil {
@@ -464,10 +422,7 @@ func (f *fairWait) obtained(fence int64, from, bound time.Time, granted bool) (*
 	return lease, nil, true
 }
 
-// A grantee is the hearer of a fair waiter: a grant ("granted <token>
-// <fence>", release.lua) goes to its grantee only, which gets the fence;
-// the others have nothing to try, the lock being held again. Every other
-// message wakes it.
+// A grantee hears its own grant ("granted <token> <fence>"); all but grants wake it.
 type grantee struct {
 	token   string
 	granted chan int64 // buffered
@@ -489,10 +444,7 @@ func (g *grantee) Hear(m notify.Message) notify.Hearing {
 
 func (*grantee) Lingers() bool { return true }
 
-// stillBusy is the verdict of a fair waiter that the server answered
-// "still waiting", the lock's PTTL pttl (-2: free, others ahead in line):
-// busy, whatever an earlier keep-alive's error said, with the holder named
-// by verdict when it was busy.
+// stillBusy is the verdict on "still waiting" (pttl -2: free, others ahead).
 func stillBusy(verdict error, name string, pttl time.Duration) *BusyError {
 	b := &BusyError{Name: name, TTL: pttl}
 	var was *BusyError
@@ -505,9 +457,7 @@ func stillBusy(verdict error, name string, pttl time.Duration) *BusyError {
 	return b
 }
 
-// keepAlive sends a fair waiter's keep-alive of q, for a grant of ttl, on
-// a goroutine that the Locker tracks, and returns the channel of its
-// outcome.
+// keepAlive sends q's keep-alive on a tracked goroutine, to the channel returned.
 func (l *Locker) keepAlive(ctx context.Context, q lineLease, ttl time.Duration) chan queueResult {
 	c := make(chan queueResult, 1)
 	l.bg.Add()
@@ -519,16 +469,9 @@ func (l *Locker) keepAlive(ctx context.Context, q lineLease, ttl time.Duration) 
 	return c
 }
 
-// leaveQueue takes a fair waiter that gave up (lease, q its store's) out
-// of the line, in the background, and gives the lock back if a release
-// granted it meanwhile (the release hands it on to the next in line) or an
-// attempt of unknown outcome took it; the token is retired, as for any
-// Acquire that gave up. See giveBack for how long it tries.
-//
-// It leaves the line again after the token is retired: a late copy of an
-// attempt that arrived between the first leave and the retirement joined
-// the line again (the retirement refuses the later ones), and a release
-// may have granted it the lock since, which is given back too.
+// leaveQueue takes a waiter that gave up out of line in the background, giving back
+// a lock granted or taken meanwhile, and retires the token. It leaves twice: a late
+// attempt may have joined again between the first leave and the retirement.
 func (l *Locker) leaveQueue(lease *Lease, q lineLease) {
 	ttl := lease.ttl
 	l.giveBack(lease, "leaving the fair queue", func(ctx context.Context) (bool, error) {

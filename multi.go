@@ -18,8 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// maxNames is the most names one AcquireAll takes.
-const maxNames = 1000
+const maxNames = 1000 // the most names one AcquireAll takes
 
 // AcquireAll takes the locks called names, all or none, and returns their
 // leases in the order given ("Several names at once"); WithWait bounds the
@@ -41,8 +40,7 @@ func (l *Locker) AcquireAll(ctx context.Context, names []string, opts ...Option)
 	return leases, err
 }
 
-// setOptions checks a call for names, and applies opts as callOptions does
-// for one name.
+// setOptions checks a call for names, and applies opts as callOptions does.
 func (l *Locker) setOptions(names []string, opts []Option) (callOptions, error) {
 	if err := l.usable(); err != nil {
 		return callOptions{}, err
@@ -70,9 +68,7 @@ func (l *Locker) setOptions(names []string, opts []Option) (callOptions, error) 
 	return co, err
 }
 
-// acquireAllObserved is AcquireAll with its options checked, without
-// failing open; an Observer sees one OpAcquire, named by the names joined
-// with commas.
+// acquireAllObserved is AcquireAll without failing open, seen as one OpAcquire.
 func (l *Locker) acquireAllObserved(ctx context.Context, names []string, co callOptions, open bool) ([]*Lease, error) {
 	obs := l.opts.Observer
 	if obs == nil {
@@ -91,11 +87,8 @@ func (l *Locker) acquireAllObserved(ctx context.Context, names []string, co call
 	return got, err
 }
 
-// acquireAll takes names as GUARANTEES.md ("Several names at once") says:
-// with one script per attempt where one can take them all
-// (acquireTogether), else one by one in sorted order, so that two
-// overlapping calls never wait for each other in a circle
-// (acquireInOrder).
+// acquireAll takes names with one script where one can, else one by one in sorted
+// order: two overlapping calls never wait for each other in a circle.
 func (l *Locker) acquireAll(ctx context.Context, names []string, co callOptions, open bool, st *acquireStats) ([]*Lease, error) {
 	if l.single != nil && together(goredis.Base(l.checks[0].client), names) {
 		return l.acquireTogether(ctx, names, co, open, st)
@@ -103,9 +96,7 @@ func (l *Locker) acquireAll(ctx context.Context, names []string, co callOptions,
 	return l.acquireInOrder(ctx, names, co, open, st)
 }
 
-// together reports whether one script can take the locks of all of names
-// through c: on one server (or Sentinel's master), or when they hash to
-// one Cluster slot; a Ring chooses its shards by a hash of its own.
+// together reports whether one script can take all of names through c.
 func together(c redis.UniversalClient, names []string) bool {
 	switch c.(type) {
 	case *redis.ClusterClient:
@@ -122,8 +113,7 @@ func together(c redis.UniversalClient, names []string) bool {
 	return true
 }
 
-// keySlot is the Cluster slot of the keys whose hash tag is tag: CRC16
-// (XMODEM) modulo 16384.
+// keySlot is the Cluster slot of hash tag tag: CRC16 (XMODEM) mod 16384.
 func keySlot(tag string) int {
 	var crc uint16
 	for i := 0; i < len(tag); i++ {
@@ -139,8 +129,7 @@ func keySlot(tag string) int {
 	return int(crc) & 16383
 }
 
-// acquireTogether takes names in one script per attempt, through one
-// acquisition whose lease stands for the set.
+// acquireTogether takes names in one script per attempt, as one acquisition.
 func (l *Locker) acquireTogether(ctx context.Context, names []string, co callOptions, open bool, st *acquireStats) ([]*Lease, error) {
 	l.bg.Add() // as acquireWith
 	defer l.bg.Done()
@@ -159,19 +148,14 @@ func (l *Locker) acquireTogether(ctx context.Context, names []string, co callOpt
 	return leases, nil
 }
 
-// A setCall is one AcquireAll's taking of names together: each of its
-// tokens is a set, one lock lease per name, and won is the set that took
-// them.
+// A setCall is one AcquireAll's taking of names together.
 type setCall struct {
 	l     *Locker
 	names []string
 	won   *set // written by the set's Acquire that took the locks, read once the acquisition returned
 }
 
-// A set is the store lease that stands for several locks taken together:
-// an AcquireAll's acquisition (its attempts, waiting, giving up) runs on
-// it, and each of its tokens has an ordinary lock lease per name, which
-// AcquireAll returns.
+// A set is the store lease of one token of a setCall: a lock lease per name.
 type set struct {
 	c       *setCall
 	spec    store.Spec
@@ -218,16 +202,11 @@ func (s *set) Acquire(ctx context.Context) store.Attempt {
 	return a
 }
 
-// decodeAcquireAll decodes multi_acquire.lua's reply for the locks called
-// names: {1, fence, ...} with their fences, {0, i, pttl, owner} for the
-// i-th (from 1) found busy, as a lock's busy attempt naming it, or {2} for
-// a retired token.
+// decodeAcquireAll decodes multi_acquire.lua's reply: {1, fence, ...}, {0, i,
+// pttl, owner} for the i-th name (from 1) found busy, or {2}: retired token.
 func decodeAcquireAll(reply any, names []string) (fences []int64, a store.Attempt) {
 	arr, _ := reply.([]any)
-	var flag int64 = -1
-	if len(arr) > 0 {
-		flag, _ = arr[0].(int64)
-	}
+	flag := replyFlag(arr)
 	switch n := len(names); {
 	case flag == 1 && len(arr) == n+1:
 		fences = make([]int64, n)
@@ -256,8 +235,7 @@ func decodeAcquireAll(reply any, names []string) (fences []int64, a store.Attemp
 	return nil, store.Attempt{Err: store.BadReply("multi_acquire", reply)}
 }
 
-// Extend extends every lock of the set, and answers as the first that did
-// not extend.
+// Extend extends every lock of the set, answering as the first that did not.
 func (s *set) Extend(ctx context.Context, ttl time.Duration, renewal bool) (store.Result, error) {
 	for _, m := range s.members {
 		if r, err := m.Extend(ctx, ttl, renewal); err != nil || r != store.Done {
@@ -267,9 +245,8 @@ func (s *set) Extend(ctx context.Context, ttl time.Duration, renewal bool) (stor
 	return store.Done, nil
 }
 
-// Release releases (or abandons) every lock of the set, each as a lone
-// lease's, and answers Done when each was deleted, else as the first that
-// was not; err is the first error, after the others were tried.
+// Release releases (or abandons) every lock of the set, answering as the first
+// not Done, with the first error once all were tried.
 func (s *set) Release(ctx context.Context, mode store.Mode, ttl time.Duration) (r store.Result, perr, err error) {
 	r = store.Done
 	for _, m := range s.members {
@@ -287,12 +264,9 @@ func (s *set) Release(ctx context.Context, mode store.Mode, ttl time.Duration) (
 	return r, perr, err
 }
 
-// Read reads the set's first lock.
 func (s *set) Read(ctx context.Context) (store.Holding, error) { return s.members[0].Read(ctx) }
 
-// Wakeup wakes a waiting AcquireAll as a lock's releases wake a waiting
-// Acquire, on the channels of the names it found busy, each registered on
-// one wake channel the first time an attempt finds it held.
+// Wakeup wakes a waiting AcquireAll on the channels of the names found busy.
 func (s *set) Wakeup() store.Wakeup {
 	return &setReleases{c: s.c, wake: make(chan struct{}, 1), ws: make(map[string]*notify.Waiter)}
 }
@@ -324,9 +298,8 @@ func (s *setReleases) Leave(store.Lease, bool) {
 	}
 }
 
-// setHearing is what a waiting AcquireAll makes of the messages on a busy
-// name's channel: all but a grant wake it, not one waiter of many, as it
-// may find another of its names busy and pass the release on to no one.
+// setHearing wakes a waiting AcquireAll on every message but a grant, not
+// one waiter of many: it may find another name busy and pass on to no one.
 type setHearing struct{}
 
 func (setHearing) Hear(m notify.Message) notify.Hearing {
@@ -338,8 +311,7 @@ func (setHearing) Hear(m notify.Message) notify.Hearing {
 
 func (setHearing) Lingers() bool { return false }
 
-// acquireInOrder takes names one by one in sorted order, each as Acquire
-// does, all within co.wait, keeping those it holds (acquireHolding).
+// acquireInOrder takes names one by one in sorted order, all within co.wait.
 func (l *Locker) acquireInOrder(ctx context.Context, names []string, co callOptions, open bool, st *acquireStats) ([]*Lease, error) {
 	order := make([]int, len(names))
 	for i := range order {
@@ -369,9 +341,8 @@ func (l *Locker) acquireInOrder(ctx context.Context, names []string, co callOpti
 	return leases, nil
 }
 
-// acquireHolding acquires name as Acquire does, waiting until end at most
-// when co waits, in turns of a renewal interval after which it extends the
-// leases held.
+// acquireHolding acquires name as Acquire does, waiting until end at most,
+// in turns of a renewal interval after which it extends the leases held.
 func (l *Locker) acquireHolding(ctx context.Context, name string, co callOptions, open bool, st *acquireStats, end time.Time, held []*Lease) (*Lease, error) {
 	for {
 		c := co
@@ -394,8 +365,7 @@ func (l *Locker) acquireHolding(ctx context.Context, name string, co callOptions
 	}
 }
 
-// releaseAll releases leases within one bound (see releaseLeases), handing
-// a release that got no answer to the background.
+// releaseAll releases leases within one bound, the unanswered in the background.
 func (l *Locker) releaseAll(ctx context.Context, leases []*Lease) {
 	for i, err := range l.releaseLeases(ctx, leases, nil) {
 		if errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrNotHeld) {
@@ -404,7 +374,6 @@ func (l *Locker) releaseAll(ctx context.Context, leases []*Lease) {
 	}
 }
 
-// degradedAll returns the fail-open stand-ins for names.
 func (l *Locker) degradedAll(ctx context.Context, names []string, co callOptions, err error) []*Lease {
 	leases := make([]*Lease, len(names))
 	for i, name := range names {
@@ -413,8 +382,7 @@ func (l *Locker) degradedAll(ctx context.Context, names []string, co callOptions
 	return leases
 }
 
-// settleAll is settle for several leases, released within one bound (see
-// releaseLeases); it returns their losses joined.
+// settleAll is settle for several leases; it returns their losses joined.
 func (l *Locker) settleAll(ctx context.Context, leases []*Lease) error {
 	byWork := make(map[*Lease]bool, len(leases))
 	lost := make([]error, len(leases))
@@ -455,9 +423,7 @@ func (l *Locker) runAll(ctx context.Context, names []string,
 		}
 		return work(ctx, l.degradedAll(ctx, names, co, err))
 	}
-	// Each lease's context is derived from the one before: the last,
-	// work's, ends with the first lease lost, with its cause.
-	workCtx := ctx
+	workCtx := ctx // each lease's from the one before: work's ends with the first loss
 	for _, lease := range leases {
 		if l.opts.Observer != nil {
 			lease.obsCtx = ctx // the run's: renewals and a loss are its events
@@ -478,11 +444,9 @@ func (l *Locker) runAll(ctx context.Context, names []string,
 	return werr
 }
 
-// releaseLeases releases leases as Release does each, all within one bound:
-// ctx and one ReleaseTimeout, whatever their number; the releases that have
-// not answered by then go on in the background, one after another, as
-// Release's do. errs[i] is leases[i]'s error; notHeld, if not nil, gets a
-// lease whose release answered ErrNotHeld only in the background.
+// releaseLeases releases leases as Release does each, all within ctx and
+// one ReleaseTimeout; those not answered by then go on in the background.
+// errs[i] is leases[i]'s error; notHeld, if not nil, gets a late ErrNotHeld.
 func (l *Locker) releaseLeases(ctx context.Context, leases []*Lease, notHeld func(*Lease, error)) (errs []error) {
 	errs = make([]error, len(leases))
 	if obs := l.opts.Observer; obs != nil {
@@ -512,40 +476,38 @@ func (l *Locker) releaseLeases(ctx context.Context, leases []*Lease, notHeld fun
 		}
 		return res
 	}
-	if ctx.Done() == nil && l.traits.Deadlines { // as in releaseOp
-		defer cancel()
-		for j, err := range run() {
-			errs[at[j]] = err
-		}
-		return errs
-	}
-	res, done := tasks.Call(l.bg, ctx.Done(), rctx.Done(), run, func(res []error) {
-		cancel()
-		for j, err := range res {
-			lease := todo[j]
-			lease.releasedLate(err, func(err error) {
-				if notHeld != nil {
-					notHeld(lease, err)
-				}
-			})
-		}
-	})
+	var res []error
+	done := ctx.Done() == nil && l.traits.Deadlines // as in releaseOp
 	if done {
-		cancel()
-		for j, err := range res {
-			errs[at[j]] = err
+		res = run()
+	} else {
+		res, done = tasks.Call(l.bg, ctx.Done(), rctx.Done(), run, func(res []error) {
+			cancel()
+			for j, err := range res {
+				lease := todo[j]
+				lease.releasedLate(err, func(err error) {
+					if notHeld != nil {
+						notHeld(lease, err)
+					}
+				})
+			}
+		})
+	}
+	if !done {
+		cut := l.releaseCutShort(ctx)
+		for _, i := range at {
+			errs[i] = cut
 		}
 		return errs
 	}
-	cut := l.releaseCutShort(ctx)
-	for _, i := range at {
-		errs[i] = cut
+	cancel()
+	for j, err := range res {
+		errs[at[j]] = err
 	}
 	return errs
 }
 
-// observeReleases tells the Observer of one OpRelease for each of leases,
-// and returns what tells it of their ends, with the errors in errs.
+// observeReleases starts an OpRelease for each lease; end ends them with errs.
 func (l *Locker) observeReleases(ctx context.Context, leases []*Lease, errs []error) (end func()) {
 	obs := l.opts.Observer
 	ctxs := make([]context.Context, len(leases))
@@ -556,12 +518,7 @@ func (l *Locker) observeReleases(ctx context.Context, leases []*Lease, errs []er
 	return func() {
 		now := l.clock.Now()
 		for i, lease := range leases {
-			e := Event{Op: OpRelease, Name: lease.name, Lease: lease, Outcome: OutcomeOf(errs[i]), Err: errs[i],
-				Fence: lease.fence, Duration: now.Sub(start)}
-			if errs[i] == nil && lease.lostCause() == nil {
-				e.Held = now.Sub(lease.acquired)
-			}
-			obs.End(ctxs[i], e)
+			obs.End(ctxs[i], releaseEvent(lease, errs[i], start, now))
 		}
 	}
 }

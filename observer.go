@@ -98,9 +98,7 @@ func OutcomeOf(err error) Outcome {
 	return OutcomeFailed
 }
 
-// acquireObserved is Acquire with its options checked, without failing open
-// (the Observer sees the attempts' outcome); open bounds the attempts as a
-// fail-open call's (see Options.AttemptTimeout).
+// acquireObserved is Acquire without failing open, seen by the Observer.
 func (l *Locker) acquireObserved(ctx context.Context, name string, co callOptions, open bool) (*Lease, error) {
 	obs := l.opts.Observer
 	if obs == nil {
@@ -122,14 +120,10 @@ func (l *Locker) acquireObserved(ctx context.Context, name string, co callOption
 	return got, err
 }
 
-// errAborted is the error of an OpRun whose work panicked or called
-// runtime.Goexit; the panic goes on to RunWithLock's caller.
+// errAborted is the error of an OpRun whose work panicked or called Goexit.
 var errAborted = errors.New("fencelock: the work panicked or called runtime.Goexit")
 
-// observeRun runs run, the body of a RunWithLock or RunWithLocks, between
-// the Observer's Start and End of one OpRun called name (several names
-// joined with commas); the End names the lease run stores in *lease, if any.
-// The End comes also when run panics or calls runtime.Goexit.
+// observeRun runs run within an OpRun, ended also on a panic, naming *lease.
 func (l *Locker) observeRun(ctx context.Context, name string, run func(ctx context.Context, lease **Lease) error) error {
 	obs := l.opts.Observer
 	ctx = obs.Start(ctx, OpRun, name)
@@ -147,19 +141,22 @@ func (l *Locker) observeRun(ctx context.Context, name string, run func(ctx conte
 	return err
 }
 
-// observeRelease runs release, lease's, between the Observer's Start and
-// End of an OpRelease.
+// observeRelease runs lease's release between the Observer's Start and End.
 func (l *Locker) observeRelease(ctx context.Context, lease *Lease, release func(ctx context.Context) error) error {
 	obs := l.opts.Observer
 	ctx = obs.Start(ctx, OpRelease, lease.name)
 	start := l.clock.Now()
 	err := release(ctx)
-	now := l.clock.Now()
+	obs.End(ctx, releaseEvent(lease, err, start, l.clock.Now()))
+	return err
+}
+
+// releaseEvent is the OpRelease of lease, from start to now, that returned err.
+func releaseEvent(lease *Lease, err error, start, now time.Time) Event {
 	e := Event{Op: OpRelease, Name: lease.name, Lease: lease, Outcome: OutcomeOf(err), Err: err,
 		Fence: lease.fence, Duration: now.Sub(start)}
 	if err == nil && lease.lostCause() == nil {
 		e.Held = now.Sub(lease.acquired)
 	}
-	obs.End(ctx, e)
-	return err
+	return e
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/fencelock/fencelock/internal/store"
 )
 
 // Options configures a Locker: a zero field means its default, a nil *Options
@@ -65,16 +67,14 @@ type Options struct {
 }
 
 // Clock is a source of local time. Now must never go back, and a timer from
-// NewTimer(d), or reset to d, must not fire before d has passed. Every loop
-// of the library waits at each turn on such a timer or on Redis, so no such
-// Clock can make one spin, however its Now runs.
+// NewTimer(d), or reset to d, must not fire before d has passed: every loop
+// of the library then waits at each turn, however Now runs.
 type Clock interface {
 	Now() time.Time
 	NewTimer(d time.Duration) *time.Timer
 }
 
-// systemClock is the default Clock.
-type systemClock struct{}
+type systemClock struct{} // the default Clock
 
 func (systemClock) Now() time.Time                       { return time.Now() }
 func (systemClock) NewTimer(d time.Duration) *time.Timer { return time.NewTimer(d) }
@@ -111,7 +111,7 @@ func (o *Options) withDefaults() (Options, error) {
 		return out, err
 	}
 	orDefault(&out.TTL, defaultTTL)
-	if err := checkTTL("Options.TTL", out.TTL); err != nil {
+	if err := checkDuration("Options.TTL", out.TTL, minTTL, maxTTL); err != nil {
 		return out, err
 	}
 	orDefault(&out.MinRetryBackoff, defaultMinRetryBackoff)
@@ -176,8 +176,7 @@ func (o *Options) withDefaults() (Options, error) {
 // Option changes one Acquire call.
 type Option func(callOptions) callOptions
 
-// callOptions holds what the Options of one call set; zero means "not set".
-// It is passed by value, so that nothing escapes to the heap.
+// callOptions holds what one call's Options set, by value: nothing escapes.
 type callOptions struct {
 	ttl      time.Duration
 	ttlSet   bool
@@ -190,8 +189,7 @@ type callOptions struct {
 	kind     kind // what is acquired; nil: the lock of the name (see withKind)
 }
 
-// withKind makes a call acquire a lease of k instead of the lock of the
-// name: how a Semaphore or an RWLock reuses Acquire and RunWithLock.
+// withKind makes a call acquire a lease of k instead of the name's lock.
 func withKind(k kind) Option {
 	return func(c callOptions) callOptions { c.kind = k; return c }
 }
@@ -216,7 +214,6 @@ func (c callOptions) opens(failOpen bool) bool {
 	return failOpen
 }
 
-// defaultOwner is the hostname and the process id.
 func defaultOwner() string {
 	host, err := os.Hostname()
 	if err != nil || host == "" {
@@ -229,8 +226,7 @@ func defaultOwner() string {
 	return owner
 }
 
-// maxOwner is the longest owner stored with a lock, in bytes.
-const maxOwner = 200
+const maxOwner = 200 // the longest owner stored with a lock, in bytes
 
 func checkOwner(what, owner string) error {
 	switch {
@@ -269,7 +265,6 @@ func WithFair() Option {
 	return func(c callOptions) callOptions { c.fair = true; return c }
 }
 
-// orDefault sets *v to def if it is zero.
 func orDefault[T comparable](v *T, def T) {
 	var zero T
 	if *v == zero {
@@ -277,15 +272,8 @@ func orDefault[T comparable](v *T, def T) {
 	}
 }
 
-// drift is the clock drift and network allowance subtracted from a TTL when
-// computing a lease's local deadline (the Redis distlock formula).
-func drift(ttl time.Duration) time.Duration {
-	return ttl/100 + 2*time.Millisecond
-}
-
-func checkTTL(what string, ttl time.Duration) error {
-	return checkDuration(what, ttl, minTTL, maxTTL)
-}
+// drift is the clock drift and network allowance a lease's deadline subtracts.
+func drift(ttl time.Duration) time.Duration { return store.Drift(ttl) }
 
 func checkDuration(what string, d, lo, hi time.Duration) error {
 	switch {
@@ -306,7 +294,6 @@ func checkReplicaTimeout(timeout, ttl time.Duration, what string) error {
 	return nil
 }
 
-// renewInterval returns the watchdog's interval for a lease with ttl.
 func (o *Options) renewInterval(ttl time.Duration) time.Duration {
 	if o.RenewInterval != 0 {
 		return o.RenewInterval
@@ -321,11 +308,9 @@ func checkRenewInterval(interval, ttl time.Duration) error {
 	return nil
 }
 
-// checkCallTTL checks a ttl given to one call (WithTTL, Extend; what names
-// it) against o: its range, then RenewInterval, then ReplicaTimeout when
-// Replicas is set.
+// checkCallTTL checks a ttl given to one call (WithTTL, Extend) against o.
 func (o *Options) checkCallTTL(what string, ttl time.Duration) error {
-	if err := checkTTL(what, ttl); err != nil {
+	if err := checkDuration(what, ttl, minTTL, maxTTL); err != nil {
 		return err
 	}
 	if err := checkRenewInterval(o.RenewInterval, ttl); err != nil {
@@ -337,11 +322,8 @@ func (o *Options) checkCallTTL(what string, ttl time.Duration) error {
 	return nil
 }
 
-// ttlMillis is the TTL sent to Redis: rounded up to whole milliseconds, so the
-// server never holds the lock for less time than the local deadline assumes.
-func ttlMillis(ttl time.Duration) int64 {
-	return int64((ttl + time.Millisecond - 1) / time.Millisecond)
-}
+// ttlMillis is the TTL sent to Redis, rounded up to whole milliseconds.
+func ttlMillis(ttl time.Duration) int64 { return store.Millis(ttl) }
 
 func checkName(name string) error {
 	if name == "" {
@@ -353,9 +335,7 @@ func checkName(name string) error {
 	return nil
 }
 
-// callOptions checks a call for the lock called name, and applies opts over
-// the Locker's defaults: ErrInvalid for a zero Locker or a bad argument,
-// ErrClosed after Close.
+// callOptions checks a call for name and applies opts: ErrInvalid, ErrClosed.
 func (l *Locker) callOptions(name string, opts []Option) (callOptions, error) {
 	if err := l.usable(); err != nil {
 		return callOptions{}, err
@@ -392,14 +372,12 @@ func (l *Locker) callOptions(name string, opts []Option) (callOptions, error) {
 	return co, nil
 }
 
-// outage reports whether err, an Acquire's, is one that a fail-open call
-// runs its work degraded on: Redis unavailable, and ctx still running.
+// outage reports whether a fail-open call runs degraded after err.
 func outage(ctx context.Context, err error) bool {
 	return errors.Is(err, ErrUnavailable) && ctx.Err() == nil
 }
 
-// degraded returns the fail-open stand-in for a lease of name of the call
-// co, after an Acquire that failed with err, and logs it at Error level.
+// degraded returns and logs the fail-open stand-in for a lease of name.
 func (l *Locker) degraded(ctx context.Context, name string, co callOptions, err error) *Lease {
 	l.opts.Logger.LogAttrs(ctx, slog.LevelError, "fencelock: redis unavailable, running without the lock (fail-open)",
 		slog.String("lock", name), slog.Any("error", err))
@@ -408,10 +386,7 @@ func (l *Locker) degraded(ctx context.Context, name string, co callOptions, err 
 	return lease
 }
 
-// openEnd is when a fail-open call (open) that began at start, on the
-// Locker's clock, stops waiting for an outage to end: half the time before
-// ctx's deadline, so that its work runs degraded before it. It is the far
-// future for other calls.
+// openEnd is when a fail-open call stops waiting for an outage: half-way to ctx's deadline.
 func (l *Locker) openEnd(ctx context.Context, open bool, start time.Time) time.Time {
 	if dl, ok := ctx.Deadline(); ok && open {
 		return start.Add(time.Until(dl) / 2) // real time, as ctx's deadline

@@ -16,10 +16,9 @@ import (
 // both, fences increasing across all of them, a waiting writer stopping new
 // readers ("Read-write locks"). It is safe for concurrent use.
 type RWLock struct {
-	l    *Locker
-	name string
-	base string // KeyPrefix+"{"+name+"}:rw", which names its wake-up channel
-
+	l                                 *Locker
+	name                              string
+	base                              string // KeyPrefix+"{"+name+"}:rw", which names its wake-up channel
 	writer, readers, intents, counter string
 	writerArg, readersArg, intentsArg any // boxed once
 }
@@ -52,10 +51,8 @@ func (rw *RWLock) Acquire(ctx context.Context, opts ...Option) (*Lease, error) {
 	return rw.l.Acquire(ctx, rw.name, opts...)
 }
 
-// AcquireShared takes a share of the lock, as Locker.Acquire takes a lock,
-// when no writer holds or waits for it. It returns Locker.Acquire's errors,
-// cleaning up after one as it does, and ErrInvalid on a NewRedlock Locker or
-// with WithFair.
+// AcquireShared takes a share of the lock when no writer holds or waits for
+// it, as Acquire takes the lock, with its errors.
 func (rw *RWLock) AcquireShared(ctx context.Context, opts ...Option) (*Lease, error) {
 	opts, err := rw.kind(false, opts)
 	if err != nil {
@@ -74,8 +71,8 @@ func (rw *RWLock) RunWithLock(ctx context.Context, work func(ctx context.Context
 	return rw.l.RunWithLock(ctx, rw.name, work, opts...)
 }
 
-// RunWithSharedLock runs work holding a share of the lock, taken as
-// AcquireShared takes it, as Locker.RunWithLock does with a lock, with its errors.
+// RunWithSharedLock runs work holding a share, taken as AcquireShared takes
+// it, as Locker.RunWithLock does with a lock, with its errors.
 func (rw *RWLock) RunWithSharedLock(ctx context.Context, work func(ctx context.Context, lease *Lease) error, opts ...Option) error {
 	opts, err := rw.kind(false, opts)
 	if err != nil {
@@ -99,14 +96,13 @@ func (rw *RWLock) kind(exclusive bool, opts []Option) ([]Option, error) {
 		return nil, invalidf("WithFair on an RWLock: a waiting writer stops new readers, and readers enter together after it")
 	}
 	share := rwShare{rw: rw, exclusive: exclusive, intent: int64(0)}
-	if exclusive && co.wait > 0 {
-		share.waits, share.intent = true, store.Millis(lineEntryTTL(rw.l.opts.MaxRetryBackoff))
+	if exclusive && co.wait > 0 { // the intent outlives a pause and the attempt after it
+		share.waits, share.intent = true, store.Millis(max(time.Second, 4*rw.l.opts.MaxRetryBackoff))
 	}
 	k := kind{lease: func(spec store.Spec) store.Lease { return share.lease(spec) }}
 	return append(opts[:len(opts):len(opts)], withKind(k)), nil
 }
 
-// usable returns ErrInvalid for an RWLock that cannot be used.
 func (rw *RWLock) usable() error {
 	if err := rw.l.usable(); err != nil {
 		return err
@@ -118,16 +114,7 @@ func (rw *RWLock) usable() error {
 	return nil
 }
 
-// lineEntryTTL is how long a waiting writer's intent lives after its last
-// attempt, as a Redlock line's entry (redlock.LineEntryTTL): it outlives a
-// pause and the attempt after it.
-func lineEntryTTL(maxBackoff time.Duration) time.Duration {
-	return max(time.Second, 4*maxBackoff)
-}
-
-// An rwShare is what the leases of one call on an RWLock are, shared or
-// exclusive: its scripts keep the writer, the readers and the waiting
-// writers' intents at keys of their own (rwlock_prelude.lua).
+// An rwShare is one RWLock call's kind of lease (rwlock_prelude.lua).
 type rwShare struct {
 	rw        *RWLock
 	exclusive bool
@@ -135,8 +122,7 @@ type rwShare struct {
 	intent    any  // the intent's TTL in ms when it waits, 0 otherwise
 }
 
-// An rwLease is the store lease of one token's share: the writer's key,
-// or a reader's own.
+// An rwLease is the store lease of one token's share, on the writer's key or its own.
 type rwLease struct {
 	rwShare
 	spec store.Spec
@@ -176,10 +162,8 @@ func (k *rwLease) Acquire(ctx context.Context) store.Attempt {
 		keys := append(k.args[:keys.N:keys.N], k.rw.writerArg)
 		reply, err = d.Run(ctx, script.RWRead, false, keys, k.arg, ttl, retention, k.spec.Owner)
 	}
-	// The scripts answer as acquire.lua, but for rwlock_read.lua's -3: free
-	// of writers, but one waits.
 	a := d.Took(ctx, k, reply, err, store.AcquireReply("rwlock", reply))
-	if a.Busy.TTL == -3 {
+	if a.Busy.TTL == -3 { // rwlock_read.lua: free of writers, but one waits
 		a.Busy.Owner = "writers waiting"
 	}
 	return a
@@ -210,10 +194,7 @@ func (k *rwLease) Read(ctx context.Context) (store.Holding, error) {
 	return store.InspectReply(reply)
 }
 
-// Wakeup wakes a waiting call on every release that may let it in
-// (rwlock_release.lua): every message on its channel, not one waiter of
-// many, as the readers that waited behind a writer all try when it leaves,
-// and enter together.
+// Wakeup wakes every waiting call on each message: the readers behind a writer all enter.
 func (k *rwLease) Wakeup() store.Wakeup { return &rwReleases{share: k.rwShare, ttl: k.spec.TTL} }
 
 type rwReleases struct {
@@ -234,9 +215,7 @@ func (r *rwReleases) Next(_ store.Attempt, _ bool, d time.Duration) (<-chan stru
 
 func (r *rwReleases) Woken() time.Duration { return 0 }
 
-// Leave also takes a waiting writer's intent out, in the background
-// (abandoning its token), when it gives up holding nothing, waking the
-// readers it held back.
+// Leave also abandons a waiting writer's intent, waking the readers it held back.
 func (r *rwReleases) Leave(gaveUp store.Lease, _ bool) {
 	if r.w != nil {
 		r.w.Leave()
@@ -256,7 +235,7 @@ func (rw *RWLock) Inspect(ctx context.Context) (RWLockInfo, error) {
 	if err := checkName(rw.name); err != nil {
 		return RWLockInfo{}, err
 	}
-	var info RWLockInfo // set by the read, read only once it returned
+	var info RWLockInfo // read only once the read returned
 	_, err := rw.l.read(ctx, rw.name, fmt.Sprintf("inspect %q", rw.name), func(ctx context.Context) (store.Holding, error) {
 		reply, err := rw.l.single.Eval(ctx, script.RWInspect, []any{rw.writerArg, rw.readersArg, rw.intentsArg, rw.counter})
 		if err == nil {

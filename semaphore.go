@@ -20,18 +20,13 @@ type Semaphore struct {
 	l       *Locker
 	name    string
 	permits int
-	err     error // why its calls fail with no Redis call (ErrInvalid); nil when usable
-
-	// P{name}:sem and the keys after it: the lock's hash tag, none of the
-	// lock's keys. Its permits' leases take them as a lock's lease takes
-	// its own (semaphore_*.lua), the info key after them.
-	key, counter, queue, queueInfo, marker, info string
-	args                                         [keys.N]any // key, -, counter, queue, queueInfo, boxed; the marker is each permit's
-	infoArg, permitsArg, retention               any
-	// wakeWindow is how long, in ms, the releases after a plain waiter
-	// found all permits taken publish a wake-up: longer than its pause
-	// (MaxRetryBackoff at most) and its next attempt (AttemptTimeout).
-	wakeWindow any
+	err     error       // why its calls fail with no Redis call (ErrInvalid); nil when usable
+	key     string      // P{name}:sem and its companions: the lock's hash tag, none of its keys
+	marker  string      // the prefix of each permit's marker
+	args    [keys.N]any // key, -, counter, queue, queueInfo, boxed
+	// The info key, permits, FenceRetention and the wake window, boxed: how long, in ms, releases
+	// publish a wake-up after a plain waiter found all permits taken (its pause and next attempt).
+	infoArg, permitsArg, retention, wakeWindow any
 }
 
 // Semaphore returns the semaphore called name with permits permits, making no
@@ -49,25 +44,20 @@ func (l *Locker) Semaphore(name string, permits int) *Semaphore {
 		s.err = invalidf("semaphore %q: permits %d is less than 1", name, permits)
 		return s
 	}
-	if l.single == nil {
-		// GUARANTEES.md ("Semaphores"): a quorum semaphore would be safe
-		// only if every node had to grant each permit.
+	if l.single == nil { // a quorum semaphore is safe only if every node grants each permit
 		s.err = invalidf("semaphore %q on a NewRedlock Locker: its %d nodes would each count holders on their own, "+
 			"so up to %d holders (nodes × permits / quorum) could each win a quorum; use New", name, len(l.checks), len(l.checks)*permits/(len(l.checks)/2+1))
 		return s
 	}
-	s.key = keys.Lock(l.opts.KeyPrefix, name) + keys.Sem
-	s.counter, s.queue, s.queueInfo = s.key+keys.Fence, s.key+keys.Queue, s.key+keys.QueueInfo
-	s.marker, s.info = s.key+keys.Marker, s.key+keys.SemInfo
-	s.args = [keys.N]any{keys.LockKey: s.key, keys.CounterKey: s.counter, keys.QueueKey: s.queue, keys.QueueInfoKey: s.queueInfo}
-	s.infoArg, s.retention = s.info, store.Millis(l.opts.FenceRetention)
-	s.wakeWindow = store.Millis(l.opts.MaxRetryBackoff + l.opts.AttemptTimeout)
+	k := keys.Lock(l.opts.KeyPrefix, name) + keys.Sem
+	s.key, s.marker, s.infoArg = k, k+keys.Marker, k+keys.SemInfo
+	s.args = [keys.N]any{keys.LockKey: k, keys.CounterKey: k + keys.Fence, keys.QueueKey: k + keys.Queue, keys.QueueInfoKey: k + keys.QueueInfo}
+	s.retention, s.wakeWindow = store.Millis(l.opts.FenceRetention), store.Millis(l.opts.MaxRetryBackoff+l.opts.AttemptTimeout)
 	return s
 }
 
 // Acquire takes one permit and returns its Lease, as Locker.Acquire takes a
-// lock, with its options and errors (after an error, what its attempts may
-// have taken is given back in the background, as there). All
+// lock, with its options and errors (cleaning up after one as it does). All
 // permits taken is a *BusyError; holders using another number of permits
 // make it fail with ErrMisconfigured until none of them is left.
 func (s *Semaphore) Acquire(ctx context.Context, opts ...Option) (*Lease, error) {
@@ -93,16 +83,14 @@ func (s *Semaphore) usable() error {
 	return s.err
 }
 
-// with returns opts and the option that makes a call take a permit of s, in
-// a slice of their own.
+// with returns a copy of opts and the option that makes a call take a permit.
 func (s *Semaphore) with(opts []Option) []Option {
 	k := kind{lease: func(spec store.Spec) store.Lease { return s.permit(spec) },
 		queued: func(spec store.Spec) lineLease { return s.permit(spec) }}
 	return append(opts[:len(opts):len(opts)], withKind(k))
 }
 
-// A permit is the store lease of one token's permit: the semaphore's keys,
-// and the token's own marker.
+// A permit is the store lease of one token's permit.
 type permit struct {
 	s     *Semaphore
 	spec  store.Spec
@@ -140,16 +128,11 @@ func (p *permit) Acquire(ctx context.Context) store.Attempt {
 	return d.Took(ctx, p, reply, err, s.attemptOf(reply))
 }
 
-// attemptOf is the attempt of semaphore_acquire.lua's reply: as
-// acquire.lua's, or {0, pttl, holders, owner} when all permits are taken,
-// or {3, permits} for holders with another number of permits, which reads
-// as ErrMisconfigured.
+// attemptOf decodes semaphore_acquire.lua's reply: as acquire.lua's, or {0, pttl,
+// holders, owner} when all are taken, or {3, permits} for another number of permits.
 func (s *Semaphore) attemptOf(reply any) store.Attempt {
 	arr, _ := reply.([]any)
-	var flag int64 = -1
-	if len(arr) > 0 {
-		flag, _ = arr[0].(int64)
-	}
+	flag := replyFlag(arr)
 	switch {
 	case flag == 0 && len(arr) == 4:
 		pttl, ok1 := arr[1].(int64)
@@ -172,8 +155,7 @@ func (s *Semaphore) attemptOf(reply any) store.Attempt {
 	return store.Attempt{Err: store.BadReply("semaphore_acquire", reply)}
 }
 
-// A permitsError is an Acquire whose Semaphore has another number of
-// permits than the name's holders use.
+// A permitsError is an Acquire with another number of permits than the holders'.
 type permitsError struct {
 	name       string
 	used, want int
@@ -208,27 +190,17 @@ func (p *permit) Release(ctx context.Context, mode store.Mode, ttl time.Duration
 
 func (p *permit) Queue(ctx context.Context, ttl time.Duration, leave bool) (queueReply, error) {
 	s := p.s
-	mode := "k"
-	if leave {
-		mode = "d"
-	}
-	reply, err := s.l.single.Eval(ctx, script.SemQueue,
-		[]any{s.args[keys.LockKey], s.args[keys.QueueKey], s.args[keys.QueueInfoKey], s.infoArg},
-		p.arg, mode, store.Millis(store.QueueEntryTTL), store.Millis(ttl), p.owner, s.permitsArg)
-	if err != nil {
-		return queueReply{}, err
-	}
-	return queueReplyOf("semaphore_queue", reply)
+	return queue(ctx, s.l.single, script.SemQueue, []any{s.args[keys.LockKey], s.args[keys.QueueKey], s.args[keys.QueueInfoKey], s.infoArg},
+		p.arg, leave, ttl, p.owner, s.permitsArg)
 }
 
-// Read reads the permit for Lease.TTL: its value as a lock's, "<token>
-// <fence> <owner>", or "" when it holds none.
+// Read reads the permit for Lease.TTL: its value as a lock's, "" if none.
 func (p *permit) Read(ctx context.Context) (store.Holding, error) {
 	r, err := p.s.read(ctx)
 	if err != nil {
 		return store.Holding{}, err
 	}
-	for _, h := range r.holders {
+	for _, h := range r.Holders {
 		if h.Token == p.token {
 			return store.Holding{Value: keys.Value(h.Token, h.Fence, h.Owner), PTTL: h.TTL}, nil
 		}
@@ -260,10 +232,10 @@ func (s *Semaphore) Inspect(ctx context.Context) (SemaphoreInfo, error) {
 	if err := s.usable(); err != nil {
 		return SemaphoreInfo{}, err
 	}
-	var r semRead // set by the read, read only once it returned
+	var info SemaphoreInfo // read only once the read returned
 	h, err := s.l.read(ctx, s.name, fmt.Sprintf("inspect semaphore %q", s.name), func(ctx context.Context) (store.Holding, error) {
 		var err error
-		if r, err = s.read(ctx); err != nil {
+		if info, err = s.read(ctx); err != nil {
 			return store.Holding{}, err
 		}
 		n, err := s.l.single.Subscribers(ctx, s.key)
@@ -272,46 +244,41 @@ func (s *Semaphore) Inspect(ctx context.Context) (SemaphoreInfo, error) {
 	if err != nil {
 		return SemaphoreInfo{}, err
 	}
-	info := SemaphoreInfo{Name: s.name, Permits: s.permits, Holders: r.holders, LastFence: r.counter, Waiters: h.Waiters}
-	if r.permits > 0 {
-		info.Permits = r.permits
+	info.Name, info.Waiters = s.name, h.Waiters
+	if info.Permits <= 0 { // no holder
+		info.Permits = s.permits
 	}
 	return info, nil
 }
 
-// semRead is what semaphore_inspect.lua read.
-type semRead struct {
-	permits int // the holders'; 0 when none holds one
-	counter int64
-	holders []HolderInfo // oldest fence first
-}
-
-func (s *Semaphore) read(ctx context.Context) (semRead, error) {
+// read reads semaphore_inspect.lua's Permits (0 when none holds one),
+// LastFence and Holders.
+func (s *Semaphore) read(ctx context.Context) (SemaphoreInfo, error) {
 	reply, err := s.l.single.Eval(ctx, script.SemInspect, []any{s.args[keys.LockKey], s.infoArg, s.args[keys.CounterKey]})
 	if err != nil {
-		return semRead{}, err
+		return SemaphoreInfo{}, err
 	}
 	arr, _ := reply.([]any)
 	bad := store.BadReply("semaphore_inspect", reply)
 	if len(arr) != 3 {
-		return semRead{}, bad
+		return SemaphoreInfo{}, bad
 	}
 	permits, ok1 := arr[0].(string)
 	counter, ok2 := arr[1].(string)
 	items, ok3 := arr[2].([]any)
 	if !ok1 || !ok2 || !ok3 || len(items)%3 != 0 {
-		return semRead{}, bad
+		return SemaphoreInfo{}, bad
 	}
-	var r semRead
-	r.permits, _ = strconv.Atoi(permits)
-	r.counter, _ = strconv.ParseInt(counter, 10, 64)
+	var r SemaphoreInfo
+	r.Permits, _ = strconv.Atoi(permits)
+	r.LastFence, _ = strconv.ParseInt(counter, 10, 64)
 	for i := 0; i < len(items); i += 3 {
 		token, _ := items[i].(string)
 		pttl, _ := items[i+1].(int64)
 		value, _ := items[i+2].(string)
 		_, fence, owner := keys.Parse("x " + value)
-		r.holders = append(r.holders, HolderInfo{Token: token, Owner: owner, TTL: time.Duration(pttl) * time.Millisecond, Fence: fence})
+		r.Holders = append(r.Holders, HolderInfo{Token: token, Owner: owner, TTL: time.Duration(pttl) * time.Millisecond, Fence: fence})
 	}
-	slices.SortFunc(r.holders, func(a, b HolderInfo) int { return cmp.Compare(a.Fence, b.Fence) })
+	slices.SortFunc(r.Holders, func(a, b HolderInfo) int { return cmp.Compare(a.Fence, b.Fence) })
 	return r, nil
 }
