@@ -215,7 +215,7 @@ func TestACLCheckFindsEachMissingRule(t *testing.T) {
 // fencelock command's, for the commands it calls: each is in aclRules.
 func TestACLRulesCoverTheScripts(t *testing.T) {
 	t.Parallel()
-	files, err := filepath.Glob("*.lua")
+	files, err := filepath.Glob("internal/script/*.lua")
 	require.NoError(t, err)
 	cmdFiles, err := filepath.Glob("cmd/fencelock/*.lua")
 	require.NoError(t, err)

@@ -10,16 +10,12 @@
 --             adds '1' and its entry's ttl (ms)
 --
 -- Returns {1, fence}: ours, taken now or held by this token already (a retry
--- after a lost reply, or a grant while in line; its expiry made at least
--- ttl), the fence as a decimal string; {0, pttl, owner}: held by another
--- (pttl -3: free, but fair waiters go first; a fair caller joined the line);
--- {2}: the token is retired, and a late copy of its attempt must not take
--- the lock.
+-- after a lost reply, or a grant in line; its expiry made at least ttl), the
+-- fence as a decimal string; {0, pttl, owner}: held by another (pttl -3:
+-- free, but fair waiters go first); {2}: the token is retired, and a late
+-- copy of its attempt must not take the lock.
 --
--- A free lock with no line and a token not retired, the common case, is
--- taken first, with the fence floored by the server's clock and one above
--- the counter's (issueFence); the rest, and the functions it calls, only
--- otherwise.
+-- The common case, a free lock with no line, runs first (issueFence inline).
 
 local token = ARGV[1]
 local seen = redis.call('EXISTS', KEYS[2], KEYS[4])

@@ -1,12 +1,6 @@
--- extend: reset the lock's expiry only if this token holds it. It never
--- recreates a lock that has expired.
---
--- KEYS[1]  lock key, whose value is "<token> <fence> <owner>"
--- ARGV[1]  token
--- ARGV[2]  ttl, milliseconds
---
--- Returns 1 when the expiry was set, 0 when the lock does not exist
--- (expired or deleted), -1 when another token holds it.
+-- extend: reset the lock's expiry (KEYS[1]) to ttl (ARGV[2], ms) if the
+-- token (ARGV[1]) holds it; it never recreates an expired lock. Returns 1,
+-- 0 when the lock does not exist, -1 when another token holds it.
 
 local held = redis.call('GET', KEYS[1])
 return extendHeld(KEYS[1], held, ARGV[1], ARGV[2])

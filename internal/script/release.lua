@@ -12,17 +12,13 @@
 --
 -- Returns 1 when the lock was this token's and is now deleted (by this call
 -- or an earlier one, per the marker), 0 when it does not exist, -1 when
--- another token holds it, which is left alone; {1, error} when deleted but
--- the wake-up could not be published (a script's writes are not rolled
--- back: a failed publish never turns a release into an error).
+-- another token holds it; {1, error} when deleted but the wake-up could not
+-- be published (see publish).
 --
--- The marker retires the token (acquire.lua's {2}) and lets a release
--- resent after a lost reply report what the first one did (see unlock and
--- retire in prelude.lua). With a fair waiter in line, the lock is granted to
--- the first one in the same step, with a fence issued as acquire.lua issues
--- them, and "granted <token> <fence>" is published; otherwise "released"
--- is, to the waiters that may listen. A lease's release with nobody in line,
--- the common case, runs first and alone.
+-- The marker retires the token (see retire). With a fair waiter in line,
+-- the lock is granted to the first in the same step, and "granted <token>
+-- <fence>" is published; otherwise "released". The common case, a release
+-- with nobody in line, runs first.
 
 local token, channel = ARGV[1], ARGV[5] or KEYS[1]
 local held = redis.call('GET', KEYS[1])

@@ -1,6 +1,5 @@
--- rwlock_prelude: the functions the read-write lock's scripts share; each
--- script gets those it calls, put after prelude.lua's and before its source
--- (see newScript in scripts.go).
+-- rwlock_prelude: the functions the read-write lock's scripts share (see
+-- assemble_test.go).
 --
 -- A read-write lock's keys share the name's hash tag: the writer
 -- lock:{name}:rw:w and each reader lock:{name}:rw:r:<token>, both holding

@@ -1,6 +1,5 @@
--- semaphore_prelude: the functions a semaphore's scripts share; each script
--- gets those it calls, put after prelude.lua's (see newScript in
--- scripts.go). A semaphore's holders are a sorted set of their tokens by
+-- semaphore_prelude: the functions a semaphore's scripts share (see
+-- assemble_test.go). A semaphore's holders are a sorted set of their tokens by
 -- the server time (ms) at which each one's permit expires; its info is a
 -- hash of each holder's token to "<fence> <owner>", with the field 'n' (the
 -- permits its holders use) and 'w' (the server time in ms until which a
