@@ -505,7 +505,7 @@ func (c *checker) permissions(ctx context.Context, n checkNode, master *redis.Cl
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	ps := n.client.SSubscribe(sctx, channel)
-	defer ps.Close()
+	defer func() { _ = ps.Close() }() // the one in use: the fallback's too
 	_, err := ps.ReceiveTimeout(sctx, 2*time.Second)
 	if err != nil && goredis.IsUnknownCommand(err) {
 		_ = ps.Close()

@@ -402,3 +402,24 @@ func TestCheckCleanUpGoesOnInTheBackground(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckLeavesNoSubscription: Check's subscription test closes the
+// connection it subscribed on, also where it falls back to SUBSCRIBE
+// (SSUBSCRIBE unknown, as before Redis 7): once the Locker is closed, the
+// server has no pub/sub client left.
+func TestCheckLeavesNoSubscription(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{nil, {"--rename-command", "ssubscribe", ""}} {
+		srv := redistest.Start(t, args...)
+		l := checkLocker(t, srv.Client(nil), nil)
+		findings(t, l)
+		require.NoError(t, l.Close())
+		var clients any
+		for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+			if clients, _ = srv.Do("CLIENT", "LIST", "TYPE", "pubsub"); clients == "" {
+				break
+			}
+		}
+		assert.Equal(t, "", clients, "server args %q: pub/sub clients left", args)
+	}
+}
