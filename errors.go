@@ -298,3 +298,27 @@ func (l *Locker) releaseCutShort(ctx context.Context) error {
 	return &opError{msg: fmt.Sprintf("%s: no reply within ReleaseTimeout %v", ErrUnavailable.Error(), l.opts.ReleaseTimeout),
 		errs: []error{ErrUnavailable}}
 }
+
+// ctxErr is ctx.Err(), or context.DeadlineExceeded once ctx's deadline has
+// passed even if its timer has not fired yet (a call that honours the
+// deadline may return first).
+func ctxErr(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) { // real time, as ctx's deadline
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// notHeld is the error of a store's result: nil for Done.
+func notHeld(r store.Result) error {
+	switch r {
+	case store.Done:
+		return nil
+	case store.Taken:
+		return errTakenBy
+	}
+	return errGone
+}

@@ -474,7 +474,7 @@ func (l *Locker) keepAlive(ctx context.Context, q lineLease, ttl time.Duration) 
 // attempt may have joined again between the first leave and the retirement.
 func (l *Locker) leaveQueue(lease *Lease, q lineLease) {
 	ttl := lease.ttl
-	l.giveBack(lease, "leaving the fair queue", func(ctx context.Context) (bool, error) {
+	l.bg.GiveBack("leaving the fair queue", lease.name, lease.currentTTL(), func(ctx context.Context) (bool, error) {
 		var deleted bool
 		for pass := range 2 {
 			r, err := q.Queue(ctx, ttl, true)

@@ -126,9 +126,8 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	return withCtx(err, ctxErr(ctx))
 }
 
-// extend extends the lock once, for Extend or for the watchdog (byWatchdog:
-// by the lease's TTL, as EVAL), and records the outcome; an Extend tells a
-// running watchdog. Errors of class store.NoVerdict are returned as they
+// extend extends the lock once, for Extend or the watchdog (byWatchdog: by
+// the lease's TTL), and records the outcome; NoVerdict errors come as they
 // are.
 func (l *Lease) extend(ctx context.Context, ttl time.Duration, byWatchdog bool, ec *extendState) error {
 	if err := l.op.Lock(ctx); err != nil {
@@ -176,18 +175,13 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration, byWatchdog bool, 
 		}
 		return nil
 	default:
-		why := errGone
-		if r == store.Taken {
-			why = errTakenBy
-		}
-		l.markDoneLocked(start, why)
-		return why
+		l.markDoneLocked(start, notHeld(r))
+		return notHeld(r)
 	}
 }
 
 // unknownOutcomeLocked records an extension to ttl, sent at sent, that may
-// reach Redis yet: neither the deadline nor a later extension counts on
-// more than it would set.
+// yet reach Redis: neither the deadline nor a later extension counts on more.
 func (l *Lease) unknownOutcomeLocked(sent time.Time, ttl time.Duration) {
 	if d := sent.Add(ttl - drift(ttl)); d.Before(l.deadline) {
 		l.deadline = d
@@ -197,8 +191,7 @@ func (l *Lease) unknownOutcomeLocked(sent time.Time, ttl time.Duration) {
 	}
 }
 
-// extendState is one extension's progress, for a caller that stops
-// waiting for it; guarded by Lease.mu.
+// extendState is one extension's progress; guarded by Lease.mu.
 type extendState struct {
 	sent     time.Time // zero while it waits its turn
 	ttl      time.Duration
@@ -219,7 +212,7 @@ func (l *Lease) notHeldLocked() error {
 }
 
 // notifyWatchdogLocked tells a running watchdog that the deadline moved or
-// the lock was found not held.
+// the lock is not held.
 func (l *Lease) notifyWatchdogLocked() {
 	if l.wd == nil {
 		return
@@ -251,9 +244,8 @@ func (l *Lease) Release(ctx context.Context) error {
 	return l.releaseAfter(ctx, nil)
 }
 
-// releaseAfter is Release; should it return before the answer (ctx ended,
-// or ReleaseTimeout passed), notHeld, if not nil, gets the answer's
-// ErrNotHeld in the background.
+// releaseAfter is Release; should it return before the answer, notHeld (if
+// not nil) gets the answer's ErrNotHeld in the background.
 func (l *Lease) releaseAfter(ctx context.Context, notHeld func(error)) error {
 	if l == nil || l.locker == nil {
 		return ErrNotHeld
@@ -292,9 +284,9 @@ func (l *Lease) releaseOp(ctx context.Context, notHeld func(error)) error {
 	return l.locker.releaseCutShort(ctx)
 }
 
-// releasedLate handles err, the answer of a release whose caller has
-// gone: it tries again after ErrUnavailable, hands ErrNotHeld to notHeld
-// (if not nil), and logs any other error.
+// releasedLate handles the answer of a release whose caller has gone: it
+// tries again after ErrUnavailable, hands ErrNotHeld to notHeld, and logs
+// any other error.
 func (l *Lease) releasedLate(err error, notHeld func(error)) {
 	switch {
 	case errors.Is(err, ErrUnavailable):
@@ -309,7 +301,7 @@ func (l *Lease) releasedLate(err error, notHeld func(error)) {
 }
 
 // endWork marks the lease released, cancels its KeepAlive contexts and
-// stops its watchdog: the half of a release that never waits for Redis.
+// stops its watchdog: what a release does without Redis.
 func (l *Lease) endWork() {
 	l.mu.Lock()
 	l.releasing = true
@@ -318,15 +310,11 @@ func (l *Lease) endWork() {
 	l.stopWatchdog()
 }
 
-func (l *Lease) releaseTimedOut() error {
-	return l.locker.releaseCutShort(context.Background())
-}
-
-// release releases the lock once, after the call in flight, and records
+// release deletes the lock once, after the call in flight, and records
 // the outcome.
 func (l *Lease) release(ctx context.Context) error {
 	if err := l.op.Lock(ctx); err != nil {
-		return l.releaseTimedOut()
+		return l.locker.releaseCutShort(context.Background())
 	}
 	defer l.op.Unlock()
 	if err := l.doneErr(); err != nil {
@@ -336,29 +324,21 @@ func (l *Lease) release(ctx context.Context) error {
 	r, perr, err := l.h.Release(ctx, store.Release, l.currentTTL())
 	if err != nil {
 		if ctx.Err() != nil {
-			return l.releaseTimedOut()
+			return l.locker.releaseCutShort(context.Background())
 		}
 		return callError(l.name, err)
 	}
 	l.locker.warnPublish(l.name, perr)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	switch r {
-	case store.Done:
-		l.markDoneLocked(start, errReleaseD)
-		if log := l.locker.opts.Logger; log.Enabled(ctx, slog.LevelDebug) {
-			log.LogAttrs(ctx, slog.LevelDebug, "fencelock: released",
-				slog.String("lock", l.name), slog.Int64("fence", l.fence),
-				slog.Duration("held", l.locker.clock.Now().Sub(l.acquired)))
-		}
-		return nil
-	case store.Taken:
-		l.markDoneLocked(start, errTakenBy)
-		return errTakenBy
-	default:
-		l.markDoneLocked(start, errGone)
-		return errGone
+	err = notHeld(r)
+	l.markDoneLocked(start, cmp.Or(err, errReleaseD))
+	if log := l.locker.opts.Logger; err == nil && log.Enabled(ctx, slog.LevelDebug) {
+		log.LogAttrs(ctx, slog.LevelDebug, "fencelock: released",
+			slog.String("lock", l.name), slog.Int64("fence", l.fence),
+			slog.Duration("held", l.locker.clock.Now().Sub(l.acquired)))
 	}
+	return err
 }
 
 func (l *Lease) doneErr() error {
@@ -419,16 +399,16 @@ func (l *Lease) keepAlive(ctx context.Context, pinned bool) context.Context {
 		if !pinned && ctx.Done() != nil {
 			l.keeperStops = append(l.keeperStops, context.AfterFunc(ctx, l.keeperEnded))
 		}
-	}
-	if l.wd == nil && !l.degraded {
-		l.wd = newWatchdog(l)
-		go l.wd.run()
+		if l.wd == nil {
+			l.wd = newWatchdog(l)
+			go l.wd.run()
+		}
 	}
 	return workCtx
 }
 
-// keeperEnded runs when the ctx of a KeepAlive call ends: after the last,
-// it stops the watchdog and releases the lease in the background.
+// keeperEnded runs when a KeepAlive call's ctx ends: after the last, it
+// stops the watchdog and releases the lease in the background.
 func (l *Lease) keeperEnded() {
 	l.mu.Lock()
 	l.keepers--
@@ -443,8 +423,7 @@ func (l *Lease) keeperEnded() {
 	}
 }
 
-// stopWatchdog stops the watchdog, if any, and waits for it to exit; it is
-// safe to call more than once.
+// stopWatchdog stops the watchdog, if any, and waits for it to exit.
 func (l *Lease) stopWatchdog() {
 	l.mu.Lock()
 	wd := l.wd
@@ -461,8 +440,8 @@ func (l *Lease) stopWatchdog() {
 	}
 }
 
-// cancelContexts cancels the contexts KeepAlive returned, and unregisters
-// their keeperEnded.
+// cancelContexts cancels KeepAlive's contexts and unregisters their
+// keeperEnded.
 func (l *Lease) cancelContexts(cause error) {
 	l.mu.Lock()
 	cancels, stops := l.cancels, l.keeperStops
@@ -482,8 +461,8 @@ func (l *Lease) lostCause() error {
 	return l.lost
 }
 
-// lose records that the lease is lost, cancels the work's contexts with
-// cause, and reports it; a lost lease is not extended again.
+// lose records that the lease is lost (it is not extended again), cancels
+// the work's contexts with cause, and reports it.
 func (l *Lease) lose(cause error) {
 	l.mu.Lock()
 	if l.lost != nil || l.releasing {
@@ -494,29 +473,12 @@ func (l *Lease) lose(cause error) {
 	deadline := l.deadline
 	l.mu.Unlock()
 	l.cancelContexts(cause)
-	l.reportLost(cause, deadline)
-}
-
-// reportLost tells the Observer, the log and OnLost that the lease was lost.
-func (l *Lease) reportLost(cause error, deadline time.Time) {
-	now := l.locker.clock.Now()
-	if obs := l.locker.opts.Observer; obs != nil {
-		obs.Notify(l.observed(), Event{Op: OpLost, Name: l.name, Lease: l, Outcome: OutcomeLost, Err: cause,
-			Fence: l.fence, Held: now.Sub(l.acquired)})
-	}
-	l.locker.opts.Logger.LogAttrs(context.Background(), slog.LevelError, "fencelock: lease lost",
-		slog.String("lock", l.name), slog.Int64("fence", l.fence),
-		slog.Duration("held", now.Sub(l.acquired)), slog.Duration("until_deadline", deadline.Sub(now)),
-		slog.Any("cause", cause))
-	if f := l.locker.opts.OnLost; f != nil {
-		f(l, cause)
-	}
+	l.locker.reportLost(l, cause, deadline)
 }
 
 // nextRenewal returns when the next renewal is due, and the time left
-// before the deadline: an interval after the request that set the
-// deadline, and within a third of the time left, so that a short lease
-// survives a failed try.
+// before the deadline: an interval after the request that set the deadline,
+// and within a third of the time left (a short lease survives a failed try).
 func (l *Lease) nextRenewal() (renewIn, remaining time.Duration) {
 	l.mu.Lock()
 	ttl, deadline := l.ttl, l.deadline
@@ -528,7 +490,7 @@ func (l *Lease) nextRenewal() (renewIn, remaining time.Duration) {
 	return max(renewIn, 0), remaining
 }
 
-// observed returns the context an Observer's Notify gets for this lease.
+// observed returns the context an Observer's Notify gets.
 func (l *Lease) observed() context.Context {
 	if l.obsCtx != nil {
 		return l.obsCtx

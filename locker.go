@@ -2,11 +2,7 @@ package fencelock
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"log/slog"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,15 +24,12 @@ import (
 type Locker struct {
 	store  store.Store
 	traits store.Traits
-	// single is the deployment's own calls, for fair waiting and the kinds
-	// that live on one deployment; nil on a Redlock.
-	single single
-	lock   kind // the lock of a name
+	single single // the deployment's own calls, for fair waiting and the kinds; nil on a Redlock
+	lock   kind   // the lock of a name
 	opts   Options
 	clock  Clock
 	bg     *tasks.Group
-	// deadlines ends the contexts of the calls that run on their caller's
-	// goroutine.
+	// deadlines ends the contexts of calls run on their caller's goroutine.
 	deadlines deadline.Heap
 	checks    []checkNode // what Check looks at: each deployment's client
 
@@ -76,24 +69,8 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 // call, for no clients or more than 64, a nil client, the same client twice,
 // or an option it cannot honour. It adds New's dial hook to every client.
 func NewRedlock(clients []redis.UniversalClient, opts *Options) (*Locker, error) {
-	if len(clients) == 0 {
-		return nil, invalidf("no redis clients")
-	}
-	if len(clients) > 64 {
-		return nil, invalidf("%d redis clients: at most 64", len(clients))
-	}
-	for i, c := range clients {
-		switch err := goredis.Usable(c); {
-		case errors.Is(err, goredis.ErrNilClient):
-			return nil, invalidf("redis client %d is nil", i)
-		case err != nil:
-			return nil, invalidf("redis client %d: %v", i, err)
-		}
-		for j := range i {
-			if clients[j] == c {
-				return nil, invalidf("redis clients %d and %d are the same client", j, i)
-			}
-		}
+	if err := goredis.UsableAll(clients); err != nil {
+		return nil, invalidf("%v", err)
 	}
 	o, err := opts.withDefaults()
 	if err != nil {
@@ -102,18 +79,13 @@ func NewRedlock(clients []redis.UniversalClient, opts *Options) (*Locker, error)
 	l := newLocker(o)
 	nodes := make([]*deployment.Deployment, len(clients))
 	for i, c := range clients {
-		name := "node " + strconv.Itoa(i)
-		if rc, ok := c.(*redis.Client); ok {
-			name += " (" + rc.Options().Addr + ")"
-		}
+		name := goredis.NodeName(i, c)
 		nodes[i] = deployment.New(l.client(c), l.deploymentConfig(name))
 		l.checks = append(l.checks, checkNode{client: c, single: nodes[i], name: name})
 	}
-	var tag [4]byte
-	_, _ = rand.Read(tag[:])
 	q := redlock.New(nodes, redlock.Config{KeyPrefix: o.KeyPrefix, Owner: o.Owner, ReleaseTimeout: o.ReleaseTimeout,
 		FenceRetention: o.FenceRetention, MinRetryBackoff: o.MinRetryBackoff, MaxRetryBackoff: o.MaxRetryBackoff,
-		Clock: o.Clock, Tasks: l.bg, Closed: l.closed, LineTag: hex.EncodeToString(tag[:])})
+		Clock: o.Clock, Tasks: l.bg, Closed: l.closed})
 	l.store, l.traits = q, q.Traits()
 	l.lock = kind{lease: q.Lock}
 	return l, nil
@@ -137,7 +109,7 @@ func (l *Locker) client(c redis.UniversalClient) *goredis.Client {
 }
 
 // A kind makes the store's leases of one kind: a lock's, a semaphore's
-// permits, a read-write lock's shares, several locks taken together.
+// permits, a read-write lock's shares, several locks.
 type kind struct {
 	lease  func(store.Spec) store.Lease
 	queued func(store.Spec) lineLease // nil: it cannot wait in line (WithFair)
@@ -153,16 +125,11 @@ func (l *Locker) Close() error {
 		return nil
 	}
 	l.closeOnce.Do(func() { close(l.closed) })
-	by := l.clock.Now().Add(l.opts.ReleaseTimeout + closeGrace)
+	by := l.clock.Now().Add(l.opts.ReleaseTimeout + 100*time.Millisecond) // a clean-up's last call ends within it
 	l.store.Close(by)
 	l.bg.Close(by)
 	return nil
 }
-
-// closeGrace is how long Close waits for the background work beyond
-// ReleaseTimeout: a clean-up started as Close was called has that long to
-// end its last call.
-const closeGrace = 100 * time.Millisecond
 
 // isClosed reports whether Close was called.
 func (l *Locker) isClosed() bool {
@@ -203,22 +170,21 @@ func (l *Locker) Acquire(ctx context.Context, name string, opts ...Option) (*Lea
 	return got, err
 }
 
-// acquireWith is acquireObserved without the Observer's Start and End: it
-// waits in line with WithFair (fair.go), or as wait.go tells.
+// acquireWith is Acquire without the Observer and failing open: it waits
+// in line with WithFair (fair.go), or as wait.go tells.
 func (l *Locker) acquireWith(ctx context.Context, name string, co callOptions, open bool, st *acquireStats) (*Lease, error) {
 	l.bg.Add() // Close waits for the call, and for the clean-ups it starts when Close ends it
 	defer l.bg.Done()
 	spec := l.spec(name, co)
 	if co.fair && co.wait > 0 {
 		q := co.kind.queued(spec)
-		a := l.newAcquisition(ctx, l.leaseOf(name, co, q), co.wait, open, st)
+		a := l.newAcquisition(ctx, l.leaseOf(spec, q), co.wait, open, st)
 		return newFairWait(a, co.kind.queued, spec, q).run()
 	}
-	return l.newAcquisition(ctx, l.leaseOf(name, co, co.kind.lease(spec)), co.wait, open, st).plain()
+	return l.newAcquisition(ctx, l.leaseOf(spec, co.kind.lease(spec)), co.wait, open, st).plain()
 }
 
-// spec is the store's spec of a new lease of the call co for name, with a
-// fresh token.
+// spec is the store's spec of a new lease of co for name: a fresh token.
 func (l *Locker) spec(name string, co callOptions) store.Spec {
 	owner := l.opts.Owner
 	if co.owner != "" {
@@ -227,22 +193,16 @@ func (l *Locker) spec(name string, co callOptions) store.Spec {
 	return store.Spec{Name: name, Token: keys.NewToken(), TTL: co.ttl, Owner: owner, Fair: co.fair && co.wait > 0}
 }
 
-// leaseOf returns a lease of the call co for name, not acquired yet, of
-// the store's h.
-func (l *Locker) leaseOf(name string, co callOptions, h store.Lease) *Lease {
-	owner := l.opts.Owner
-	if co.owner != "" {
-		owner = co.owner
-	}
-	return &Lease{locker: l, h: h, name: name, ttl: co.ttl, owner: owner}
+// leaseOf returns the lease of spec, the store's h, not acquired yet.
+func (l *Locker) leaseOf(spec store.Spec, h store.Lease) *Lease {
+	return &Lease{locker: l, h: h, name: spec.Name, ttl: spec.TTL, owner: spec.Owner}
 }
 
 // abandon makes what the attempts of an Acquire that gave up may have done
-// harmless, in the background: it deletes the lock if one of them took it,
-// and retires the token, so that an attempt reaching Redis only later does
-// not take the lock. See giveBack for how long it tries.
+// harmless, in the background: it deletes the lock if one took it, and
+// retires the token, so that a late attempt does not take it.
 func (l *Locker) abandon(lease *Lease) {
-	l.giveBack(lease, "clean-up after a failed acquire", func(ctx context.Context) (bool, error) {
+	l.bg.GiveBack("clean-up after a failed acquire", lease.name, lease.currentTTL(), func(ctx context.Context) (bool, error) {
 		r, perr, err := lease.h.Release(ctx, store.Abandon, lease.currentTTL())
 		if err != nil {
 			return false, callError(lease.name, err)
@@ -252,11 +212,10 @@ func (l *Locker) abandon(lease *Lease) {
 	})
 }
 
-// releaseInBackground gives a lease's lock back in the background: after
-// its work was lost (RunWithLock), or after a Release whose caller did not
-// wait for Redis to answer. See giveBack for how long it tries.
+// releaseInBackground releases a lease in the background: after its work
+// was lost, or after a Release whose caller did not wait for the answer.
 func (l *Locker) releaseInBackground(lease *Lease) {
-	l.giveBack(lease, "release", func(ctx context.Context) (bool, error) {
+	l.bg.GiveBack("release", lease.name, lease.currentTTL(), func(ctx context.Context) (bool, error) {
 		err := lease.release(ctx)
 		if errors.Is(err, ErrNotHeld) {
 			return false, nil
@@ -265,47 +224,12 @@ func (l *Locker) releaseInBackground(lease *Lease) {
 	})
 }
 
-// giveBack runs try, which deletes a lock, on a goroutine of the Locker
-// until Redis answers, Redis refuses (ErrMisconfigured), Close is called,
-// or the lease's TTL has passed since it started (by then the lock, taken
-// or last extended before, has expired by itself). Each try is bounded by
-// ReleaseTimeout. A try sent to a hung server runs there when the server
-// resumes, even after the client gave up on it.
-func (l *Locker) giveBack(lease *Lease, what string, try func(ctx context.Context) (deleted bool, err error)) {
-	l.bg.GiveBack(what, lease.name, lease.currentTTL(), try)
-}
-
-// warnPublish logs, once per Locker, that a release could not publish its
-// wake-up.
-func (l *Locker) warnPublish(name string, perr error) {
-	if perr == nil || !l.publishWarned.CompareAndSwap(false, true) {
-		return
-	}
-	l.opts.Logger.LogAttrs(context.Background(), slog.LevelWarn,
-		"fencelock: a release could not publish its wake-up (logged once): waiters fall back to the holder's TTL and backoff",
-		slog.String("lock", name), slog.Any("error", perr))
-}
-
-// detached returns a context with ctx's values but not its cancellation,
-// bounded by Options.ReleaseTimeout, for giving a lock back.
+// detached returns ctx without its cancellation, bounded by ReleaseTimeout.
 func (l *Locker) detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	if ctx.Done() != nil {
 		ctx = context.WithoutCancel(ctx)
 	}
 	return l.deadlines.WithTimeout(ctx, l.opts.ReleaseTimeout)
-}
-
-// ctxErr is ctx.Err(), or context.DeadlineExceeded once ctx's deadline has
-// passed even if its timer has not fired yet (a call that honours the
-// deadline may return first).
-func ctxErr(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) { // real time, as ctx's deadline
-		return context.DeadlineExceeded
-	}
-	return nil
 }
 
 // pause sleeps for d on the Locker's clock, and reports false when ctx

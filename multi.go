@@ -135,7 +135,7 @@ func (l *Locker) acquireTogether(ctx context.Context, names []string, co callOpt
 	defer l.bg.Done()
 	c := &setCall{l: l, names: names}
 	spec := l.spec(strings.Join(names, ","), co)
-	stand := l.leaseOf(spec.Name, co, c.set(spec))
+	stand := l.leaseOf(spec, c.set(spec))
 	got, err := l.newAcquisition(ctx, stand, co.wait, open, st).plain()
 	if err != nil {
 		return nil, err

@@ -3,6 +3,7 @@ package fencelock
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"time"
 )
 
@@ -159,4 +160,37 @@ func releaseEvent(lease *Lease, err error, start, now time.Time) Event {
 		e.Held = now.Sub(lease.acquired)
 	}
 	return e
+}
+
+// acquireStats is what an Observer learns of an Acquire.
+type acquireStats struct {
+	waited  time.Duration // asleep between attempts
+	handoff time.Duration // from the wake-up before the winning attempt to the grant
+}
+
+// reportLost tells the Observer, the log and OnLost that lease was lost.
+func (l *Locker) reportLost(lease *Lease, cause error, deadline time.Time) {
+	now := l.clock.Now()
+	if obs := l.opts.Observer; obs != nil {
+		obs.Notify(lease.observed(), Event{Op: OpLost, Name: lease.name, Lease: lease, Outcome: OutcomeLost, Err: cause,
+			Fence: lease.fence, Held: now.Sub(lease.acquired)})
+	}
+	l.opts.Logger.LogAttrs(context.Background(), slog.LevelError, "fencelock: lease lost",
+		slog.String("lock", lease.name), slog.Int64("fence", lease.fence),
+		slog.Duration("held", now.Sub(lease.acquired)), slog.Duration("until_deadline", deadline.Sub(now)),
+		slog.Any("cause", cause))
+	if f := l.opts.OnLost; f != nil {
+		f(lease, cause)
+	}
+}
+
+// warnPublish logs, once per Locker, that a release could not publish its
+// wake-up.
+func (l *Locker) warnPublish(name string, perr error) {
+	if perr == nil || !l.publishWarned.CompareAndSwap(false, true) {
+		return
+	}
+	l.opts.Logger.LogAttrs(context.Background(), slog.LevelWarn,
+		"fencelock: a release could not publish its wake-up (logged once): waiters fall back to the holder's TTL and backoff",
+		slog.String("lock", name), slog.Any("error", perr))
 }

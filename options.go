@@ -381,7 +381,8 @@ func outage(ctx context.Context, err error) bool {
 func (l *Locker) degraded(ctx context.Context, name string, co callOptions, err error) *Lease {
 	l.opts.Logger.LogAttrs(ctx, slog.LevelError, "fencelock: redis unavailable, running without the lock (fail-open)",
 		slog.String("lock", name), slog.Any("error", err))
-	lease := l.leaseOf(name, co, co.kind.lease(l.spec(name, co)))
+	spec := l.spec(name, co)
+	lease := l.leaseOf(spec, co.kind.lease(spec))
 	lease.degraded = true
 	return lease
 }

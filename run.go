@@ -72,73 +72,58 @@ func (l *Locker) run(ctx context.Context, name string,
 	return werr
 }
 
-// settle ends the hold of a lease whose work has returned: it releases the
-// lease, or, when it was lost, gives it back in the background, and returns
-// the loss (matching ErrLost: while the work ran, or found by the release),
-// or nil. A loss found by a release that went on in the background is
-// reported from there, not returned. If the work released the lease itself,
-// only a loss before that counts.
+// settle releases a lease whose work has returned (in the background once
+// lost) and returns the loss, matching ErrLost, found while the work ran or
+// by the release, or nil. A release that goes on in the background reports
+// its loss from there; after the work released the lease, only a loss
+// before counts.
 func (l *Locker) settle(ctx context.Context, lease *Lease) error {
 	byWork := lease.isReleasing()
 	if lost := l.lostByNow(lease, byWork); lost != nil {
 		return lost
 	}
-	// Bounded by ctx, as every call is: if ctx ends first, the release goes
-	// on in the background, and a loss it finds is reported from there.
 	rerr := lease.releaseAfter(ctx, func(rerr error) { l.lateLoss(lease, byWork, rerr) })
 	return l.settled(ctx, lease, byWork, rerr)
 }
 
-// lostByNow returns the loss of a lease whose work has returned (byWork:
-// the work released it), found before its release: the watchdog's, or a
-// deadline that passed as the work returned. A lost lease the work did not
-// release is given back in the background.
+// lostByNow returns the loss found before the release (the watchdog's, or
+// a deadline that passed as the work returned), giving a lost lease the
+// work did not release (byWork) back in the background.
 func (l *Locker) lostByNow(lease *Lease, byWork bool) error {
 	lost := lease.lostCause()
 	if lost == nil && !byWork && !l.clock.Now().Before(lease.Deadline()) {
-		// The deadline passed as work returned, before the watchdog's
-		// timer was handled: that counts as lost too.
+		// before the watchdog's timer was handled: lost too
 		lease.lose(fmt.Errorf("%w: deadline passed before the work returned", ErrLost))
 		lost = lease.lostCause()
 	}
 	if lost != nil && !byWork {
-		// The watchdog has called OnLost when RunWithLock returns; the
-		// release, which may wait for Redis, goes on without it.
-		lease.endWork()
+		lease.endWork() // the watchdog has reported it; the release goes on without the caller
 		l.releaseInBackground(lease)
 	}
 	return lost
 }
 
-// lateLoss reports a loss found only in the background by the release
-// after the work (rerr, matching ErrNotHeld), unless the work released the
-// lease itself or the watchdog reported it.
+// lateLoss reports a loss the release after the work found in the
+// background, unless the work released the lease or the watchdog reported it.
 func (l *Locker) lateLoss(lease *Lease, byWork bool, rerr error) {
 	if !byWork && lease.lostCause() == nil {
-		lease.reportLost(lostAtRelease(rerr), lease.Deadline())
+		l.reportLost(lease, lostAtRelease(rerr), lease.Deadline())
 	}
 }
 
-// settled returns the loss, if any, that rerr, the answer of the release
-// after the work, tells of.
+// settled returns the loss, if any, rerr (the release's answer) tells of.
 func (l *Locker) settled(ctx context.Context, lease *Lease, byWork bool, rerr error) error {
 	switch {
 	case byWork:
 		return nil
 	case errors.Is(rerr, ErrNotHeld):
 		if lost := lease.lostCause(); lost != nil {
-			// A renewal found it not held as the release began, and the
-			// watchdog reported it: Release stopped the watchdog, which
-			// reports no more, before it returned.
-			return lost
+			return lost // a renewal found it as the release began, and the watchdog reported it
 		}
-		// Lost while the work ran, between two renewals.
-		lost := lostAtRelease(rerr)
-		lease.reportLost(lost, lease.Deadline())
+		lost := lostAtRelease(rerr) // lost between two renewals
+		l.reportLost(lease, lost, lease.Deadline())
 		return lost
-	case rerr != nil && ctxErr(ctx) != nil && errors.Is(rerr, ctxErr(ctx)):
-		// Gone on in the background, which reports a loss or logs a
-		// failure itself.
+	case rerr != nil && ctxErr(ctx) != nil && errors.Is(rerr, ctxErr(ctx)): // gone on in the background
 	case rerr != nil:
 		l.opts.Logger.LogAttrs(ctx, slog.LevelWarn, "fencelock: release failed, the lock expires after its TTL",
 			slog.String("lock", lease.name), slog.Int64("fence", lease.fence), slog.Any("error", rerr))

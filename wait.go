@@ -14,29 +14,22 @@ import (
 )
 
 // An acquisition is one Acquire call across its attempts: what it learnt,
-// and the steps every way of waiting shares (try, take a new token,
-// complete the lease, give up). Plain waiting is here: attempts, with
-// pauses cut short by the store's wake-ups; fair waiting is in fair.go.
+// and the steps every way of waiting shares. Plain waiting is here, fair
+// waiting in fair.go.
 type acquisition struct {
 	l       *Locker
 	ctx     context.Context
 	lease   *Lease
 	st      *acquireStats // nil without an Observer
 	open    bool          // the call fails open: its attempts are bounded by half the time left
-	start   time.Time     // the call's, on the Locker's clock
+	start   time.Time     // on the Locker's clock
 	waitEnd time.Time
-	openEnd time.Time // when a fail-open call stops waiting out an outage (see openEnd)
+	openEnd time.Time // when a fail-open call stops waiting out an outage
 
 	verdict error // the last attempt's: busy, or a callError; nil: none yet
 	seen    busySeen
 	unsure  bool   // an attempt's outcome is unknown: it may have taken the lock
 	letGo   func() // gives back what the current token may hold, or where it waits, when the call gives up
-}
-
-// acquireStats is what an Observer learns of an Acquire.
-type acquireStats struct {
-	waited  time.Duration // asleep between attempts
-	handoff time.Duration // from the wake-up before the winning attempt to the grant
 }
 
 func (l *Locker) newAcquisition(ctx context.Context, lease *Lease, wait time.Duration, open bool, st *acquireStats) *acquisition {
@@ -51,8 +44,7 @@ func (a *acquisition) ended() bool {
 }
 
 // try runs one attempt. With done false, ctx ended or Close was called
-// before a verdict: it may have taken the lock (a.unsure); a failed dial
-// meanwhile is the verdict.
+// first: it may have taken the lock; a failed dial meanwhile is the verdict.
 func (a *acquisition) try() (at store.Attempt, done bool) {
 	mark := a.l.store.Mark()
 	at, done = a.l.try(a.ctx, a.lease, a.open)
@@ -88,8 +80,7 @@ func (a *acquisition) busy(at store.Attempt, sent time.Time) {
 	a.verdict = a.seen.see(&BusyError{Name: name, Owner: b.Owner, TTL: b.TTL, Holders: b.Holders}, sent)
 }
 
-// rotate gives the call h, a new token's, which nothing of the old one's
-// can touch.
+// rotate gives the call h, a new token's lease.
 func (a *acquisition) rotate(h store.Lease) {
 	old := a.lease
 	a.lease = &Lease{locker: a.l, h: h, name: old.name, ttl: old.ttl, owner: old.owner}
@@ -114,8 +105,8 @@ func (a *acquisition) complete(fence int64, from time.Time) *Lease {
 	return lease
 }
 
-// giveUp ends the call without the lock: letGo gives back what it may hold;
-// the error is the last verdict, with ctx's when ctx ended, or ctx's alone.
+// giveUp ends the call without the lock, giving back what it may hold: the
+// error is the last verdict, with ctx's when ctx ended, or ctx's alone.
 func (a *acquisition) giveUp() (*Lease, error) {
 	a.letGo()
 	l := a.l
@@ -135,8 +126,7 @@ func (a *acquisition) giveUp() (*Lease, error) {
 }
 
 // plain runs the attempts of an Acquire that is not fair, each followed by
-// a pause (the backoff, cut short by a wake-up or the holder's expiry)
-// until one takes the lock or the wait ends.
+// a pause (the backoff, cut short by a wake-up or the holder's expiry).
 func (a *acquisition) plain() (*Lease, error) {
 	l := a.l
 	var wake store.Wakeup
@@ -227,18 +217,16 @@ func (p *pauses) sleep(at store.Attempt) bool {
 		sleep = max(at.Busy.TTL, time.Millisecond) // the holder's lock expires first
 	}
 	t := l.clock.NewTimer(sleep)
+	defer t.Stop()
 	slept := l.clock.Now()
 	p.wokeAt = time.Time{}
 	select {
 	case <-a.ctx.Done():
-		t.Stop()
 		return false
 	case <-l.closed:
-		t.Stop()
 		return false
 	case <-t.C:
 	case <-ch:
-		t.Stop()
 		p.wokeAt = l.clock.Now()
 		if spread := p.wake.Woken(); spread > 0 && !l.pause(a.ctx, spread) {
 			return false
@@ -258,10 +246,9 @@ func (p *pauses) sleep(at store.Attempt) bool {
 }
 
 // try runs one attempt for lease, bounded by ctx, Close and AttemptTimeout
-// (half the time left, for a fail-open call, open). With done false, ctx
-// ended or Close was called first: it may still be in flight, or have
-// taken the lock. An attempt that outlived AttemptTimeout alone is a
-// verdict: a *noReplyError.
+// (for a fail-open call, half the time left). With done false, ctx ended or
+// Close was called first: it may have taken the lock. An attempt that
+// outlived AttemptTimeout alone is a verdict: a *noReplyError.
 func (l *Locker) try(ctx context.Context, lease *Lease, open bool) (a store.Attempt, done bool) {
 	timeout, half := l.opts.AttemptTimeout, false
 	if dl, ok := ctx.Deadline(); ok && open {

@@ -12,22 +12,19 @@ import (
 )
 
 // A watchdog is the renewal goroutine of one lease ("Deadlines and the
-// watchdog"): it renews the lease every RenewInterval, and loses it (see
-// Lease.lose) when its local deadline passes without a renewal, or Redis
-// says it is not held. Its only owner is the lease: started once by
-// KeepAlive, stopped by Release (close stop, wait for done). Each renewal
-// is a call of its own on a goroutine of the Locker, so that the deadline
-// timer fires on time even while a call hangs, and so that Release does not
-// wait for a renewal in flight.
+// watchdog"): it renews the lease every RenewInterval, and loses it when its
+// deadline passes without a renewal, or Redis says it is not held. Its owner
+// is the lease: started once by KeepAlive, stopped by Release (close stop,
+// wait for done). Each renewal runs on a goroutine of its own, so that the
+// deadline fires on time while a call hangs.
 type watchdog struct {
 	l     *Lease
 	stop  chan struct{} // closed to ask the goroutine to exit
 	done  chan struct{} // closed by the goroutine when it has exited
 	moved chan struct{} // buffered; Extend moved the deadline or found the lock not held
 
-	// Only run's goroutine touches these.
-	renew, deadline *time.Timer
-	results         chan error // the renewal in flight's outcome
+	renew, deadline *time.Timer // these, only run's goroutine touches
+	results         chan error  // the renewal in flight's outcome
 	inFlight        bool
 	failing         bool // the last renewal failed: renew holds its retry
 	cancel          context.CancelFunc
@@ -50,8 +47,7 @@ func (wd *watchdog) run() {
 	defer wd.renew.Stop()
 	defer wd.deadline.Stop()
 	defer func() { wd.cancel() }()
-	for {
-		var done bool
+	for done := false; !done; {
 		select {
 		case <-wd.stop:
 			return
@@ -64,14 +60,10 @@ func (wd *watchdog) run() {
 		case err := <-wd.results:
 			done = wd.renewed(err)
 		}
-		if done {
-			return
-		}
 	}
 }
 
-// deadlineFired loses the lease, unless an Extend moved its deadline since
-// the timer was set.
+// deadlineFired loses the lease, unless an Extend moved its deadline.
 func (wd *watchdog) deadlineFired() bool {
 	l := wd.l
 	if remaining := l.Deadline().Sub(l.locker.clock.Now()); remaining > 0 {
@@ -82,8 +74,8 @@ func (wd *watchdog) deadlineFired() bool {
 	return true
 }
 
-// extended handles a user's Extend, which moved the deadline (perhaps
-// earlier) or found the lock not held.
+// extended handles an Extend, which moved the deadline (perhaps earlier)
+// or found the lock not held.
 func (wd *watchdog) extended() bool {
 	l := wd.l
 	l.mu.Lock()
@@ -117,9 +109,7 @@ func (wd *watchdog) renewDue() bool {
 		wd.lastErr = fmt.Errorf("%w %v, no longer renewed", errMaxHold, o.MaxHold)
 		return false // the deadline timer ends it
 	}
-	// The deadline is on the lease's clock; the context's timer runs on
-	// the system clock, so hand it the time that is left.
-	remaining := l.Deadline().Sub(l.locker.clock.Now())
+	remaining := l.Deadline().Sub(l.locker.clock.Now()) // the context's timer is on the system clock
 	if remaining <= 0 {
 		l.lose(deadlinePassed(wd.lastErr))
 		return true
@@ -134,9 +124,8 @@ func (wd *watchdog) renewDue() bool {
 	return false
 }
 
-// renewed handles a renewal's outcome: the next one is scheduled, the
-// lease is lost when Redis says it is not held, and a failure is retried
-// with a backoff until the deadline.
+// renewed handles a renewal's outcome: it schedules the next, loses the
+// lease that is not held, or retries a failure with a backoff.
 func (wd *watchdog) renewed(err error) bool {
 	l := wd.l
 	wd.inFlight = false

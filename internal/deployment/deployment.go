@@ -1,8 +1,7 @@
-// Package deployment is one Redis deployment, a server, a Sentinel-managed
-// master, a Cluster or a Ring: the store of a Locker made by New, and each
-// node of a Redlock quorum. It runs the lock's scripts (lease.go) through
-// its Client (internal/goredis for go-redis), and wakes waiters on
-// releases (releases.go) through its notifier (internal/notify).
+// Package deployment is one Redis deployment (a server, a Sentinel-managed
+// master, a Cluster, a Ring): the store of a Locker made by New, and each
+// node of a Redlock. It runs the lock's scripts (lease.go) through its
+// Client, and wakes waiters on releases (releases.go) through internal/notify.
 package deployment
 
 import (
@@ -19,13 +18,11 @@ import (
 
 // A Client is a deployment's Redis client: internal/goredis's for go-redis.
 type Client interface {
-	// Run runs s on keys, EVALSHA then EVAL (EVAL alone with eval), and
-	// when it waits for replicas, WAIT on the connection that wrote: then
-	// a *store.ReplicaError comes with the reply when too few acknowledged.
+	// Run runs s (script.Run; EVAL alone with eval), then, when it waits
+	// for replicas, WAIT on the connection that wrote: a
+	// *store.ReplicaError comes with the reply when too few acknowledged.
 	Run(ctx context.Context, s *script.Script, eval bool, keys, argv []any) (any, error)
-	// Eval runs s on keys, without waiting for replicas.
-	Eval(ctx context.Context, s *script.Script, keys, argv []any) (any, error)
-	// Subscribers returns how many connections subscribe to channel.
+	Eval(ctx context.Context, s *script.Script, keys, argv []any) (any, error) // Run without WAIT
 	Subscribers(ctx context.Context, channel string) (int, error)
 	Network() notify.Network // its pub/sub
 	DB() int                 // its connections' database: channels are shared by all of a server's
@@ -50,11 +47,10 @@ type Config struct {
 
 // A Deployment is one Redis deployment.
 type Deployment struct {
-	c     Client
-	cfg   Config
-	waits *notify.Notifier
-	// The arguments every lease sends, boxed once.
-	retention, markerMillis, defaultTTL, owner any
+	c                                          Client
+	cfg                                        Config
+	waits                                      *notify.Notifier
+	retention, markerMillis, defaultTTL, owner any // the arguments every lease sends, boxed once
 }
 
 var _ store.Store = (*Deployment)(nil)
@@ -72,7 +68,6 @@ func (d *Deployment) Traits() store.Traits { return store.Traits{Deadlines: d.c.
 // Name returns the deployment's name in errors: Config.Name.
 func (d *Deployment) Name() string { return d.cfg.Name }
 
-// Mark and Since are the Client's.
 func (d *Deployment) Mark() store.Mark                 { return d.c.Mark() }
 func (d *Deployment) Since(m store.Mark) (error, bool) { return d.c.Since(m) }
 func (d *Deployment) LastDialError() error             { return d.c.LastDialError() }
@@ -93,7 +88,7 @@ func (d *Deployment) Eval(ctx context.Context, s *script.Script, keys []any, arg
 }
 
 // ChannelArg returns the wake-up channel of the lock key key as a script's
-// argument: on database 0 the key's own, boxed.
+// argument: on database 0, boxed.
 func (d *Deployment) ChannelArg(key string, boxed any) any {
 	if d.c.DB() == 0 {
 		return boxed
@@ -101,8 +96,7 @@ func (d *Deployment) ChannelArg(key string, boxed any) any {
 	return d.Channel(key)
 }
 
-// Listen registers a waiter on the channel of key, woken (on wake if not
-// nil) as h decides; nil after Close.
+// Listen registers a waiter on key's channel (notify.Notifier.Register).
 func (d *Deployment) Listen(key string, wake chan struct{}, h notify.Hearer) *notify.Waiter {
 	return d.waits.Register(d.Channel(key), wake, h)
 }

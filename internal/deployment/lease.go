@@ -11,8 +11,7 @@ import (
 )
 
 // A lease is one token's lease of a lock on the deployment, its keys and
-// token boxed once for the scripts' arguments (keys.Box). It runs
-// acquire.lua, extend.lua, release.lua and, waiting in line, queue.lua.
+// token boxed once for the scripts' arguments (keys.Box).
 type lease struct {
 	d     *Deployment
 	spec  store.Spec
@@ -50,8 +49,7 @@ func (k *lease) Next(token []byte) store.Lease {
 
 func (k *lease) Wakeup() store.Wakeup { return k.d.Releases(k.Key()) }
 
-// queueEntryMillis is store.QueueEntryTTL in ms, boxed once.
-var queueEntryMillis any = store.Millis(store.QueueEntryTTL)
+var queueEntryMillis any = store.Millis(store.QueueEntryTTL) // boxed once
 
 func (k *lease) Acquire(ctx context.Context) store.Attempt {
 	d := k.d
@@ -65,13 +63,11 @@ func (k *lease) Acquire(ctx context.Context) store.Attempt {
 	return d.Took(ctx, k, reply, err, store.AcquireReply("acquire", reply))
 }
 
-// Took is the attempt of a run of an acquire script for k (a lock's, or a
-// kind's), given the run's reply and error and a, the reply as the
-// script's decoder reads it. A write happened only when the script says so
-// (or its reply is not understood): any other answer stands whatever WAIT
-// said. A lock taken short of replicas is given back before the next
-// attempt, which would otherwise find it held by the call's own last
-// token; in the background when Redis does not answer within ctx.
+// Took is the attempt of an acquire script's run for k (a lock's, or a
+// kind's), given its reply, error and decoded reply a. A lock taken short
+// of replicas (WAIT's error) is given back before the next attempt, which
+// would otherwise find it held by the call's last token; in the background
+// when Redis does not answer within ctx. Other answers wrote nothing.
 func (d *Deployment) Took(ctx context.Context, k store.Lease, reply any, err error, a store.Attempt) store.Attempt {
 	if err != nil && reply == nil { // the script did not run, or its reply was lost
 		return store.Attempt{Err: err}
@@ -88,8 +84,8 @@ func (d *Deployment) Took(ctx context.Context, k store.Lease, reply any, err err
 	return a
 }
 
-// GiveBack abandons k (store.Abandon: it deletes the lock if k holds it
-// and retires its token) in the background, trying for ttl at least.
+// GiveBack abandons k (store.Abandon) in the background, trying for ttl
+// at least.
 func (d *Deployment) GiveBack(k store.Lease, what string, ttl time.Duration) {
 	d.cfg.Tasks.GiveBack(what, k.Key(), ttl, func(ctx context.Context) (bool, error) {
 		r, _, err := k.Release(ctx, store.Abandon, ttl)
@@ -123,8 +119,8 @@ func (k *lease) Read(ctx context.Context) (store.Holding, error) {
 }
 
 // MarkerArg is how long, in ms, a release in mode keeps the token's
-// marker: ReleaseTimeout for a release; for an abandon, as long as a late
-// attempt's lock of ttl would live, which it refuses.
+// marker: ReleaseTimeout; for an abandon, as long as a late attempt's lock
+// of ttl would live.
 func (d *Deployment) MarkerArg(mode store.Mode, ttl time.Duration) any {
 	if mode == store.Release {
 		return d.markerMillis
@@ -132,8 +128,7 @@ func (d *Deployment) MarkerArg(mode store.Mode, ttl time.Duration) any {
 	return store.Millis(max(ttl, d.cfg.ReleaseTimeout))
 }
 
-// ttlArg returns ttl in ms for a script's ARGV, boxed once for the
-// default TTL.
+// ttlArg returns ttl in ms, boxed once for the default TTL.
 func (d *Deployment) ttlArg(ttl time.Duration) any {
 	if ttl == d.cfg.TTL {
 		return d.defaultTTL

@@ -11,11 +11,9 @@ import (
 )
 
 // Releases returns the wake-ups of a plain waiter of the lock (or
-// semaphore) at key: its releases ("Waiting" in GUARANTEES.md), from its
-// first attempt that did not take the lock, a failed one too (one cut short
-// by AttemptTimeout may have found it busy). A release wakes the
-// deployment's earliest plain waiter, which passes the wake-up on if it
-// does not use it; a grant to a fair waiter wakes none.
+// semaphore) at key: its releases ("Waiting" in GUARANTEES.md). A release
+// wakes the earliest plain waiter, which passes the wake-up on if it does
+// not use it; a grant to a fair waiter wakes none.
 func (d *Deployment) Releases(key string) store.Wakeup { return &releases{d: d, key: key} }
 
 type releases struct {
@@ -53,9 +51,8 @@ func (r *releases) Leave(_ store.Lease, took bool) {
 	r.w.Leave()
 }
 
-// releaseHearer is what a plain waiter makes of its channel's messages
-// (release.lua): a confirmation wakes it, a grant to a fair waiter does not,
-// a release wakes one waiter.
+// releaseHearer is what a plain waiter makes of release.lua's messages: a
+// grant to a fair waiter wakes none, a release one.
 type releaseHearer struct{}
 
 func (releaseHearer) Hear(m notify.Message) notify.Hearing {
@@ -81,8 +78,7 @@ func (d *Deployment) Inspect(ctx context.Context, name string, waiters bool) (st
 	return h, err
 }
 
-// read runs inspect.lua on the lock key and its fence counter: the lock's
-// value, its PTTL and the counter, read in one atomic step.
+// read runs inspect.lua on the lock key and its fence counter.
 func (d *Deployment) read(ctx context.Context, key, fenceKey any) (store.Holding, error) {
 	reply, err := d.Eval(ctx, script.Inspect, []any{key, fenceKey})
 	if err != nil {

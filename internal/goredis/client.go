@@ -6,8 +6,10 @@ package goredis
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"reflect"
+	"strconv"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -50,6 +52,40 @@ func Usable(client redis.UniversalClient) error {
 		return errors.New("an AutoPipeliner of a go-redis version whose client fencelock cannot find")
 	}
 	return nil
+}
+
+// UsableAll returns why a Redlock cannot use clients: none or more than
+// 64, one Usable refuses, or one given twice.
+func UsableAll(clients []redis.UniversalClient) error {
+	if len(clients) == 0 {
+		return errors.New("no redis clients")
+	}
+	if len(clients) > 64 {
+		return fmt.Errorf("%d redis clients: at most 64", len(clients))
+	}
+	for i, c := range clients {
+		switch err := Usable(c); {
+		case errors.Is(err, ErrNilClient):
+			return fmt.Errorf("redis client %d is nil", i)
+		case err != nil:
+			return fmt.Errorf("redis client %d: %w", i, err)
+		}
+		for j := range i {
+			if clients[j] == c {
+				return fmt.Errorf("redis clients %d and %d are the same client", j, i)
+			}
+		}
+	}
+	return nil
+}
+
+// NodeName names the Redlock node of client i in errors.
+func NodeName(i int, client redis.UniversalClient) string {
+	name := "node " + strconv.Itoa(i)
+	if rc, ok := client.(*redis.Client); ok {
+		name += " (" + rc.Options().Addr + ")"
+	}
+	return name
 }
 
 // New returns the Client of client, which Usable accepts, and adds a hook to

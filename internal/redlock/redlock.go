@@ -7,6 +7,8 @@ package redlock
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -31,7 +33,7 @@ type Config struct {
 	Clock           tasks.Clock
 	Tasks           *tasks.Group
 	Closed          <-chan struct{} // closed by the Locker's Close: an attempt stops reading the nodes
-	LineTag         string          // names the Locker's calls in a line, and the channel of their turns
+	LineTag         string          // names the Locker's calls in a line, and the channel of their turns; "": New draws one
 }
 
 // A Quorum is a lock store over independent deployments, its nodes.
@@ -49,6 +51,11 @@ var _ store.Store = (*Quorum)(nil)
 
 // New returns the quorum of nodes: len(nodes)/2+1 of them.
 func New(nodes []*deployment.Deployment, cfg Config) *Quorum {
+	if cfg.LineTag == "" {
+		var tag [4]byte
+		_, _ = rand.Read(tag[:])
+		cfg.LineTag = hex.EncodeToString(tag[:])
+	}
 	return &Quorum{nodes: nodes, n: len(nodes)/2 + 1, cfg: cfg,
 		entryTTL: store.Millis(LineEntryTTL(cfg.MaxRetryBackoff)), retention: store.Millis(cfg.FenceRetention)}
 }

@@ -6,13 +6,12 @@ import (
 	"time"
 )
 
-// The replies several scripts share: each kind's extend, release and queue
-// scripts answer as the lock's do (extend.lua, release.lua, queue.lua).
+// The replies the scripts share: each kind's extend and release scripts
+// answer as extend.lua and release.lua do.
 
 // ExtendReply decodes the reply of the extend script called script, given
-// its run's error: WAIT's when it comes with a reply, which stands only
-// when the expiry was set (or the reply is not understood); Gone and Taken
-// wrote nothing.
+// its run's error: WAIT's, with a reply, stands only when the expiry was
+// set (or the reply is not understood).
 func ExtendReply(script string, reply any, err error) (Result, error) {
 	if err != nil && reply == nil {
 		return Gone, err
@@ -28,9 +27,8 @@ func ExtendReply(script string, reply any, err error) (Result, error) {
 	return result(code), nil
 }
 
-// ReleaseReply decodes the reply of a release script: 1, 0 or -1, or {1,
-// error} when the lock was deleted but the wake-up could not be published
-// (perr).
+// ReleaseReply decodes a release script's reply: 1, 0 or -1, or {1, error}
+// when the wake-up could not be published (perr).
 func ReleaseReply(script string, reply any) (r Result, perr, err error) {
 	switch v := reply.(type) {
 	case int64:
@@ -48,15 +46,8 @@ func ReleaseReply(script string, reply any) (r Result, perr, err error) {
 	return Gone, nil, BadReply(script, reply)
 }
 
-func result(code int64) Result {
-	switch code {
-	case 1:
-		return Done
-	case -1:
-		return Taken
-	}
-	return Gone
-}
+// result is the Result of a script's code, -1, 0 or 1.
+func result(code int64) Result { return [...]Result{Taken, Gone, Done}[code+1] }
 
 // Millis returns d in milliseconds for a script's ARGV, rounded up: a lock
 // never lives shorter than asked.
@@ -65,16 +56,13 @@ func Millis(d time.Duration) int64 {
 }
 
 // Drift is the clock drift allowance of a lease of ttl: its holder counts
-// on it for ttl less this, from when its request was sent.
+// on ttl less this from when its request was sent.
 func Drift(ttl time.Duration) time.Duration {
 	return ttl/100 + 2*time.Millisecond
 }
 
-// AcquireReply is the attempt of the reply of script, an acquire script
-// that answers as acquire.lua: {1, fence} with the fence as a decimal
-// string, {0, pttl, owner} with the holder's PTTL in ms and its owner (pttl
-// -3: free, but fair waiters are in line first), or {2} for a retired
-// token: a late copy of an attempt whose Acquire gave up.
+// AcquireReply is the attempt of the reply of script, which answers as
+// acquire.lua does: {1, fence}, {0, pttl, owner} or {2}.
 func AcquireReply(script string, reply any) Attempt {
 	arr, _ := reply.([]any)
 	var flag int64 = -1
@@ -103,13 +91,12 @@ func AcquireReply(script string, reply any) Attempt {
 	return Attempt{Err: BadReply(script, reply)}
 }
 
-// ErrRetired is an acquire script's refusal of a token whose Acquire gave
-// up or whose lease was released: only a late copy of an attempt meets
-// it.
+// ErrRetired is an acquire script's refusal of a retired token: only a
+// late copy of an attempt meets it.
 var ErrRetired = errors.New("the acquisition was given up")
 
-// ModeArg returns mode boxed for a script's ARGV from its constant: boxing
-// the variable would allocate, once per release.
+// ModeArg returns mode boxed from its constant: boxing the variable would
+// allocate.
 func ModeArg(mode Mode) any {
 	if mode == Release {
 		return string(Release)
@@ -117,9 +104,7 @@ func ModeArg(mode Mode) any {
 	return string(Abandon)
 }
 
-// InspectReply decodes the reply of inspect.lua: {value, pttl, counter},
-// the lock's value ("" when it is not held), its PTTL (-2 when it is not
-// held, -1 without expiry) and its fence counter ("" when there is none).
+// InspectReply decodes inspect.lua's reply: {value, pttl, counter}.
 func InspectReply(reply any) (Holding, error) {
 	arr, _ := reply.([]any)
 	if len(arr) != 3 {

@@ -1,7 +1,6 @@
-// Package store is the seam between a Locker's leases and Redis: what every
-// place that keeps locks does, one deployment (internal/deployment) or a
-// quorum of them (internal/redlock). It knows no Redis client; errors carry
-// their class (Class). A Store makes one Lease per token, the store's own
+// Package store is the seam between a Locker's leases and Redis: what one
+// deployment (internal/deployment) or a quorum (internal/redlock) does. It
+// knows no Redis client. A Store makes one Lease per token, the store's own
 // value for it (its keys, a quorum's per-node state).
 package store
 
@@ -17,14 +16,13 @@ type Store interface {
 	// Inspect reads the lock called name, changing nothing; with waiters,
 	// also how many Lockers wait for it.
 	Inspect(ctx context.Context, name string, waiters bool) (Holding, error)
-	// Mark returns the counts of the store's connections, for Since.
+	// Mark and Since explain an attempt begun at Mark() that got no reply:
+	// the error of a connection that failed since, and whether it cannot
+	// have reached Redis (no connection was open or made since).
 	Mark() Mark
-	// Since explains an attempt begun at m that got no reply: the error
-	// of a connection that failed since, and whether it cannot have
-	// reached Redis (no connection was open or made since).
 	Since(m Mark) (cause error, unsent bool)
-	// Close ends the waiters' subscriptions and waits for the store's
-	// goroutines until by at most.
+	// Close ends the subscriptions and waits for the store's goroutines
+	// until by at most.
 	Close(by time.Time)
 }
 
@@ -46,30 +44,24 @@ type Spec struct {
 	Fair  bool // an attempt that finds the lock busy joins its line of fair waiters
 }
 
-// A Lease is one token's lease in a store. A Locker sends one call at a
-// time on it.
+// A Lease is one token's lease in a store, sent one call at a time.
 type Lease interface {
 	Key() string // the lock's
 	Token() string
-	// Acquire tries once to take the lock for the token and issue its
-	// fence.
-	Acquire(ctx context.Context) Attempt
+	Acquire(ctx context.Context) Attempt // one try to take the lock and issue its fence
 	// Extend sets the lock's expiry to ttl if the token holds it; a
 	// renewal is sent as EVAL (one round trip on an emptied script cache).
 	Extend(ctx context.Context, ttl time.Duration, renewal bool) (Result, error)
 	// Release deletes the lock if the token holds it and retires the
 	// token; perr is the error of a wake-up that could not be published.
 	Release(ctx context.Context, mode Mode, ttl time.Duration) (r Result, perr, err error)
-	// Read reads the lock as Inspect does, without waiters.
-	Read(ctx context.Context) (Holding, error)
-	// Next returns the lease of the same call with another token.
-	Next(token []byte) Lease
-	// Wakeup returns how a waiting call learns that the lock may be free.
-	Wakeup() Wakeup
+	Read(ctx context.Context) (Holding, error) // as Inspect, without waiters
+	Next(token []byte) Lease                   // the same call's lease with another token
+	Wakeup() Wakeup                            // how a waiting call learns the lock may be free
 }
 
 // QueueEntryTTL is how long a fair waiter's entry in line lives without a
-// keep-alive: a waiter that crashed is skipped after it.
+// keep-alive.
 const QueueEntryTTL = 2 * time.Second
 
 // Result is what an extension or a release found.
@@ -82,8 +74,7 @@ const (
 )
 
 // Mode is how Release retires a token: its marker lets a resent release
-// report what the first did, and an Abandon's refuses a late copy of the
-// token's attempt.
+// report what the first did; an Abandon's refuses a late attempt.
 type Mode string
 
 const (
@@ -98,10 +89,9 @@ type Attempt struct {
 	Busy  Busy // when neither OK nor Err
 	Err   error
 	// Retire: the try may hold the lock somewhere without having got it;
-	// the store gives that back and retires the token.
+	// the store gives that back, and the token is not used again.
 	Retire bool
-	// Free: it found the lock free, but too few replicas or nodes kept it.
-	Free bool
+	Free   bool // the lock was free, but too few replicas or nodes kept it
 }
 
 // Busy is who holds a lock an attempt found busy.
@@ -127,11 +117,9 @@ type Wakeup interface {
 	// ends the pause before the next attempt, and its longest, given the
 	// backoff's d.
 	Next(at Attempt, busy bool, d time.Duration) (<-chan struct{}, time.Duration)
-	// Woken returns how much longer to pause after a wake-up, to spread
-	// the waiters one release woke.
-	Woken() time.Duration
-	// Leave stops the wake-ups; with gaveUp, the lease of a call that gave
-	// up holding nothing, it also gives back its place. A wake-up the call
-	// did not use goes to the next waiter unless it took the lock.
+	Woken() time.Duration // how much longer to pause after a wake-up, to spread the waiters
+	// Leave stops the wake-ups, passing one the call did not use on unless
+	// it took the lock; with gaveUp, the lease of a call that gave up
+	// holding nothing, it also gives back its place.
 	Leave(gaveUp Lease, took bool)
 }
