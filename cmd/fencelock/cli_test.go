@@ -95,22 +95,27 @@ func TestLs(t *testing.T) {
 	a := newLocker(t, client, "pod-a (pid 1)", nil)
 	b := newLocker(t, client, "pod-b (pid 2)", nil)
 
-	held := acquire(t, a, "job:held")
-	waited := acquire(t, b, "job:waited")
-	w := startWaiter(t, a, "job:waited")
+	// The held locks live two minutes, and the waiter waits as long: they
+	// must still be there when ls runs, however slowly a busy machine gets
+	// to it (30s locks once had 18s left).
+	const ttl = 2 * time.Minute
+	held := acquire(t, a, "job:held", fencelock.WithTTL(ttl))
+	beforeWaited := time.Now() // job:waited's TTL runs from after this
+	waited := acquire(t, b, "job:waited", fencelock.WithTTL(ttl))
+	w := startWaiter(t, a, "job:waited", fencelock.WithWait(ttl))
 	eventually(t, 5*time.Second, "the waiter subscribed", func() bool { return waiters(t, a, "job:waited") == 1 })
 	acquire(t, a, "job:expired", fencelock.WithTTL(50*time.Millisecond))
 	released := acquire(t, a, "job:released")
 	if err := released.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	other := acquire(t, b, "other")
+	other := acquire(t, b, "other", fencelock.WithTTL(ttl))
 	eventually(t, 5*time.Second, "job:expired expired", func() bool {
 		info, err := a.Inspect(ctx, "job:expired")
 		return err == nil && !info.Held
 	})
 	svc := newLocker(t, client, "svc", &fencelock.Options{KeyPrefix: "svc*:"})
-	svcLease := acquire(t, svc, "job:held")
+	svcLease := acquire(t, svc, "job:held", fencelock.WithTTL(ttl))
 
 	// The companions are there, and must not be listed as locks.
 	for _, key := range []string{"lock:{job:released}:fence", "lock:{job:released}:t:" + released.Token(), "lock:{job:expired}:fence"} {
@@ -130,14 +135,19 @@ func TestLs(t *testing.T) {
 		Locks   []lockJSON
 	}
 	fl(t, "ls", "--json", "job:*", "--url", u).want(t, exitOK).jsonOut(t, &doc)
+	// ttl_ms is what was left of job:waited's TTL when ls read it: at most
+	// the TTL, and at least the TTL less the time since before it was
+	// taken (and 1ms, as PTTL counts whole milliseconds).
+	minTTL := (ttl - time.Since(beforeWaited)).Milliseconds() - 1
 	if doc.Prefix != "lock:" || doc.Pattern != "job:*" || len(doc.Locks) != 2 {
 		t.Fatalf("ls --json job:* = %+v, want the 2 held job: locks", doc)
 	}
 	got := doc.Locks[1]
 	if got.Name != "job:waited" || got.Key != "lock:{job:waited}" || !got.Held || got.Owner != "pod-b (pid 2)" ||
 		got.Fence != waited.Fence() || got.LastFence != waited.Fence() || got.Waiters != 1 ||
-		got.TTLMillis <= 20000 || got.TTLMillis > 30000 {
-		t.Fatalf("ls --json: %+v, want job:waited held by pod-b with fence %d, 1 waiter, TTL about 30s", got, waited.Fence())
+		got.TTLMillis < minTTL || got.TTLMillis > ttl.Milliseconds() {
+		t.Fatalf("ls --json: %+v, want job:waited held by pod-b with fence %d, 1 waiter, TTL in [%d, %d] ms",
+			got, waited.Fence(), minTTL, ttl.Milliseconds())
 	}
 
 	// Piped, no match still says so, on stderr (issue 28), and stdout
