@@ -95,27 +95,23 @@ func TestLs(t *testing.T) {
 	a := newLocker(t, client, "pod-a (pid 1)", nil)
 	b := newLocker(t, client, "pod-b (pid 2)", nil)
 
-	// The held locks live two minutes, and the waiter waits as long: they
-	// must still be there when ls runs, however slowly a busy machine gets
-	// to it (30s locks once had 18s left).
-	const ttl = 2 * time.Minute
-	held := acquire(t, a, "job:held", fencelock.WithTTL(ttl))
-	beforeWaited := time.Now() // job:waited's TTL runs from after this
-	waited := acquire(t, b, "job:waited", fencelock.WithTTL(ttl))
-	w := startWaiter(t, a, "job:waited", fencelock.WithWait(ttl))
-	eventually(t, 5*time.Second, "the waiter subscribed", func() bool { return waiters(t, a, "job:waited") == 1 })
+	held := acquire(t, a, "job:held")
+	beforeWaited := time.Now() // job:waited's TTL, heldTTL, runs from after this
+	waited := acquire(t, b, "job:waited")
+	w := startWaiter(t, a, "job:waited")
+	eventually(t, patience, "the waiter subscribed", func() bool { return waiters(t, a, "job:waited") == 1 })
 	acquire(t, a, "job:expired", fencelock.WithTTL(50*time.Millisecond))
 	released := acquire(t, a, "job:released")
 	if err := released.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	other := acquire(t, b, "other", fencelock.WithTTL(ttl))
-	eventually(t, 5*time.Second, "job:expired expired", func() bool {
+	other := acquire(t, b, "other")
+	eventually(t, patience, "job:expired expired", func() bool {
 		info, err := a.Inspect(ctx, "job:expired")
 		return err == nil && !info.Held
 	})
 	svc := newLocker(t, client, "svc", &fencelock.Options{KeyPrefix: "svc*:"})
-	svcLease := acquire(t, svc, "job:held", fencelock.WithTTL(ttl))
+	svcLease := acquire(t, svc, "job:held")
 
 	// The companions are there, and must not be listed as locks.
 	for _, key := range []string{"lock:{job:released}:fence", "lock:{job:released}:t:" + released.Token(), "lock:{job:expired}:fence"} {
@@ -135,19 +131,16 @@ func TestLs(t *testing.T) {
 		Locks   []lockJSON
 	}
 	fl(t, "ls", "--json", "job:*", "--url", u).want(t, exitOK).jsonOut(t, &doc)
-	// ttl_ms is what was left of job:waited's TTL when ls read it: at most
-	// the TTL, and at least the TTL less the time since before it was
-	// taken (and 1ms, as PTTL counts whole milliseconds).
-	minTTL := (ttl - time.Since(beforeWaited)).Milliseconds() - 1
+	minTTL, maxTTL := ttlBounds(beforeWaited) // ttl_ms: what was left when ls read it
 	if doc.Prefix != "lock:" || doc.Pattern != "job:*" || len(doc.Locks) != 2 {
 		t.Fatalf("ls --json job:* = %+v, want the 2 held job: locks", doc)
 	}
 	got := doc.Locks[1]
 	if got.Name != "job:waited" || got.Key != "lock:{job:waited}" || !got.Held || got.Owner != "pod-b (pid 2)" ||
 		got.Fence != waited.Fence() || got.LastFence != waited.Fence() || got.Waiters != 1 ||
-		got.TTLMillis < minTTL || got.TTLMillis > ttl.Milliseconds() {
+		got.TTLMillis < minTTL || got.TTLMillis > maxTTL {
 		t.Fatalf("ls --json: %+v, want job:waited held by pod-b with fence %d, 1 waiter, TTL in [%d, %d] ms",
-			got, waited.Fence(), minTTL, ttl.Milliseconds())
+			got, waited.Fence(), minTTL, maxTTL)
 	}
 
 	// Piped, no match still says so, on stderr (issue 28), and stdout
@@ -173,7 +166,7 @@ func TestLs(t *testing.T) {
 }
 
 // checkTSV compares ls's tab-separated output with want, where a TTL
-// field of * matches a TTL in (0, 30000] milliseconds.
+// field of * matches a TTL in (0, heldTTL] milliseconds.
 func checkTSV(t *testing.T, got, want string) {
 	t.Helper()
 	gl, wl := strings.Split(got, "\n"), strings.Split(want, "\n")
@@ -187,7 +180,7 @@ func checkTSV(t *testing.T, got, want string) {
 		}
 		for j := range gf {
 			if wf[j] == "*" {
-				if ms, err := strconv.Atoi(gf[j]); err != nil || ms <= 0 || ms > 120000 { // the tests' TTLs are at most 2 minutes
+				if ms, err := strconv.Atoi(gf[j]); err != nil || ms <= 0 || int64(ms) > heldTTL.Milliseconds() { // the tests' TTLs are at most heldTTL
 					t.Fatalf("ls line %q: TTL %q", gl[i], gf[j])
 				}
 				continue
@@ -206,7 +199,7 @@ func TestInspect(t *testing.T) {
 	a := newLocker(t, srv.Client(nil), "pod-a (pid 1)", nil)
 	lease := acquire(t, a, "settlement:2026-11-29")
 	w := startWaiter(t, a, "settlement:2026-11-29")
-	eventually(t, 5*time.Second, "the waiter subscribed", func() bool { return waiters(t, a, "settlement:2026-11-29") == 1 })
+	eventually(t, patience, "the waiter subscribed", func() bool { return waiters(t, a, "settlement:2026-11-29") == 1 })
 
 	fl(t, "inspect", "settlement:2026-11-29", "--url", u).want(t, exitOK).wantOut(t,
 		"name        settlement:2026-11-29\n",
@@ -228,7 +221,7 @@ func TestInspect(t *testing.T) {
 	if err := lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	next, err := w.result(t, 5*time.Second)
+	next, err := w.result(t, patience)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +248,7 @@ func TestWatchCountsAsWaiter(t *testing.T) {
 	acquire(t, a, "job")
 	w := startWatch(t, "--url", u, "job")
 	w.expect(t, evHeld, 0)
-	eventually(t, 5*time.Second, "the watch subscribed", func() bool { return waiters(t, a, "job") == 1 })
+	eventually(t, patience, "the watch subscribed", func() bool { return waiters(t, a, "job") == 1 })
 	fl(t, "inspect", "--url", u, "job").want(t, exitOK).wantOut(t, "waiters     1 (a running watch counts too)\n")
 	fl(t, "help", "ls").want(t, exitOK).wantOut(t, "A running watch counts as one waiter.")
 }
@@ -268,12 +261,13 @@ func TestReleaseForce(t *testing.T) {
 	u := urlOf(srv)
 	client := srv.Client(nil)
 	stuck := newLocker(t, client, "stuck-pod (pid 1)", nil)
-	// A waiter that, without a wake-up, would sleep 10s between attempts.
-	patient := newLocker(t, client, "next-pod", &fencelock.Options{MinRetryBackoff: 10 * time.Second, MaxRetryBackoff: 10 * time.Second})
+	// A waiter that, without a wake-up, would sleep heldTTL between
+	// attempts: it gets the lock within patience only by the wake-up.
+	patient := newLocker(t, client, "next-pod", &fencelock.Options{MinRetryBackoff: heldTTL, MaxRetryBackoff: heldTTL})
 
 	lease := acquire(t, stuck, "job")
 	w := startWaiter(t, patient, "job")
-	eventually(t, 5*time.Second, "the waiter subscribed", func() bool { return waiters(t, stuck, "job") == 1 })
+	eventually(t, patience, "the waiter subscribed", func() bool { return waiters(t, stuck, "job") == 1 })
 
 	what := fmt.Sprintf(`lock "job" held by stuck-pod (pid 1), fence %d, `, lease.Fence())
 	fl(t, "release", "--url", u, "--force", "job").want(t, exitFailed).
@@ -284,7 +278,7 @@ func TestReleaseForce(t *testing.T) {
 
 	start := time.Now()
 	fl(t, "release", "--url", u, "--force", "--yes", "job").want(t, exitOK).wantOut(t, "deleted "+what)
-	next, err := w.result(t, 5*time.Second)
+	next, err := w.result(t, patience)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,7 +328,7 @@ func TestDatabase(t *testing.T) {
 	srv := redistest.Start(t)
 	client := srv.Client(&redis.Options{DB: 3})
 	a := newLocker(t, client, "db3", nil)
-	b := newLocker(t, client, "db3-next", &fencelock.Options{MinRetryBackoff: 10 * time.Second, MaxRetryBackoff: 10 * time.Second})
+	b := newLocker(t, client, "db3-next", &fencelock.Options{MinRetryBackoff: heldTTL, MaxRetryBackoff: heldTTL})
 	lease := acquire(t, a, "job")
 
 	fl(t, "inspect", "--url", urlOf(srv), "job").want(t, exitFailed)
@@ -343,9 +337,9 @@ func TestDatabase(t *testing.T) {
 	fl(t, "inspect", "--url", urlOf(srv)+"/3", "--db", "3", "job").want(t, exitOK)
 
 	w := startWaiter(t, b, "job")
-	eventually(t, 5*time.Second, "the waiter subscribed", func() bool { return waiters(t, a, "job") == 1 })
+	eventually(t, patience, "the waiter subscribed", func() bool { return waiters(t, a, "job") == 1 })
 	fl(t, "release", "--url", urlOf(srv)+"/3", "--force", "--yes", "job").want(t, exitOK)
-	next, err := w.result(t, 5*time.Second) // woken: its backoff is 10s
+	next, err := w.result(t, patience) // woken: its backoff is heldTTL
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -383,11 +377,11 @@ func TestWatch(t *testing.T) {
 	w.expect(t, evGrant, second.Fence())
 	waiter := startWaiter(t, b, "job", fencelock.WithTTL(300*time.Millisecond))
 	// The waiter and the watch.
-	eventually(t, 5*time.Second, "the waiter subscribed", func() bool { return waiters(t, a, "job") == 2 })
+	eventually(t, patience, "the waiter subscribed", func() bool { return waiters(t, a, "job") == 2 })
 	if err := second.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	third, err := waiter.result(t, 5*time.Second)
+	third, err := waiter.result(t, patience)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -569,14 +563,14 @@ func TestWatchFairHandOff(t *testing.T) {
 	first := acquire(t, a, "job")
 	w.expect(t, evGrant, first.Fence())
 	waiter := startWaiter(t, b, "job", fencelock.WithFair())
-	eventually(t, 5*time.Second, "the waiter in line", func() bool {
+	eventually(t, patience, "the waiter in line", func() bool {
 		n, err := client.ZCard(ctx, "lock:{job}:q").Result()
 		return err == nil && n == 1
 	})
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	second, err := waiter.result(t, 5*time.Second)
+	second, err := waiter.result(t, patience)
 	if err != nil {
 		t.Fatal(err)
 	}
