@@ -602,28 +602,39 @@ func (e *redlockEnv) holding(t *testing.T) (*Locker, string, *Lease) {
 	// node holding it (a node killed next must not leave a bare quorum).
 	for i, a := range e.admins {
 		require.Eventually(t, func() bool { return strings.HasPrefix(a.Get(ctx, held.Key()).Val(), held.Token()+" ") },
-			2*time.Second, time.Millisecond, "node %d holds the lease", i)
+			redlockPatience, time.Millisecond, "node %d holds the lease", i)
 	}
 	return l, name, held
 }
 
 // requireLine waits until the line of the lock at key on node 0 has n
-// calls in it.
+// calls in it, for redlockPatience at most.
 func (e *redlockEnv) requireLine(t *testing.T, key string, n int, msgAndArgs ...any) {
 	t.Helper()
 	require.Eventually(t, func() bool { return len(lineOf(t, e.admins[0], key)) == n },
-		5*time.Second, time.Millisecond, msgAndArgs...)
+		redlockPatience, time.Millisecond, msgAndArgs...)
 }
 
 // requireSubscribers waits until n Lockers subscribe to the channel of the
-// lock at key on node i.
+// lock at key on node i, for redlockPatience at most.
 func (e *redlockEnv) requireSubscribers(t *testing.T, i int, key string, n int, msg string) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		m, err := e.admins[i].PubSubShardNumSub(ctx, key).Result()
 		return err == nil && m[key] == int64(n)
-	}, 5*time.Second, time.Millisecond, msg)
+	}, redlockPatience, time.Millisecond, msg)
 }
+
+// redlockPatience bounds the waits of the Redlock tests for what must
+// happen (a waiter in line, a subscription, a message already sent): long
+// enough that only its not happening fails a test, not a busy machine.
+// Less than waitAndHold's wait.
+const redlockPatience = 30 * time.Second
+
+// namedOnly are the options of a Locker whose waiters in line attempt
+// again only after minutes (half MaxRetryBackoff at least): within
+// redlockPatience, only a release that names them explains their lock.
+var namedOnly = &Options{MinRetryBackoff: 10 * time.Minute, MaxRetryBackoff: 10 * time.Minute}
 
 // A holder is a waitAndHold in the background.
 type holder struct {
@@ -1350,7 +1361,7 @@ func TestRedlockTurnIsAnnouncedToItsLockerAlone(t *testing.T) {
 	var lockers []*Locker
 	var waiters []*holder
 	for i := range 2 {
-		wl, _ := e.process(t, slowPolling)
+		wl, _ := e.process(t, namedOnly)
 		lockers = append(lockers, wl)
 		waiters = append(waiters, waitAndHold(ctx, wl, name))
 		e.requireLine(t, held.Key(), i+1, "waiter %d joins the line", i)
@@ -1366,8 +1377,8 @@ func TestRedlockTurnIsAnnouncedToItsLockerAlone(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.NoError(t, held.Release(ctx))
-	first := waiters[0].obtained(t, 5*time.Second, "woken by name")
-	msg, err := sub.ReceiveTimeout(ctx, time.Second)
+	first := waiters[0].obtained(t, redlockPatience, "woken by name")
+	msg, err := sub.ReceiveTimeout(ctx, redlockPatience) // sent before the waiter could have the lock
 	require.NoError(t, err)
 	m, ok := msg.(*redis.Message)
 	require.True(t, ok, "a message: %v", msg)
@@ -1376,7 +1387,7 @@ func TestRedlockTurnIsAnnouncedToItsLockerAlone(t *testing.T) {
 	_, err = sub.ReceiveTimeout(ctx, 200*time.Millisecond)
 	assert.Error(t, err, "nothing else: not on the lock's channel, not to the other Locker")
 	waiters[0].finish(t)
-	waiters[1].obtained(t, 5*time.Second, "the second's turn, on its channel")
+	waiters[1].obtained(t, redlockPatience, "the second's turn, on its channel")
 	waiters[1].finish(t)
 }
 
