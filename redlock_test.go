@@ -1325,18 +1325,47 @@ func TestRedlockSplitAskedAgainCleansUpWhatItCannotSee(t *testing.T) {
 	for i := 2; i < 5; i++ {
 		require.NoError(t, e.admins[i].Set(ctx, key, "another 1 someone", time.Minute).Err())
 	}
+	// Only an attempt that holds the first node asks again: the busy
+	// answers come after nodes 0 and 1 granted it, not before, whatever
+	// the order the machine runs the calls in. And the calls asked again
+	// get twice the nodes' answer time, at least 5ms, to reach node 2: as
+	// if the nodes had answered in 100ms lately (the attempt's own answers
+	// move that average by an eighth), so that they get there on a busy
+	// machine too.
+	l.b.(*quorum).answerTime.Store(int64(100 * time.Millisecond))
+	var firstTwo sync.WaitGroup
+	firstTwo.Add(2)
+	for i := range 2 {
+		var once sync.Once
+		e.hooks[i].set(nil, func(_ context.Context, cmd redis.Cmder) error {
+			if scriptName(cmd) == "redlock_grant" {
+				once.Do(firstTwo.Done)
+			}
+			return nil
+		})
+	}
 	var grants atomic.Int64
 	e.hooks[2].set(nil, func(c context.Context, cmd redis.Cmder) error {
 		if scriptName(cmd) != "redlock_grant" {
 			return nil
 		}
 		if grants.Add(1) == 1 {
+			firstTwo.Wait()
 			assert.NoError(t, e.admins[2].Del(ctx, key).Err()) // free when asked again
 			return nil
 		}
 		<-c.Done() // granted, and the answer lost
 		return c.Err()
 	})
+	for i := 3; i < 5; i++ {
+		var once sync.Once
+		e.hooks[i].set(nil, func(_ context.Context, cmd redis.Cmder) error {
+			if scriptName(cmd) == "redlock_grant" {
+				once.Do(firstTwo.Wait)
+			}
+			return nil
+		})
+	}
 	_, err := l.Acquire(ctx, name)
 	require.ErrorIs(t, err, ErrNotObtained)
 	assert.GreaterOrEqual(t, grants.Load(), int64(2), "node 2 asked again")
@@ -1347,7 +1376,7 @@ func TestRedlockSplitAskedAgainCleansUpWhatItCannotSee(t *testing.T) {
 			}
 		}
 		return true
-	}, 5*time.Second, 10*time.Millisecond, "nodes 0-2 given back, 3 and 4 still another's")
+	}, redlockPatience, 10*time.Millisecond, "nodes 0-2 given back, 3 and 4 still another's")
 }
 
 func TestRedlockTurnIsAnnouncedToItsLockerAlone(t *testing.T) {
