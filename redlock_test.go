@@ -625,6 +625,63 @@ func (e *redlockEnv) requireSubscribers(t *testing.T, i int, key string, n int, 
 	}, redlockPatience, time.Millisecond, msg)
 }
 
+// firstNodeFirst returns the after-hooks (see faultHook) for the clients,
+// one a node, of a Redlock Locker, and sets them on all but node 1's, whose
+// hook the caller sets with its own before-hook: a node other than the
+// first answers a grant (redlock_grant) of an attempt only once the first
+// node has answered the attempt's grant, or when the call's context ends.
+// An attempt joins the first node's line, and decides a split, only with
+// the first node's answer; the busy answers of the others, when they are
+// a quorum, end its reading of the answers after a grace of 5-100ms
+// (quorumGrace), which a busy machine can outlast before it runs the first
+// node's call.
+func firstNodeFirst(hooks []*faultHook) []func(context.Context, redis.Cmder) error {
+	var (
+		mu       sync.Mutex
+		answered = map[string]chan struct{}{} // closed once the first node answered the attempt's (token's) grant
+	)
+	first := func(token string) chan struct{} {
+		mu.Lock()
+		defer mu.Unlock()
+		if answered[token] == nil {
+			answered[token] = make(chan struct{})
+		}
+		return answered[token]
+	}
+	after := make([]func(context.Context, redis.Cmder) error, len(hooks))
+	for i := range hooks {
+		after[i] = func(c context.Context, cmd redis.Cmder) error {
+			if scriptName(cmd) != "redlock_grant" {
+				return nil
+			}
+			// EVALSHA sha numkeys key... token ...
+			args := cmd.Args()
+			numKeys, _ := args[2].(int)
+			token, _ := args[3+numKeys].(string)
+			ch := first(token)
+			if i == 0 {
+				mu.Lock()
+				select {
+				case <-ch: // asked again
+				default:
+					close(ch)
+				}
+				mu.Unlock()
+				return nil
+			}
+			select {
+			case <-ch:
+			case <-c.Done():
+			}
+			return nil
+		}
+		if i != 1 {
+			hooks[i].set(nil, after[i])
+		}
+	}
+	return after
+}
+
 // redlockPatience bounds the waits of the Redlock tests for what must
 // happen (a waiter in line, a subscription, a message already sent): long
 // enough that only its not happening fails a test, not a busy machine.
@@ -688,7 +745,7 @@ func TestRedlockReleaseWakesTheNextInLine(t *testing.T) {
 	// Three waiters, each a process of its own, join the first node's line
 	// in turn. A release wakes the first in line alone: the others make no
 	// attempt until their turn, and each turn comes by the release (their
-	// pauses are 10-20s, the lock's TTL a minute). Before the line, every
+	// pauses are minutes, the lock's TTL a minute). Before the line, every
 	// release woke every waiter, and each tried.
 	e := newRedlockEnv(t, 3, nil)
 	l, name, held := e.holding(t)
@@ -697,13 +754,17 @@ func TestRedlockReleaseWakesTheNextInLine(t *testing.T) {
 	// attempt, until it holds the lock.
 	grants := make([]atomic.Int64, 3)
 	for i := range 3 {
-		wl, h := e.process(t, slowPolling)
+		wl, h := e.process(t, namedOnly)
+		// An attempt joins the line only when it has the first node's
+		// answer: nodes 1 and 2 say busy after it, whatever the order the
+		// machine runs the calls in (see firstNodeFirst).
+		after := firstNodeFirst(h)
 		h[1].set(func(_ context.Context, cmd redis.Cmder) error {
 			if cmd.Name() == "evalsha" || cmd.Name() == "eval" {
 				grants[i].Add(1)
 			}
 			return nil
-		}, nil)
+		}, after[1])
 		waiters = append(waiters, waitAndHold(ctx, wl, name))
 		e.requireLine(t, held.Key(), i+1, "waiter %d joins the line", i)
 	}
@@ -722,22 +783,24 @@ func TestRedlockReleaseWakesTheNextInLine(t *testing.T) {
 	released := time.Now()
 	require.NoError(t, held.Release(ctx))
 	for turn := range 3 {
-		waiters[turn].obtained(t, 5*time.Second, "woken by name")
-		assert.Less(t, time.Since(released), 5*time.Second, "turn %d: by the release, not a pause", turn)
+		// Within redlockPatience, less than the waiters' pauses: by the
+		// release, not a pause.
+		waiters[turn].obtained(t, redlockPatience, "woken by name")
+		t.Logf("turn %d: the lock %v after the release", turn, time.Since(released))
 		time.Sleep(100 * time.Millisecond) // a waiter woken in vain would try meanwhile
 		for later := turn + 1; later < 3; later++ {
 			assert.Equal(t, before[later], attempts(later), "turn %d: waiter %d made no attempt", turn, later)
 		}
 		assert.Eventually(t, func() bool { // node 0 may answer after the quorum
 			return slices.Equal(members[turn+1:], lineOf(t, e.admins[0], held.Key()))
-		}, 2*time.Second, time.Millisecond, "turn %d: the lease's call left the line, the others kept their places", turn)
+		}, redlockPatience, time.Millisecond, "turn %d: the lease's call left the line, the others kept their places", turn)
 		released = time.Now()
 		waiters[turn].finish(t)
 	}
 	assert.Eventually(t, func() bool {
 		n, err := e.admins[0].Exists(ctx, held.Key()+":q", held.Key()+":qi").Result()
 		return err == nil && n == 0
-	}, 2*time.Second, time.Millisecond, "no line is left behind")
+	}, redlockPatience, time.Millisecond, "no line is left behind")
 	info, err := l.Inspect(ctx, name)
 	require.NoError(t, err)
 	assert.GreaterOrEqual(t, info.Waiters, 1, "the last waiter's subscription lingers, as LockInfo says")
