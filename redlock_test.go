@@ -1272,7 +1272,12 @@ func TestRedlockReleaseReportsADoubleGrant(t *testing.T) {
 	e := newRedlockEnv(t, 3, &redis.Options{MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
 	unreachable := errors.New("node 2 unreachable from A")
 	e.hooks[2].set(func(context.Context, redis.Cmder) error { return unreachable }, nil)
-	a := e.locker(t, &Options{TTL: 3 * time.Second})
+	// A's first renewal comes at a third of its TTL: had it come before B
+	// took nodes 1 and 2, it would have taken node 1 back (a renewal repairs
+	// a node that lost the lock), and B, waiting inside A's work, would
+	// never have got a quorum. With 3s, a loaded machine's B was slower
+	// than that second. B waits redlockPatience, a third of A's TTL.
+	a := e.locker(t, &Options{TTL: 3 * redlockPatience})
 
 	var clients []redis.UniversalClient
 	for _, s := range e.srvs {
@@ -1288,11 +1293,11 @@ func TestRedlockReleaseReportsADoubleGrant(t *testing.T) {
 	// 100ms timeout) is tried again; it changes nothing else here.
 	err = a.RunWithLock(ctx, name, func(ctx context.Context, lease *Lease) error {
 		e.srvs[1].Restart() // A's lock lost on node 1: A now holds {0} only
-		bl, err := b.Acquire(ctx, name, WithWait(2*time.Second))
+		bl, err := b.Acquire(ctx, name, WithWait(redlockPatience))
 		require.NoError(t, err, "B gets {1, 2}: a quorum")
 		bFence = bl.Fence()
-		return nil // A's work returns well before its deadline (TTL 3s)
-	}, WithWait(2*time.Second))
+		return nil // A's work returns before its first renewal
+	}, WithWait(redlockPatience))
 	require.NotZero(t, bFence, "A's work did not run: %v", err)
 	// B held a quorum while A's work ran: mutual exclusion was broken.
 	require.ErrorIs(t, err, ErrLost, "A's RunWithLock reports the loss")
