@@ -8,8 +8,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"go.uber.org/goleak"
 
 	"github.com/fencelock/fencelock/internal/redistest"
@@ -31,6 +33,17 @@ func TestMain(m *testing.M) {
 // uniqueName returns a lock name unique to the test.
 func uniqueName(t *testing.T) string {
 	return strings.NewReplacer("/", ".", " ", "_").Replace(t.Name())
+}
+
+// assertTTLLeft checks that got is what a server had left, when it was
+// read (just before the call), of a TTL of ttl that it set after since:
+// at most ttl, at least ttl less the time since then, and 1ms (PTTL counts
+// whole milliseconds). "Within a second of ttl" is the machine's speed: a
+// busy one read 8.4s left of 10s.
+func assertTTLLeft(t *testing.T, got, ttl time.Duration, since time.Time, msgAndArgs ...any) bool {
+	t.Helper()
+	return assert.LessOrEqual(t, got, ttl, msgAndArgs...) &&
+		assert.GreaterOrEqual(t, got, ttl-time.Since(since)-time.Millisecond, msgAndArgs...)
 }
 
 // errReplyLost is what faultHook returns in place of a reply it dropped.
