@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -731,8 +732,19 @@ func TestHugeMaxRetryBackoffDoesNotPanic(t *testing.T) {
 	name := uniqueName(t)
 	held, err := l.Acquire(ctx, name)
 	require.NoError(t, err)
-	acquires := countScript(e, "acquire")
-	_, err = l.Acquire(ctx, name, WithWait(300*time.Millisecond))
+	// The wait ends once the attempts are enough for the backoff to have
+	// doubled past MaxInt64: an event, not a time (a loaded machine made
+	// 62 attempts in 300ms).
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var acquires atomic.Int64
+	e.hook.set(nil, func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == "acquire" && acquires.Add(1) > 64 {
+			cancel()
+		}
+		return nil
+	})
+	_, err = l.Acquire(wctx, name, WithWait(time.Minute))
 	require.ErrorIs(t, err, ErrNotObtained)
 	assert.Greater(t, acquires.Load(), int64(64), "enough attempts for the backoff to have doubled past MaxInt64")
 	require.NoError(t, held.Release(ctx))
