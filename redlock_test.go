@@ -629,12 +629,14 @@ func (e *redlockEnv) requireSubscribers(t *testing.T, i int, key string, n int, 
 // one a node, of a Redlock Locker, and sets them on all but node 1's, whose
 // hook the caller sets with its own before-hook: a node other than the
 // first answers a grant (redlock_grant) of an attempt only once the first
-// node has answered the attempt's grant, or when the call's context ends.
-// An attempt joins the first node's line, and decides a split, only with
-// the first node's answer; the busy answers of the others, when they are
-// a quorum, end its reading of the answers after a grace of 5-100ms
-// (quorumGrace), which a busy machine can outlast before it runs the first
-// node's call.
+// node has answered the attempt's grant (or the call's context ends), and
+// maxGrace after that. An attempt joins the first node's line, and decides
+// a split, only with the first node's answer; the busy answers of the
+// others, when they are a quorum, end its reading of the answers after a
+// grace of 5-100ms (quorumGrace), which a busy machine can outlast before
+// it runs the first node's call. The first node's answer is read when its
+// goroutine hands it on, after the hook: the others' maxGrace later gives
+// it that, and a grace of maxGrace after them.
 func firstNodeFirst(hooks []*faultHook) []func(context.Context, redis.Cmder) error {
 	var (
 		mu       sync.Mutex
@@ -671,6 +673,7 @@ func firstNodeFirst(hooks []*faultHook) []func(context.Context, redis.Cmder) err
 			}
 			select {
 			case <-ch:
+				time.Sleep(maxGrace)
 			case <-c.Done():
 			}
 			return nil
@@ -755,6 +758,10 @@ func TestRedlockReleaseWakesTheNextInLine(t *testing.T) {
 	grants := make([]atomic.Int64, 3)
 	for i := range 3 {
 		wl, h := e.process(t, namedOnly)
+		// The line's channel lingers redlockPatience after its last
+		// waiter left (channelLinger, 1s, otherwise): the check of it at
+		// the end does not race the machine.
+		wl.b.(*quorum).nodes[0].waits.keep = redlockPatience
 		// An attempt joins the line only when it has the first node's
 		// answer: nodes 1 and 2 say busy after it, whatever the order the
 		// machine runs the calls in (see firstNodeFirst).
@@ -1395,12 +1402,13 @@ func TestRedlockSplitAskedAgainCleansUpWhatItCannotSee(t *testing.T) {
 		require.NoError(t, e.admins[i].Set(ctx, key, "another 1 someone", time.Minute).Err())
 	}
 	// Only an attempt that holds the first node asks again: the busy
-	// answers come after nodes 0 and 1 granted it, not before, whatever
-	// the order the machine runs the calls in. And the calls asked again
-	// get twice the nodes' answer time, at least 5ms, to reach node 2: as
-	// if the nodes had answered in 100ms lately (the attempt's own answers
-	// move that average by an eighth), so that they get there on a busy
-	// machine too.
+	// answers come after nodes 0 and 1 granted it (and maxGrace after, for
+	// their goroutines to hand the grants on; see firstNodeFirst), not
+	// before, whatever the order the machine runs the calls in. And the
+	// calls asked again get twice the nodes' answer time, at least 5ms, to
+	// reach node 2: as if the nodes had answered in 100ms lately (the
+	// attempt's own answers move that average by an eighth), so that they
+	// get there on a busy machine too.
 	l.b.(*quorum).answerTime.Store(int64(100 * time.Millisecond))
 	var firstTwo sync.WaitGroup
 	firstTwo.Add(2)
@@ -1420,6 +1428,7 @@ func TestRedlockSplitAskedAgainCleansUpWhatItCannotSee(t *testing.T) {
 		}
 		if grants.Add(1) == 1 {
 			firstTwo.Wait()
+			time.Sleep(maxGrace)
 			assert.NoError(t, e.admins[2].Del(ctx, key).Err()) // free when asked again
 			return nil
 		}
@@ -1430,7 +1439,7 @@ func TestRedlockSplitAskedAgainCleansUpWhatItCannotSee(t *testing.T) {
 		var once sync.Once
 		e.hooks[i].set(nil, func(_ context.Context, cmd redis.Cmder) error {
 			if scriptName(cmd) == "redlock_grant" {
-				once.Do(firstTwo.Wait)
+				once.Do(func() { firstTwo.Wait(); time.Sleep(maxGrace) })
 			}
 			return nil
 		})
