@@ -1085,18 +1085,23 @@ func TestRedlockReleaseReachesSlowNodes(t *testing.T) {
 }
 
 func TestRedlockMinorityHungKeepsDeadlines(t *testing.T) {
-	e := newRedlockEnv(t, 3, nil) // go-redis's defaults: a hung node's calls wait 3s
-	l := e.locker(t, &Options{TTL: 600 * time.Millisecond})
+	// A hung node's calls wait ReadTimeout, 30s: ten times the TTL. A call
+	// that waited for it would outlast the lease; the bounds below are
+	// fractions of it, which a busy machine does not reach (with go-redis's
+	// 3s, a TTL of 600ms and "acquired within 300ms", it could).
+	const hang, ttl = 30 * time.Second, 3 * time.Second
+	e := newRedlockEnv(t, 3, &redis.Options{ReadTimeout: hang})
+	l := e.locker(t, &Options{TTL: ttl})
 	e.srvs[2].Pause()
 	t.Cleanup(e.srvs[2].Resume)
 	start := time.Now()
 	err := l.RunWithLock(ctx, uniqueName(t), func(ctx context.Context, lease *Lease) error {
-		assert.Less(t, time.Since(start), 300*time.Millisecond, "acquired without waiting for the hung node")
-		time.Sleep(1500 * time.Millisecond) // renewed by the two other nodes
+		assert.Less(t, time.Since(start), hang/3, "acquired without waiting for the hung node")
+		time.Sleep(ttl + ttl/2) // renewed by the two other nodes
 		return ctx.Err()
 	})
 	require.NoError(t, err)
-	assert.Less(t, time.Since(start), 2500*time.Millisecond, "released without waiting for the hung node")
+	assert.Less(t, time.Since(start), ttl+ttl/2+hang/3, "released without waiting for the hung node")
 }
 
 func TestRedlockInspect(t *testing.T) {
