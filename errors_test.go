@@ -509,7 +509,10 @@ func TestCtxEndedErrors(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t, nil)
 		l := e.locker(t, nil)
-		open := e.locker(t, &Options{FailOpen: true})
+		// Its attempts end at half the time left (AttemptTimeout is
+		// longer): 2s of a 4s deadline, leaving 2s to decide and run the
+		// work. With 100ms of 200ms, a busy machine's pause left none.
+		open := e.locker(t, &Options{FailOpen: true, AttemptTimeout: time.Minute})
 		name := uniqueName(t)
 		require.NoError(t, e.client.Ping(ctx).Err())
 		pause(t, e.srv)
@@ -526,9 +529,9 @@ func TestCtxEndedErrors(t *testing.T) {
 		requireNoVerdict(t, err, context.Canceled, "cancelled Acquire")
 
 		ran := false
-		err = open.RunWithLock(withTimeout(t, 200*time.Millisecond), name, work(&ran))
+		err = open.RunWithLock(withTimeout(t, 4*time.Second), name, work(&ran))
 		require.NoError(t, err, "RunWithLock")
-		assert.True(t, ran, "FailOpen: the attempt ended at 100ms, half the time left, and the work ran degraded")
+		assert.True(t, ran, "FailOpen: the attempt ended at 2s, half the time left, and the work ran degraded")
 	})
 
 	t.Run("already ended", func(t *testing.T) {
