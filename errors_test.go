@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -510,7 +511,10 @@ func TestCtxEndedErrors(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t, nil)
 		l := e.locker(t, nil)
-		open := e.locker(t, &Options{FailOpen: true})
+		// Its attempts end at half the time left (AttemptTimeout is
+		// longer): 2s of a 4s deadline, leaving 2s to decide and run the
+		// work. With 100ms of 200ms, a busy machine's pause left none.
+		open := e.locker(t, &Options{FailOpen: true, AttemptTimeout: time.Minute})
 		name := uniqueName(t)
 		require.NoError(t, e.client.Ping(ctx).Err())
 		pause(t, e.srv)
@@ -527,9 +531,9 @@ func TestCtxEndedErrors(t *testing.T) {
 		requireNoVerdict(t, err, context.Canceled, "cancelled Acquire")
 
 		ran := false
-		err = open.RunWithLock(withTimeout(t, 200*time.Millisecond), name, work(&ran))
+		err = open.RunWithLock(withTimeout(t, 4*time.Second), name, work(&ran))
 		require.NoError(t, err, "RunWithLock")
-		assert.True(t, ran, "FailOpen: the attempt ended at 100ms, half the time left, and the work ran degraded")
+		assert.True(t, ran, "FailOpen: the attempt ended at 2s, half the time left, and the work ran degraded")
 	})
 
 	t.Run("already ended", func(t *testing.T) {
@@ -733,8 +737,19 @@ func TestHugeMaxRetryBackoffDoesNotPanic(t *testing.T) {
 	name := uniqueName(t)
 	held, err := l.Acquire(ctx, name)
 	require.NoError(t, err)
-	acquires := countScript(e, "acquire")
-	_, err = l.Acquire(ctx, name, WithWait(300*time.Millisecond))
+	// The wait ends once the attempts are enough for the backoff to have
+	// doubled past MaxInt64: an event, not a time (a loaded machine made
+	// 62 attempts in 300ms).
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var acquires atomic.Int64
+	e.hook.set(nil, func(_ context.Context, cmd redis.Cmder) error {
+		if scriptName(cmd) == "acquire" && acquires.Add(1) > 64 {
+			cancel()
+		}
+		return nil
+	})
+	_, err = l.Acquire(wctx, name, WithWait(time.Minute))
 	require.ErrorIs(t, err, ErrNotObtained)
 	assert.Greater(t, acquires.Load(), int64(64), "enough attempts for the backoff to have doubled past MaxInt64")
 	require.NoError(t, held.Release(ctx))

@@ -67,19 +67,27 @@ func TestFencesIncreaseAfterTheCounterExpired(t *testing.T) {
 	// acquisition; fences issued after it expired are still greater,
 	// because each is floored by the server's clock.
 	e := newEnv(t, nil)
-	l := e.locker(t, &Options{FenceRetention: 100 * time.Millisecond})
+	const retention = 100 * time.Millisecond
+	l := e.locker(t, &Options{FenceRetention: retention})
 	name := uniqueName(t)
 	_, fenceKey := l.keys(name)
 	var last int64
 	for i := range 3 {
+		before := time.Now()
 		lease, err := l.Acquire(ctx, name)
 		require.NoError(t, err)
 		assert.Greater(t, lease.Fence(), last, "acquisition %d", i)
 		last = lease.Fence()
 		pttl, err := e.admin.PTTL(ctx, fenceKey).Result()
 		require.NoError(t, err)
-		assert.Positive(t, pttl, "the counter expires")
-		assert.LessOrEqual(t, pttl, 100*time.Millisecond)
+		if pttl == -2*time.Nanosecond { // no such key: go-redis's -2
+			// Already expired: only once the retention has passed since
+			// the acquisition (a busy machine read it 100ms late).
+			assert.GreaterOrEqual(t, time.Since(before), retention, "the counter gone before its retention passed")
+		} else {
+			assert.Positive(t, pttl, "the counter expires")
+			assert.LessOrEqual(t, pttl, retention)
+		}
 		require.NoError(t, lease.Release(ctx))
 		require.Eventually(t, func() bool {
 			n, err := e.admin.Exists(ctx, fenceKey).Result()
@@ -91,10 +99,13 @@ func TestFencesIncreaseAfterTheCounterExpired(t *testing.T) {
 func TestManyNamesLeaveNothingBehind(t *testing.T) {
 	// 100 000 distinct names acquired and released (as a service locking
 	// order:<id> does): once the retention has passed, every key the library
-	// wrote is gone and Redis's memory is back at its baseline.
+	// wrote is gone and Redis's memory is back at its baseline. Under the
+	// race detector, a fifth of them (scaleLocks): 100 000 took two
+	// minutes of the package's ten on a loaded machine.
 	if testing.Short() {
 		t.Skip("100 000 acquisitions; skipped with -short")
 	}
+	names := int64(scaleLocks(100_000))
 	e := newEnv(t, nil)
 	const retention = 3 * time.Second
 	l := e.locker(t, &Options{FenceRetention: retention, ReleaseTimeout: time.Second})
@@ -143,13 +154,13 @@ func TestManyNamesLeaveNothingBehind(t *testing.T) {
 	before := memory()
 
 	start := time.Now()
-	run("order:", 100_000)
+	run("order:", names)
 	elapsed := time.Since(start)
 	peakKeys, peak := e.admin.DBSize(ctx).Val(), memory()
 	require.Eventually(t, drained, 30*time.Second, 50*time.Millisecond, "every key expires after the retention")
 	after := memory()
-	t.Logf("100000 names acquired and released in %v; right after: %d keys (those of the last %v), memory (used_memory less client buffers) %d bytes; "+
-		"before: %d bytes; once expired: %d bytes", elapsed.Round(time.Millisecond), peakKeys, retention, peak, before, after)
+	t.Logf("%d names acquired and released in %v; right after: %d keys (those of the last %v), memory (used_memory less client buffers) %d bytes; "+
+		"before: %d bytes; once expired: %d bytes", names, elapsed.Round(time.Millisecond), peakKeys, retention, peak, before, after)
 	assert.Less(t, after-before, int64(256<<10), "memory back at its baseline (within 256 KiB)")
 }
 

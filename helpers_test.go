@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"go.uber.org/goleak"
 
 	"github.com/fencelock/fencelock/internal/deployment"
@@ -38,6 +39,17 @@ func TestMain(m *testing.M) {
 // uniqueName returns a lock name unique to the test.
 func uniqueName(t *testing.T) string {
 	return strings.NewReplacer("/", ".", " ", "_").Replace(t.Name())
+}
+
+// assertTTLLeft checks that got is what a server had left, when it was
+// read (just before the call), of a TTL of ttl that it set after since:
+// at most ttl, at least ttl less the time since then, and 1ms (PTTL counts
+// whole milliseconds). "Within a second of ttl" is the machine's speed: a
+// busy one read 8.4s left of 10s.
+func assertTTLLeft(t *testing.T, got, ttl time.Duration, since time.Time, msgAndArgs ...any) bool {
+	t.Helper()
+	return assert.LessOrEqual(t, got, ttl, msgAndArgs...) &&
+		assert.GreaterOrEqual(t, got, ttl-time.Since(since)-time.Millisecond, msgAndArgs...)
 }
 
 // errReplyLost is what faultHook returns in place of a reply it dropped.
@@ -166,6 +178,11 @@ func (l *Locker) keys(name string) (key, fenceKey string) {
 
 // waitsOf returns the notifier of a Locker made by New.
 func waitsOf(l *Locker) *notify.Notifier { return l.store.(*deployment.Deployment).Notifier() }
+
+// nodeWaits returns the notifier of a Redlock's node i.
+func nodeWaits(l *Locker, i int) *notify.Notifier {
+	return l.checks[i].single.(*deployment.Deployment).Notifier()
+}
 
 // openHubs returns how many subscription connections l has open.
 func openHubs(l *Locker) int { return waitsOf(l).Hubs() }

@@ -454,11 +454,15 @@ func TestRunWithLocksLoss(t *testing.T) {
 	}
 
 	// Released after work, also when it panics; work's error is returned.
+	// The work outlives the TTL, renewed every third of it: a TTL of 2s
+	// leaves the renewals 1.3s to get through on a busy machine (at 150ms,
+	// a pause of 100ms lost the leases).
 	errWork := errors.New("work failed")
+	const ttl = 2 * time.Second
 	err = l.RunWithLocks(ctx, names, func(ctx context.Context, leases []*Lease) error {
-		time.Sleep(400 * time.Millisecond) // renewed past the TTL
+		time.Sleep(ttl + ttl/4) // renewed past the TTL
 		return errWork
-	}, WithTTL(150*time.Millisecond))
+	}, WithTTL(ttl))
 	require.ErrorIs(t, err, errWork)
 	require.NotErrorIs(t, err, ErrLost)
 	func() {

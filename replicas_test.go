@@ -371,33 +371,43 @@ func TestReplicasShortWaitStillGivesBackAWrite(t *testing.T) {
 // dead token that would hold it, with nobody, for a whole TTL.
 func TestReplicasFairWaiterLeavesNoDeadEntries(t *testing.T) {
 	t.Parallel()
-	_, rs, l, admin := replicated(t, 1, &Options{Replicas: 1, ReplicaTimeout: 20 * time.Millisecond})
+	// ReplicaTimeout 250ms: a resumed replica acknowledges within it on a
+	// loaded machine (with 20ms, the release after the resume was once
+	// short of it). A dead token would hold the lock for its TTL, a
+	// minute: the hand-over at the release comes well before.
+	const replicaTimeout, ttl = 250 * time.Millisecond, time.Minute
+	_, rs, l, admin := replicated(t, 1, &Options{Replicas: 1, ReplicaTimeout: replicaTimeout})
 	name := uniqueName(t)
-	held, err := l.Acquire(ctx, name, WithTTL(5*time.Second))
+	held, err := l.Acquire(ctx, name, WithTTL(ttl))
 	require.NoError(t, err)
 	rs[0].Pause()
 	t.Cleanup(rs[0].Resume)
 	got := make(chan *Lease, 1)
 	go func() {
-		lease, err := l.Acquire(ctx, name, WithWait(20*time.Second), WithFair(), WithTTL(5*time.Second))
+		lease, err := l.Acquire(ctx, name, WithWait(2*ttl), WithFair(), WithTTL(ttl))
 		if err != nil {
 			t.Errorf("fair Acquire: %v", err)
 		}
 		got <- lease
 	}()
-	time.Sleep(700 * time.Millisecond) // several attempts and keep-alives, each short of the replica
+	time.Sleep(4 * replicaTimeout) // several attempts and keep-alives, each short of the replica
 	n, err := admin.ZCard(ctx, held.Key()+":q").Result()
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), n, "one entry in line, the waiter's")
 	rs[0].Resume()
+	// The replica has caught up (WAIT returns when it has acknowledged
+	// every write so far) before the release waits for it.
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	require.NoError(t, admin.Do(wctx, "WAIT", 1, 0).Err())
 	released := time.Now()
 	require.NoError(t, held.Release(ctx))
 	select {
 	case lease := <-got:
 		require.NotNil(t, lease)
-		assert.Less(t, time.Since(released), 2*time.Second, "handed the lock at the release, not after a dead token's TTL (5s)")
+		assert.Less(t, time.Since(released), ttl/2, "handed the lock at the release, not after a dead token's TTL")
 		require.NoError(t, lease.Release(ctx))
-	case <-time.After(10 * time.Second):
+	case <-time.After(ttl):
 		t.Fatal("the fair waiter did not get the lock")
 	}
 }

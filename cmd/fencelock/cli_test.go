@@ -102,16 +102,17 @@ func TestLs(t *testing.T) {
 	b := newLocker(t, client, "pod-b (pid 2)", nil)
 
 	held := acquire(t, a, "job:held")
+	beforeWaited := time.Now() // job:waited's TTL, heldTTL, runs from after this
 	waited := acquire(t, b, "job:waited")
 	w := startWaiter(t, a, "job:waited")
-	eventually(t, 5*time.Second, "the waiter subscribed", func() bool { return waiters(t, a, "job:waited") == 1 })
+	eventually(t, patience, "the waiter subscribed", func() bool { return waiters(t, a, "job:waited") == 1 })
 	acquire(t, a, "job:expired", fencelock.WithTTL(50*time.Millisecond))
 	released := acquire(t, a, "job:released")
 	if err := released.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	other := acquire(t, b, "other")
-	eventually(t, 5*time.Second, "job:expired expired", func() bool {
+	eventually(t, patience, "job:expired expired", func() bool {
 		info, err := a.Inspect(ctx, "job:expired")
 		return err == nil && !info.Held
 	})
@@ -136,14 +137,16 @@ func TestLs(t *testing.T) {
 		Locks   []lockJSON
 	}
 	fl(t, "ls", "--json", "job:*", "--url", u).want(t, exitOK).jsonOut(t, &doc)
+	minTTL, maxTTL := ttlBounds(beforeWaited) // ttl_ms: what was left when ls read it
 	if doc.Prefix != "lock:" || doc.Pattern != "job:*" || len(doc.Locks) != 2 {
 		t.Fatalf("ls --json job:* = %+v, want the 2 held job: locks", doc)
 	}
 	got := doc.Locks[1]
 	if got.Name != "job:waited" || got.Key != "lock:{job:waited}" || !got.Held || got.Owner != "pod-b (pid 2)" ||
 		got.Fence != waited.Fence() || got.LastFence != waited.Fence() || got.Waiters != 1 ||
-		got.TTLMillis <= 20000 || got.TTLMillis > 30000 {
-		t.Fatalf("ls --json: %+v, want job:waited held by pod-b with fence %d, 1 waiter, TTL about 30s", got, waited.Fence())
+		got.TTLMillis < minTTL || got.TTLMillis > maxTTL {
+		t.Fatalf("ls --json: %+v, want job:waited held by pod-b with fence %d, 1 waiter, TTL in [%d, %d] ms",
+			got, waited.Fence(), minTTL, maxTTL)
 	}
 
 	// Piped, no match still says so, on stderr (issue 28), and stdout
@@ -169,7 +172,7 @@ func TestLs(t *testing.T) {
 }
 
 // checkTSV compares ls's tab-separated output with want, where a TTL
-// field of * matches a TTL in (0, 30000] milliseconds.
+// field of * matches a TTL in (0, heldTTL] milliseconds.
 func checkTSV(t *testing.T, got, want string) {
 	t.Helper()
 	gl, wl := strings.Split(got, "\n"), strings.Split(want, "\n")
@@ -183,7 +186,7 @@ func checkTSV(t *testing.T, got, want string) {
 		}
 		for j := range gf {
 			if wf[j] == "*" {
-				if ms, err := strconv.Atoi(gf[j]); err != nil || ms <= 0 || ms > 120000 { // the tests' TTLs are at most 2 minutes
+				if ms, err := strconv.Atoi(gf[j]); err != nil || ms <= 0 || int64(ms) > heldTTL.Milliseconds() { // the tests' TTLs are at most heldTTL
 					t.Fatalf("ls line %q: TTL %q", gl[i], gf[j])
 				}
 				continue
@@ -200,9 +203,10 @@ func TestInspect(t *testing.T) {
 	srv := redistest.Start(t)
 	u := urlOf(srv)
 	a := newLocker(t, srv.Client(nil), "pod-a (pid 1)", nil)
+	before := time.Now()
 	lease := acquire(t, a, "settlement:2026-11-29")
 	w := startWaiter(t, a, "settlement:2026-11-29")
-	eventually(t, 5*time.Second, "the waiter subscribed", func() bool { return waiters(t, a, "settlement:2026-11-29") == 1 })
+	eventually(t, patience, "the waiter subscribed", func() bool { return waiters(t, a, "settlement:2026-11-29") == 1 })
 
 	fl(t, "inspect", "settlement:2026-11-29", "--url", u).want(t, exitOK).wantOut(t,
 		"name        settlement:2026-11-29\n",
@@ -214,17 +218,18 @@ func TestInspect(t *testing.T) {
 		"waiters     1 (a running watch counts too)\n")
 	var got lockJSON
 	fl(t, "inspect", "--url", u, "--json", "settlement:2026-11-29").want(t, exitOK).jsonOut(t, &got)
+	minTTL, maxTTL := ttlBounds(before) // ttl_ms: what was left when inspect read it
 	want := lockJSON{Name: "settlement:2026-11-29", Key: "lock:{settlement:2026-11-29}", Held: true, Owner: "pod-a (pid 1)",
 		TTLMillis: got.TTLMillis, Fence: lease.Fence(), LastFence: lease.Fence(), Waiters: 1}
-	if got != want || got.TTLMillis <= 20000 || got.TTLMillis > 30000 {
-		t.Fatalf("inspect --json = %+v, want %+v with a TTL about 30s", got, want)
+	if got != want || got.TTLMillis < minTTL || got.TTLMillis > maxTTL {
+		t.Fatalf("inspect --json = %+v, want %+v with a TTL in [%d, %d] ms", got, want, minTTL, maxTTL)
 	}
 
 	// Released: the waiter has it; then released again, it is free.
 	if err := lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	next, err := w.result(t, 5*time.Second)
+	next, err := w.result(t, patience)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +256,7 @@ func TestWatchCountsAsWaiter(t *testing.T) {
 	acquire(t, a, "job")
 	w := startWatch(t, "--url", u, "job")
 	w.expect(t, evHeld, 0)
-	eventually(t, 5*time.Second, "the watch subscribed", func() bool { return waiters(t, a, "job") == 1 })
+	eventually(t, patience, "the watch subscribed", func() bool { return waiters(t, a, "job") == 1 })
 	fl(t, "inspect", "--url", u, "job").want(t, exitOK).wantOut(t, "waiters     1 (a running watch counts too)\n")
 	fl(t, "help", "ls").want(t, exitOK).wantOut(t, "A running watch counts as one waiter.")
 }
@@ -264,12 +269,13 @@ func TestReleaseForce(t *testing.T) {
 	u := urlOf(srv)
 	client := srv.Client(nil)
 	stuck := newLocker(t, client, "stuck-pod (pid 1)", nil)
-	// A waiter that, without a wake-up, would sleep 10s between attempts.
-	patient := newLocker(t, client, "next-pod", &fencelock.Options{MinRetryBackoff: 10 * time.Second, MaxRetryBackoff: 10 * time.Second})
+	// A waiter that, without a wake-up, would sleep heldTTL between
+	// attempts: it gets the lock within patience only by the wake-up.
+	patient := newLocker(t, client, "next-pod", &fencelock.Options{MinRetryBackoff: heldTTL, MaxRetryBackoff: heldTTL})
 
 	lease := acquire(t, stuck, "job")
 	w := startWaiter(t, patient, "job")
-	eventually(t, 5*time.Second, "the waiter subscribed", func() bool { return waiters(t, stuck, "job") == 1 })
+	eventually(t, patience, "the waiter subscribed", func() bool { return waiters(t, stuck, "job") == 1 })
 
 	what := fmt.Sprintf(`lock "job" held by stuck-pod (pid 1), fence %d, `, lease.Fence())
 	fl(t, "release", "--url", u, "--force", "job").want(t, exitFailed).
@@ -280,7 +286,7 @@ func TestReleaseForce(t *testing.T) {
 
 	start := time.Now()
 	fl(t, "release", "--url", u, "--force", "--yes", "job").want(t, exitOK).wantOut(t, "deleted "+what)
-	next, err := w.result(t, 5*time.Second)
+	next, err := w.result(t, patience)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,7 +336,7 @@ func TestDatabase(t *testing.T) {
 	srv := redistest.Start(t)
 	client := srv.Client(&redis.Options{DB: 3})
 	a := newLocker(t, client, "db3", nil)
-	b := newLocker(t, client, "db3-next", &fencelock.Options{MinRetryBackoff: 10 * time.Second, MaxRetryBackoff: 10 * time.Second})
+	b := newLocker(t, client, "db3-next", &fencelock.Options{MinRetryBackoff: heldTTL, MaxRetryBackoff: heldTTL})
 	lease := acquire(t, a, "job")
 
 	fl(t, "inspect", "--url", urlOf(srv), "job").want(t, exitFailed)
@@ -339,9 +345,9 @@ func TestDatabase(t *testing.T) {
 	fl(t, "inspect", "--url", urlOf(srv)+"/3", "--db", "3", "job").want(t, exitOK)
 
 	w := startWaiter(t, b, "job")
-	eventually(t, 5*time.Second, "the waiter subscribed", func() bool { return waiters(t, a, "job") == 1 })
+	eventually(t, patience, "the waiter subscribed", func() bool { return waiters(t, a, "job") == 1 })
 	fl(t, "release", "--url", urlOf(srv)+"/3", "--force", "--yes", "job").want(t, exitOK)
-	next, err := w.result(t, 5*time.Second) // woken: its backoff is 10s
+	next, err := w.result(t, patience) // woken: its backoff is heldTTL
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -379,11 +385,11 @@ func TestWatch(t *testing.T) {
 	w.expect(t, evGrant, second.Fence())
 	waiter := startWaiter(t, b, "job", fencelock.WithTTL(300*time.Millisecond))
 	// The waiter and the watch.
-	eventually(t, 5*time.Second, "the waiter subscribed", func() bool { return waiters(t, a, "job") == 2 })
+	eventually(t, patience, "the waiter subscribed", func() bool { return waiters(t, a, "job") == 2 })
 	if err := second.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	third, err := waiter.result(t, 5*time.Second)
+	third, err := waiter.result(t, patience)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -422,10 +428,12 @@ func TestWatchFor(t *testing.T) {
 	srv := redistest.Start(t)
 	a := newLocker(t, srv.Client(nil), "pod-a (pid 1)", nil)
 	lease := acquire(t, a, "job")
+	// It exits by itself, 0 (fl kills a command still running after
+	// patience), after watching for 300ms at least.
 	start := time.Now()
 	r := fl(t, "watch", "job", "--for", "300ms", "--url", urlOf(srv)).want(t, exitOK)
-	if took := time.Since(start); took > 5*time.Second {
-		t.Fatalf("watch --for 300ms took %v", took)
+	if took := time.Since(start); took < 300*time.Millisecond {
+		t.Fatalf("watch --for 300ms returned after %v", took)
 	}
 	lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
 	if len(lines) != 1 || !strings.Contains(lines[0], fmt.Sprintf(` held fence=%d owner="pod-a (pid 1)" ttl=`, lease.Fence())) {
@@ -619,14 +627,14 @@ func TestWatchFairHandOff(t *testing.T) {
 	first := acquire(t, a, "job")
 	w.expect(t, evGrant, first.Fence())
 	waiter := startWaiter(t, b, "job", fencelock.WithFair())
-	eventually(t, 5*time.Second, "the waiter in line", func() bool {
+	eventually(t, patience, "the waiter in line", func() bool {
 		n, err := client.ZCard(ctx, "lock:{job}:q").Result()
 		return err == nil && n == 1
 	})
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	second, err := waiter.result(t, 5*time.Second)
+	second, err := waiter.result(t, patience)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,6 +51,28 @@ func TestMain(m *testing.M) {
 	}))
 }
 
+// How long the tests wait for what must happen (a command's exit, a
+// watch's event, a waiter's lock): long enough that only a hang fails,
+// not a slow run. On a busy 2-core machine a race-built command that
+// returns at once took up to 19s, and a watch more than 10s to print its
+// first line.
+const patience = 2 * time.Minute
+
+// heldTTL is the TTL of the locks the tests hold (newLocker's default) and
+// how long startWaiter waits: the locks must still be held, and the
+// waiters waiting, after the commands the test runs meanwhile, however
+// slowly those run (30s locks expired between one command and the next).
+// A Locker whose waiter must be woken, not poll, backs off as long: a
+// lock it gets within patience came by the wake-up.
+const heldTTL = 10 * time.Minute
+
+// ttlBounds bounds what is left, when read now, of the TTL of a lock of
+// heldTTL taken after before: at most heldTTL, at least heldTTL less the
+// time since before (and 1ms, as PTTL counts whole milliseconds).
+func ttlBounds(before time.Time) (lo, hi int64) {
+	return (heldTTL - time.Since(before)).Milliseconds() - 1, heldTTL.Milliseconds()
+}
+
 // result is what one run of the command did.
 type result struct {
 	stdout, stderr string
@@ -66,7 +88,7 @@ func fl(t *testing.T, args ...string) result {
 // flEnv runs the command with args and the extra environment variables.
 func flEnv(t *testing.T, extraEnv []string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binary, args...)
 	cmd.Env = append(environ(), extraEnv...)
@@ -156,6 +178,9 @@ func newLocker(t *testing.T, client redis.UniversalClient, owner string, opts *f
 		o = *opts
 	}
 	o.Owner = owner
+	if o.TTL == 0 {
+		o.TTL = heldTTL
+	}
 	l, err := fencelock.New(client, &o)
 	if err != nil {
 		t.Fatalf("New: %v", err)
@@ -204,8 +229,8 @@ type waiter struct {
 	took   time.Duration // from the start to the acquisition
 }
 
-// startWaiter starts an Acquire of name that waits up to 20s; stop it with
-// result, or let the test's cleanup end it.
+// startWaiter starts an Acquire of name that waits up to heldTTL; stop it
+// with result, or let the test's cleanup end it.
 func startWaiter(t *testing.T, l *fencelock.Locker, name string, opts ...fencelock.Option) *waiter {
 	t.Helper()
 	wctx, cancel := context.WithCancel(ctx)
@@ -213,7 +238,7 @@ func startWaiter(t *testing.T, l *fencelock.Locker, name string, opts ...fencelo
 	start := time.Now()
 	go func() {
 		defer close(w.done)
-		w.lease, w.err = l.Acquire(wctx, name, append([]fencelock.Option{fencelock.WithWait(20 * time.Second)}, opts...)...)
+		w.lease, w.err = l.Acquire(wctx, name, append([]fencelock.Option{fencelock.WithWait(heldTTL)}, opts...)...)
 		w.took = time.Since(start)
 	}()
 	t.Cleanup(func() { cancel(); <-w.done })
@@ -274,7 +299,7 @@ func startWatch(t *testing.T, args ...string) *watcher {
 	return w
 }
 
-// next returns the next event, failing the test after 10s.
+// next returns the next event, failing the test after patience.
 func (w *watcher) next(t *testing.T) map[string]any {
 	t.Helper()
 	select {
@@ -284,8 +309,8 @@ func (w *watcher) next(t *testing.T) map[string]any {
 		}
 		t.Logf("watch: %v", ev)
 		return ev
-	case <-time.After(10 * time.Second):
-		t.Fatalf("no event from watch within 10s")
+	case <-time.After(patience):
+		t.Fatalf("no event from watch within %v", patience)
 		return nil
 	}
 }

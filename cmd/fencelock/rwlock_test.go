@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/internal/redistest"
@@ -32,8 +31,8 @@ func TestRWLocks(t *testing.T) {
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go func() { _, _ = b.RWLock("catalogue").Acquire(wctx, fencelock.WithWait(time.Minute)) }()
-	eventually(t, 5*time.Second, "the writer waits", func() bool {
+	go func() { _, _ = b.RWLock("catalogue").Acquire(wctx, fencelock.WithWait(heldTTL)) }()
+	eventually(t, patience, "the writer waits", func() bool {
 		info, err := catalogue.Inspect(ctx)
 		return err == nil && info.WritersWaiting == 1
 	})

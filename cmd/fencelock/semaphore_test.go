@@ -21,13 +21,14 @@ func TestSemaphores(t *testing.T) {
 	client := srv.Client(nil)
 	a := newLocker(t, client, "pod-a (pid 1)", nil)
 	b := newLocker(t, client, "pod-b (pid 2)", nil)
-	// Two minutes: the permits must outlive the test's CLI runs, which took
-	// 25s once in CI (a 20s permit expired before release --force freed it).
-	x, err := a.Semaphore("api", 2).Acquire(ctx, fencelock.WithTTL(2*time.Minute))
+	// heldTTL, newLocker's: the permits must outlive the test's CLI runs,
+	// which took 25s once in CI (a 20s permit expired before release
+	// --force freed it).
+	x, err := a.Semaphore("api", 2).Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	y, err := b.Semaphore("api", 2).Acquire(ctx, fencelock.WithTTL(2*time.Minute))
+	y, err := b.Semaphore("api", 2).Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,13 +68,13 @@ func TestSemaphores(t *testing.T) {
 	// release --force --permit: a dry run, an unknown token, then for real.
 	w := make(chan error, 1)
 	go func() {
-		got, err := b.Semaphore("api", 2).Acquire(ctx, fencelock.WithWait(20*time.Second))
+		got, err := b.Semaphore("api", 2).Acquire(ctx, fencelock.WithWait(heldTTL))
 		if err == nil {
 			err = got.Release(ctx)
 		}
 		w <- err
 	}()
-	eventually(t, 5*time.Second, "the waiter subscribed", func() bool {
+	eventually(t, patience, "the waiter subscribed", func() bool {
 		info, err := b.Semaphore("api", 2).Inspect(ctx)
 		return err == nil && info.Waiters == 1
 	})
@@ -88,8 +89,8 @@ func TestSemaphores(t *testing.T) {
 		if err != nil {
 			t.Fatalf("the waiter: %v", err)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the waiter was not woken by the forced release")
+	case <-time.After(patience):
+		t.Fatal("the waiter did not get the permit the forced release freed")
 	}
 	if err := x.Extend(ctx, time.Minute); !errors.Is(err, fencelock.ErrNotHeld) {
 		t.Fatalf("the freed holder's Extend: %v, want ErrNotHeld", err)

@@ -127,7 +127,9 @@ func run(ctx context.Context, cfg Config) (res Result, err error) {
 		cfg.TTL = time.Second
 	}
 	// A bound on the whole story, so a pod that misbehaves cannot hang it.
-	ctx, cancel := context.WithTimeout(ctx, 20*time.Second+10*cfg.TTL)
+	// It starts five pod processes, in three steps: on a busy machine each
+	// step took 10s (30s in all, the bound once).
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute+10*cfg.TTL)
 	defer cancel()
 
 	st, err := demo.Start(ctx, cfg.Out, demo.Servers{RedisAddr: cfg.RedisAddr, DatabaseURL: cfg.DatabaseURL})

@@ -21,6 +21,11 @@ import (
 // authorization endpoint that issues access tokens and a quotes endpoint
 // that accepts only the current one. Like many providers, it keeps one
 // token per client: issuing a token revokes the previous one.
+//
+// Its time is the story's (setTime): the time of the instances' tick, not
+// the machine's clock. A token lives from the tick it was issued in, and
+// is judged at the tick of each call: a machine too busy to keep up with
+// the ticks runs the story slower, not differently.
 type tokenAPI struct {
 	*demo.HTTPServer // its URL, and Close
 
@@ -28,6 +33,7 @@ type tokenAPI struct {
 	latency  time.Duration // how long issuing a token takes
 
 	mu      sync.Mutex
+	now     time.Time       // guarded by mu; the story's time (setTime)
 	issued  map[string]bool // guarded by mu; every token issued
 	current string          // guarded by mu; the one token accepted, until expires
 	expires time.Time       // guarded by mu
@@ -63,7 +69,7 @@ func (a *tokenAPI) issue(w http.ResponseWriter, r *http.Request) {
 	a.mu.Lock()
 	tok := "tok-" + strconv.Itoa(len(a.issued)+1)
 	a.issued[tok] = true
-	a.current, a.expires = tok, time.Now().Add(a.lifetime) // the previous token is revoked
+	a.current, a.expires = tok, a.now.Add(a.lifetime) // the previous token is revoked
 	a.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(tokenResponse{AccessToken: tok, ExpiresInMS: a.lifetime.Milliseconds()})
@@ -79,7 +85,7 @@ func (a *tokenAPI) quote(w http.ResponseWriter, r *http.Request) {
 		reason = "unknown token"
 	case tok != a.current:
 		reason = "revoked"
-	case !time.Now().Before(a.expires):
+	case !a.now.Before(a.expires):
 		reason = "expired"
 	}
 	if reason != "" {
@@ -121,6 +127,13 @@ func (s APIStats) Failed() int {
 	return n
 }
 
+// setTime sets the API's time to now, the time of the instances' tick.
+func (a *tokenAPI) setTime(now time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.now = now
+}
+
 // stats returns the counts so far.
 func (a *tokenAPI) stats() APIStats {
 	a.mu.Lock()
@@ -142,8 +155,8 @@ func newAPIClient(base string) *apiClient {
 func (c *apiClient) close() { c.http.CloseIdleConnections() }
 
 // token asks the authorization endpoint for a new token, which revokes the
-// previous one.
-func (c *apiClient) token(ctx context.Context) (tok string, expires time.Time, err error) {
+// previous one. Its expiry counts from asked, when it was asked for.
+func (c *apiClient) token(ctx context.Context, asked time.Time) (tok string, expires time.Time, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/oauth/token", nil)
 	if err != nil {
 		return "", time.Time{}, err
@@ -160,8 +173,9 @@ func (c *apiClient) token(ctx context.Context) (tok string, expires time.Time, e
 	if err := json.NewDecoder(resp.Body).Decode(&tr); err != nil {
 		return "", time.Time{}, fmt.Errorf("token API: %w", err)
 	}
-	// The provider's clock is not ours: count the lifetime from the answer.
-	return tr.AccessToken, time.Now().Add(time.Duration(tr.ExpiresInMS) * time.Millisecond), nil
+	// The provider's clock is not ours: count the lifetime from the
+	// request, which comes before the provider's count starts.
+	return tr.AccessToken, asked.Add(time.Duration(tr.ExpiresInMS) * time.Millisecond), nil
 }
 
 // errRefused is a quote request refused with 401: the token was revoked or

@@ -39,7 +39,10 @@
 // callers meeting at one expiry, and needs no process to be paused. Each has
 // its own Redis client, database pool and HTTP client, as separate processes
 // would. They call the API in step, every 50ms, so that they notice the
-// expiry at the same moment, as busy instances do.
+// expiry at the same moment, as busy instances do. The story keeps its own
+// time, the ticks': the API counts a token's lifetime, and judges it, at
+// the time of the instances' tick, so that a machine too busy to keep up
+// runs the story slower, not differently.
 package main
 
 import (
@@ -220,8 +223,9 @@ func (s *setup) runInstances(ctx context.Context, locked bool) (res RunResult, e
 		instances = append(instances, in)
 	}
 
-	// The instances call the API in step: tick n is at start + n*callEvery.
-	// A round starts at a tick in which they find the token missing or
+	// The instances call the API in step: tick n is at start + n*callEvery,
+	// which is the API's time and the instances' during the tick (see
+	// tokenAPI), however long the tick's calls take. A round starts at a tick in which they find the token missing or
 	// expiring and lasts while they keep refreshing. Without the lock, only
 	// the first expiry (round 1) is told line by line, the others in one
 	// line each.
@@ -255,6 +259,7 @@ func (s *setup) runInstances(ctx context.Context, locked bool) (res RunResult, e
 			return res, context.Cause(ctx)
 		case <-t.C:
 		}
+		api.setTime(at)
 		stats := api.stats()
 		rec.setQuiet(quiet(round))
 		var wg sync.WaitGroup
@@ -444,7 +449,7 @@ func (in *instance) refreshFromStore(ctx context.Context, at time.Time, refused 
 		in.say("%s; the store has %s from %s: reusing it", what, stored.Token, stored.By)
 		return nil
 	}
-	tok, expires, err := in.api.token(ctx)
+	tok, expires, err := in.api.token(ctx, at)
 	if err != nil {
 		return fmt.Errorf("%s: %w", in.name, err)
 	}

@@ -52,6 +52,7 @@ func checkLocked(t *testing.T, r RunResult) {
 	assert.Len(t, rounds, r.Expiries, "rounds of refreshes")
 	tokens := make(map[string]bool)
 	for tick, fs := range rounds {
+		waited := false
 		require.Len(t, fs, len(instanceNames), "refreshes in the round of tick %d", tick)
 		issuer := fs[0] // the first to get the lock, as recorded in order
 		assert.True(t, issuer.Issued, "the first holder of round %d asked the API", tick)
@@ -61,8 +62,12 @@ func checkLocked(t *testing.T, r RunResult) {
 			assert.False(t, f.Issued, "%s asked the API in round %d", f.Instance, tick)
 			assert.Equal(t, issuer.Token, f.Token, "%s's token in round %d", f.Instance, tick)
 			assert.Greater(t, f.Fence, issuer.Fence, "%s held the lock after %s", f.Instance, issuer.Instance)
-			assert.Greater(t, f.Waited, issueLatency/2, "%s waited for the lock while %s refreshed", f.Instance, issuer.Instance)
+			waited = waited || f.Waited > issueLatency/2
 		}
+		// The others came to the lock while the issuer refreshed: one at
+		// least waited, whichever the machine ran late.
+		assert.True(t, waited, "in the round of tick %d, one of the others waited for the lock while %s refreshed: %v",
+			tick, issuer.Instance, fs)
 	}
 }
 

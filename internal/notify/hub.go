@@ -209,7 +209,7 @@ func (h *hub) endLingersLocked(now time.Time) (next time.Time) {
 		if cs == nil || cs.hub != h || len(cs.waiters) > 0 || cs.idle.IsZero() {
 			continue
 		}
-		end := cs.idle.Add(ChannelLinger)
+		end := cs.idle.Add(time.Duration(n.keep.Load()))
 		if now.Before(end) {
 			next = earliest(next, end)
 			continue

@@ -51,6 +51,7 @@ type Notifier struct {
 	log     *slog.Logger
 	clock   Clock
 	linger  atomic.Int64 // a time.Duration, HubLinger unless SetLinger changed it
+	keep    atomic.Int64 // a time.Duration, ChannelLinger unless SetChannelLinger changed it
 	reroute time.Duration
 	ctx     context.Context // cancelled by Close
 	cancel  context.CancelFunc
@@ -87,12 +88,17 @@ func New(net Network, o Options) *Notifier {
 	n := &Notifier{net: net, topo: net.Topology(), log: o.Logger, clock: o.Clock, reroute: o.Reroute,
 		ctx: ctx, cancel: cancel, channels: make(map[string]*chanState), hubs: make(map[string]*hub)}
 	n.linger.Store(int64(HubLinger))
+	n.keep.Store(int64(ChannelLinger))
 	return n
 }
 
 // SetLinger changes how long a hub stays open after its last channel left,
 // from the hubs' next steps on (tests shorten it).
 func (n *Notifier) SetLinger(d time.Duration) { n.linger.Store(int64(d)) }
+
+// SetChannelLinger changes how long a channel stays subscribed after its
+// last waiter left (tests lengthen it).
+func (n *Notifier) SetChannelLinger(d time.Duration) { n.keep.Store(int64(d)) }
 
 // Register adds a waiter on channel, woken on wake (buffered; made if nil)
 // as h decides, and returns at once (nil after Close).

@@ -70,17 +70,17 @@ func (r *results[T]) collect(take func(T) (decided bool)) {
 
 // graceTimer times how long the nodes that have not answered get once a call
 // begun at start is decided: about one more round trip (twice what it took,
-// within minGrace and maxGrace), so the healthy ones have applied the call
+// within MinGrace and MaxGrace), so the healthy ones have applied the call
 // when it returns and a hung minority holds it up no longer.
 func graceTimer(clock tasks.Clock, start time.Time) *time.Timer {
-	return clock.NewTimer(min(max(minGrace, 2*clock.Now().Sub(start)), maxGrace))
+	return clock.NewTimer(min(max(MinGrace, 2*clock.Now().Sub(start)), MaxGrace))
 }
 
-// minGrace leaves room for a reply on its way on a busy machine; maxGrace
+// MinGrace leaves room for a reply on its way on a busy machine; MaxGrace
 // bounds what a hung minority costs every call.
 const (
-	minGrace = 5 * time.Millisecond
-	maxGrace = 100 * time.Millisecond
+	MinGrace = 5 * time.Millisecond
+	MaxGrace = 100 * time.Millisecond
 )
 
 // next returns the next result, or false once the timeout has passed or

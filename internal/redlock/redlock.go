@@ -71,6 +71,10 @@ func (q *Quorum) Traits() store.Traits {
 	return t
 }
 
+// SetAnswerTime sets how long a quorum took to answer lately, as if
+// measured (tests).
+func (q *Quorum) SetAnswerTime(d time.Duration) { q.answerTime.Store(int64(d)) }
+
 // LineTag returns Config.LineTag.
 func (q *Quorum) LineTag() string { return q.cfg.LineTag }
 

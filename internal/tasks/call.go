@@ -68,7 +68,7 @@ func (g *Group) run(j job) {
 }
 
 // work runs j, then the jobs it receives, until it has waited workerIdle for
-// none, maxIdlers others already wait, or Close is called.
+// none, MaxIdlers others already wait, or Close is called.
 func (g *Group) work(j job) {
 	defer g.Done()
 	// Real time, not the Group's clock: Reset on a Clock's timer would be real
@@ -78,7 +78,7 @@ func (g *Group) work(j job) {
 	for j != nil {
 		j.run()
 		j = nil
-		if g.idlers.Add(1) <= maxIdlers {
+		if g.idlers.Add(1) <= MaxIdlers {
 			idle.Reset(workerIdle)
 			select {
 			case j = <-g.jobs:
@@ -90,9 +90,9 @@ func (g *Group) work(j job) {
 	}
 }
 
-// How long a worker waits for more work, and how many wait at most: a burst
-// of calls leaves no more goroutines behind.
+// How long a worker waits for more work, and how many wait at most (in
+// each Group): a burst of calls leaves no more goroutines behind.
 const (
 	workerIdle = 250 * time.Millisecond
-	maxIdlers  = 16
+	MaxIdlers  = 16
 )
