@@ -95,49 +95,8 @@ func runLs(ctx context.Context, e *env, args []string) error {
 		return redisError("ls", &cf, err)
 	}
 	errs = append(errs, semErrs...)
-	switch {
-	case *asJSON:
-		out := struct {
-			Prefix     string       `json:"prefix"`
-			Pattern    string       `json:"pattern"`
-			Locks      []lockJSON   `json:"locks"`
-			Semaphores []semJSON    `json:"semaphores"`
-			RWLocks    []rwlockJSON `json:"rwlocks"`
-		}{Prefix: s.prefix, Pattern: pattern, Locks: make([]lockJSON, 0, len(held)),
-			Semaphores: make([]semJSON, 0, len(sems)), RWLocks: []rwlockJSON{}}
-		for _, info := range held {
-			out.Locks = append(out.Locks, toJSON(s.key(info.Name), info))
-		}
-		for _, info := range sems {
-			out.Semaphores = append(out.Semaphores, semToJSON(s.key(info.Name)+semSuffix, info))
-		}
-		for _, info := range rwlocks {
-			out.RWLocks = append(out.RWLocks, rwToJSON(s.rwKey(info.Name), info))
-		}
-		if err := writeJSON(e.stdout, out); err != nil {
-			return err
-		}
-	case e.tty:
-		if len(held) > 0 || len(sems) == 0 && len(rwlocks) == 0 {
-			printTable(e.stdout, held, s.key(pattern))
-		}
-		if len(sems) > 0 {
-			if len(held) > 0 {
-				fmt.Fprintln(e.stdout)
-			}
-			printSemaphoreTable(e.stdout, sems)
-		}
-		printRWTable(e.stdout, rwlocks)
-	default:
-		for _, info := range held {
-			fmt.Fprintf(e.stdout, "%s\t%s\t%d\t%d\t%d\n", info.Name, info.Owner, ttlMillis(info.TTL), info.Fence, info.Waiters)
-		}
-		printSemaphoreLines(e.stdout, sems)
-		printRWLines(e.stdout, rwlocks)
-		if len(held) == 0 && len(sems) == 0 && len(rwlocks) == 0 && len(errs) == 0 {
-			// On stderr: stdout, which scripts read, stays empty.
-			e.warn("ls: no lock held matching %s", s.key(pattern))
-		}
+	if err := printLs(e, s, pattern, *asJSON, lsFound{held, sems, rwlocks, len(errs)}); err != nil {
+		return err
 	}
 	for _, err := range errs {
 		e.warn("ls: %s", trimPrefix(err))
@@ -252,4 +211,61 @@ func inspectEach[T any](names []string, inspect func(name string) (T, error)) ([
 		}
 	}
 	return infos, failed
+}
+
+// lsFound is what ls read: the locks held, the semaphores, the read-write
+// locks, and how many names it could not read.
+type lsFound struct {
+	held    []fencelock.LockInfo
+	sems    []fencelock.SemaphoreInfo
+	rwlocks []fencelock.RWLockInfo
+	unread  int
+}
+
+// printLs writes what ls found as JSON, as tables on a terminal, or as
+// tab-separated lines for scripts.
+func printLs(e *env, s *session, pattern string, asJSON bool, f lsFound) error {
+	switch {
+	case asJSON:
+		out := struct {
+			Prefix     string       `json:"prefix"`
+			Pattern    string       `json:"pattern"`
+			Locks      []lockJSON   `json:"locks"`
+			Semaphores []semJSON    `json:"semaphores"`
+			RWLocks    []rwlockJSON `json:"rwlocks"`
+		}{Prefix: s.prefix, Pattern: pattern, Locks: make([]lockJSON, 0, len(f.held)),
+			Semaphores: make([]semJSON, 0, len(f.sems)), RWLocks: []rwlockJSON{}}
+		for _, info := range f.held {
+			out.Locks = append(out.Locks, toJSON(s.key(info.Name), info))
+		}
+		for _, info := range f.sems {
+			out.Semaphores = append(out.Semaphores, semToJSON(s.key(info.Name)+semSuffix, info))
+		}
+		for _, info := range f.rwlocks {
+			out.RWLocks = append(out.RWLocks, rwToJSON(s.rwKey(info.Name), info))
+		}
+		return writeJSON(e.stdout, out)
+	case e.tty:
+		if len(f.held) > 0 || len(f.sems) == 0 && len(f.rwlocks) == 0 {
+			printTable(e.stdout, f.held, s.key(pattern))
+		}
+		if len(f.sems) > 0 {
+			if len(f.held) > 0 {
+				fmt.Fprintln(e.stdout)
+			}
+			printSemaphoreTable(e.stdout, f.sems)
+		}
+		printRWTable(e.stdout, f.rwlocks)
+	default:
+		for _, info := range f.held {
+			fmt.Fprintf(e.stdout, "%s\t%s\t%d\t%d\t%d\n", info.Name, info.Owner, ttlMillis(info.TTL), info.Fence, info.Waiters)
+		}
+		printSemaphoreLines(e.stdout, f.sems)
+		printRWLines(e.stdout, f.rwlocks)
+		if len(f.held) == 0 && len(f.sems) == 0 && len(f.rwlocks) == 0 && f.unread == 0 {
+			// On stderr: stdout, which scripts read, stays empty.
+			e.warn("ls: no lock held matching %s", s.key(pattern))
+		}
+	}
+	return nil
 }

@@ -115,14 +115,7 @@ func (t *holdersTracker) observe(start, end time.Time, r holdersRead) []event {
 		t.permits = r.permits
 	}
 	if !t.started {
-		t.started = true
-		t.lastFence = r.lastFence
-		var out []event
-		for _, h := range r.holders {
-			t.cur[h.id] = at(start, h)
-			out = append(out, t.event(evHolding, end, h, len(r.holders)))
-		}
-		return out
+		return t.first(start, end, r)
 	}
 	now := map[string]heldBy{}
 	for _, h := range r.holders {
@@ -149,27 +142,8 @@ func (t *holdersTracker) observe(start, end time.Time, r holdersRead) []event {
 	t.vanished = time.Time{}
 	slices.SortFunc(gone, func(a, b *heldAt) int { return cmp.Compare(a.fence, b.fence) })
 
+	out := t.drop(end, goneAt, gone)
 	held := len(t.cur)
-	var out []event
-	forced := 0
-	for _, f := range t.msgs {
-		if f {
-			forced++
-		}
-	}
-	for _, h := range gone {
-		delete(t.cur, h.id)
-		held--
-		ev := t.event(evFreed, end, h.heldBy, held)
-		if forced > 0 {
-			forced--
-			ev.Forced = true
-		} else if !h.deadline.IsZero() && !goneAt.Before(h.deadline) {
-			ev.Kind = evExpired
-		}
-		ev.TTL = 0
-		out = append(out, ev)
-	}
 	if r.lastFence != 0 && r.lastFence != t.lastFence && !t.knows(r.lastFence, now, gone) {
 		// The fence counter moved to a fence nobody read: a holder was
 		// granted and gone between the two reads; called freed, as
@@ -193,6 +167,44 @@ func (t *holdersTracker) observe(start, end time.Time, r holdersRead) []event {
 		out = append(out, t.event(evTaken, end, h, held))
 	}
 	t.lastFence = r.lastFence
+	return out
+}
+
+// first takes the first read: every holder is reported as holding.
+func (t *holdersTracker) first(start, end time.Time, r holdersRead) []event {
+	t.started = true
+	t.lastFence = r.lastFence
+	var out []event
+	for _, h := range r.holders {
+		t.cur[h.id] = at(start, h)
+		out = append(out, t.event(evHolding, end, h, len(r.holders)))
+	}
+	return out
+}
+
+// drop forgets the holders gone, oldest fence first, and returns their
+// events: freed by force while "forced" messages last, expired when they
+// vanished after their TTL could have run out, freed otherwise.
+func (t *holdersTracker) drop(end, goneAt time.Time, gone []*heldAt) []event {
+	forced := 0
+	for _, f := range t.msgs {
+		if f {
+			forced++
+		}
+	}
+	var out []event
+	for _, h := range gone {
+		delete(t.cur, h.id)
+		ev := t.event(evFreed, end, h.heldBy, len(t.cur))
+		if forced > 0 {
+			forced--
+			ev.Forced = true
+		} else if !h.deadline.IsZero() && !goneAt.Before(h.deadline) {
+			ev.Kind = evExpired
+		}
+		ev.TTL = 0
+		out = append(out, ev)
+	}
 	return out
 }
 

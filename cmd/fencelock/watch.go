@@ -139,15 +139,6 @@ func runWatch(ctx context.Context, e *env, args []string) error {
 		ctx, cancel = context.WithTimeout(ctx, *forD)
 		defer cancel()
 	}
-	emit := func(ev event) {
-		if *asJSON {
-			b, _ := json.Marshal(eventToJSON(name, ev))
-			fmt.Fprintf(e.stdout, "%s\n", b)
-			return
-		}
-		fmt.Fprintln(e.stdout, formatEvent(ev))
-	}
-
 	f := newFollower(s, name)
 	l := listen(ctx, s.client, f.channels(), func(msg string) { e.warn("watch: %s", msg) })
 	defer l.stop()
@@ -156,62 +147,87 @@ func runWatch(ctx context.Context, e *env, args []string) error {
 	case <-ctx.Done():
 		return nil
 	}
+	w := &watching{e: e, cf: &cf, name: name, asJSON: *asJSON, interval: *interval, f: f}
+	return w.run(ctx, l)
+}
 
-	failing := false
-	read := func() error {
-		rctx, cancel := context.WithTimeout(ctx, cf.timeout)
-		defer cancel()
-		events, err := f.read(rctx)
-		switch {
-		case err != nil && ctx.Err() != nil:
-			return nil // stopping
-		case err != nil && !f.started():
-			return redisError("watch", &cf, err)
-		case err != nil:
-			if !failing {
-				failing = true
-				e.warn("watch: %s; trying again every %v", trimPrefix(err), *interval)
-			}
-			return nil
-		case failing:
-			failing = false
-			e.warn("watch: Redis answers again")
-		}
-		for _, ev := range events {
-			emit(ev)
-		}
-		return nil
-	}
-	if err := read(); err != nil {
+// watching is one run of watch: it reads on every message and every
+// interval, and prints the events.
+type watching struct {
+	e        *env
+	cf       *connFlags
+	name     string
+	asJSON   bool
+	interval time.Duration
+	f        *follower
+	failing  bool // the last read failed; reported once
+}
+
+// run reads until ctx ends: at once, then on every batch of messages and
+// every interval (sooner while a vanished holder waits for its message).
+func (w *watching) run(ctx context.Context, l *listener) error {
+	if err := w.read(ctx); err != nil {
 		return err
 	}
-	timer := time.NewTimer(*interval)
+	timer := time.NewTimer(w.interval)
 	defer timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case m := <-l.msgs:
-			f.message(m)
+			w.f.message(m)
 			for more := true; more; { // the messages that came together, then one read
 				select {
 				case m := <-l.msgs:
-					f.message(m)
+					w.f.message(m)
 				default:
 					more = false
 				}
 			}
 		case <-timer.C:
 		}
-		if err := read(); err != nil {
+		if err := w.read(ctx); err != nil {
 			return err
 		}
-		next := *interval
-		if f.waiting() {
+		next := w.interval
+		if w.f.waiting() {
 			next = min(next, messageGrace)
 		}
 		timer.Reset(next)
 	}
+}
+
+// read reads once and prints the events. A failure before the first read
+// ends watch; later ones are reported once and retried.
+func (w *watching) read(ctx context.Context) error {
+	rctx, cancel := context.WithTimeout(ctx, w.cf.timeout)
+	defer cancel()
+	events, err := w.f.read(rctx)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return nil // stopping
+	case err != nil && !w.f.started():
+		return redisError("watch", w.cf, err)
+	case err != nil:
+		if !w.failing {
+			w.failing = true
+			w.e.warn("watch: %s; trying again every %v", trimPrefix(err), w.interval)
+		}
+		return nil
+	case w.failing:
+		w.failing = false
+		w.e.warn("watch: Redis answers again")
+	}
+	for _, ev := range events {
+		if w.asJSON {
+			b, _ := json.Marshal(eventToJSON(w.name, ev))
+			fmt.Fprintf(w.e.stdout, "%s\n", b)
+			continue
+		}
+		fmt.Fprintln(w.e.stdout, formatEvent(ev))
+	}
+	return nil
 }
 
 // A follower reads the lock, the semaphore and the read-write lock of one
