@@ -1024,7 +1024,7 @@ func TestRedlockLineSkipsWhoIsGone(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	require.NoError(t, held.Release(ctx))
 	w.obtained(t, 5*time.Second, "named by the release past the expired entry (pauses 10-20s)")
-	assert.Empty(t, lineOf(t, e.admins[0], key), "the expired entry was pruned")
+	e.requireLine(t, key, 0, "the expired entry was pruned")
 	w.finish(t)
 }
 
@@ -1039,7 +1039,8 @@ func TestRedlockReleaseTakesItsCallOutOfLine(t *testing.T) {
 	require.NoError(t, e.admins[0].Set(ctx, key, "other 1 someone", time.Minute).Err())
 	lease, err := l.Acquire(ctx, name, WithWait(time.Second))
 	require.NoError(t, err)
-	require.Len(t, lineOf(t, e.admins[0], key), 1, "node 0 was busy: the attempt joined its line")
+	// Node 0's answer may come after the quorum's.
+	e.requireLine(t, key, 1, "node 0 was busy: the attempt joined its line")
 	require.NoError(t, lease.Release(ctx)) // returns when nodes 1 and 2 answered
 	e.requireLine(t, key, 0, "the release took its call out of the line")
 }
