@@ -2,7 +2,11 @@ package notify
 
 import (
 	"context"
+	"errors"
+	"slices"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -95,5 +99,89 @@ func TestRejoinBeforeTheHubRunsIsConfirmed(t *testing.T) {
 		w = n.Register(ch, nil, EveryMessage{})
 		require.True(t, woken(w), "the connection is subscribed, and no confirmation will come")
 		w.Leave()
+	})
+}
+
+// flakyNet is a Single Network whose first failures connections fail to
+// dial; the others confirm every subscription. It records when each
+// connection was tried.
+type flakyNet struct {
+	failures int
+	mu       sync.Mutex
+	tries    []time.Time // guarded by mu
+}
+
+func (*flakyNet) Topology() Topology                            { return Single }
+func (*flakyNet) Route(context.Context, string) (string, error) { return "", nil }
+func (*flakyNet) Reload(context.Context)                        {}
+func (f *flakyNet) Open(string, bool) Conn {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.tries = append(f.tries, time.Now())
+	return &scriptedConn{fail: len(f.tries) <= f.failures, events: make(chan Event, 16), closed: make(chan struct{})}
+}
+
+func (f *flakyNet) opened() []time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.tries)
+}
+
+type scriptedConn struct {
+	fail   bool
+	events chan Event
+	once   sync.Once
+	closed chan struct{}
+}
+
+func (c *scriptedConn) Subscribe(_ context.Context, ch string) error {
+	if c.fail {
+		return errors.New("dial tcp: connection refused")
+	}
+	c.events <- Event{Kind: Subscribed, Channel: ch}
+	return nil
+}
+
+func (c *scriptedConn) Unsubscribe(_ context.Context, ch string) error {
+	c.events <- Event{Kind: Unsubscribed, Channel: ch}
+	return nil
+}
+
+func (c *scriptedConn) Receive(context.Context) Event {
+	select {
+	case e := <-c.events:
+		return e
+	case <-c.closed:
+		return Event{Kind: Broken, Err: errors.New("closed")}
+	}
+}
+
+func (c *scriptedConn) Close() error { c.once.Do(func() { close(c.closed) }); return nil }
+
+// A hub whose node cannot be reached tries again after the reopen backoff
+// (10ms doubling to 1s, each pause jittered to half or more), and its
+// waiter is woken by the confirmation once a connection is made.
+func TestHubReopensAfterTheBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		net := &flakyNet{failures: 8}
+		n := New(net, Options{})
+		start := time.Now()
+		w := n.Register("lock:{x}", nil, EveryMessage{})
+		<-w.C()
+		assert.True(t, n.Subscribed("lock:{x}"))
+
+		tries := net.opened()
+		require.Len(t, tries, 9, "eight failed, the ninth confirmed")
+		assert.Equal(t, start, tries[0], "the first at once")
+		ceil := 10 * time.Millisecond
+		for i := 1; i < len(tries); i++ {
+			pause := tries[i].Sub(tries[i-1])
+			assert.GreaterOrEqual(t, pause, ceil/2, "pause %d", i)
+			assert.LessOrEqual(t, pause, ceil, "pause %d", i)
+			ceil = min(2*ceil, time.Second)
+		}
+		w.Leave()
+		n.Close(time.Now().Add(time.Minute))
+		n.Wait()
 	})
 }
