@@ -9,7 +9,8 @@
 // Kinds: lock, fair (WithFair, WithWait), semaphore (3 permits), rwlock
 // (exclusive), shared (RWLock.AcquireShared), all (AcquireAll of 3 names,
 // one script), redlock (a quorum of one node: a node's cost), raw (SET NX
-// PX and a compare-and-delete script), redislock (bsm/redislock).
+// PX and a compare-and-delete script), redislock (bsm/redislock); and the
+// prototypes of prototypes.go: empty, nomarker, nocounter.
 package main
 
 import (
@@ -55,6 +56,8 @@ func cycleOf(kind string, client *redis.Client) (func(context.Context) error, er
 	switch kind {
 	case "raw":
 		return raw(client), nil
+	case "empty", "nomarker", "nocounter":
+		return prototype(client, kind), nil
 	case "redislock":
 		rl := redislock.New(client)
 		return func(ctx context.Context) error {
