@@ -184,8 +184,7 @@ func (l *Locker) reportLost(lease *Lease, cause error, deadline time.Time) {
 	}
 }
 
-// warnPublish logs, once per Locker, that a release could not publish its
-// wake-up.
+// warnPublish logs, once per Locker, that a release could not publish its wake-up.
 func (l *Locker) warnPublish(name string, perr error) {
 	if perr == nil || !l.publishWarned.CompareAndSwap(false, true) {
 		return

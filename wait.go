@@ -28,8 +28,9 @@ type acquisition struct {
 
 	verdict error // the last attempt's: busy, or a callError; nil: none yet
 	seen    busySeen
-	unsure  bool   // an attempt's outcome is unknown: it may have taken the lock
-	letGo   func() // gives back what the current token may hold, or where it waits, when the call gives up
+	unsure  bool         // an attempt's outcome is unknown: it may have taken the lock
+	wake    store.Wakeup // plain waiting's wake-ups; nil without WithWait
+	letGo   func()       // fair waiting's give-back (fair.go); nil: plain waiting's, letGoPlain
 }
 
 func (l *Locker) newAcquisition(ctx context.Context, lease *Lease, wait time.Duration, open bool, st *acquireStats) *acquisition {
@@ -105,10 +106,29 @@ func (a *acquisition) complete(fence int64, from time.Time) *Lease {
 	return lease
 }
 
+// letGoPlain is letGo for plain waiting.
+func (a *acquisition) letGoPlain() {
+	switch {
+	case a.wake == nil:
+		if a.unsure {
+			a.l.abandon(a.lease)
+		}
+	case a.unsure:
+		a.l.abandon(a.lease) // out of a Redlock line too
+		a.wake.Leave(nil, false)
+	default:
+		a.wake.Leave(a.lease.h, false)
+	}
+}
+
 // giveUp ends the call without the lock, giving back what it may hold: the
 // error is the last verdict, with ctx's when ctx ended, or ctx's alone.
 func (a *acquisition) giveUp() (*Lease, error) {
-	a.letGo()
+	if a.letGo != nil {
+		a.letGo()
+	} else {
+		a.letGoPlain()
+	}
 	l := a.l
 	if l.isClosed() {
 		return nil, closedError(a.lease.name, a.verdict)
@@ -129,24 +149,10 @@ func (a *acquisition) giveUp() (*Lease, error) {
 // a pause (the backoff, cut short by a wake-up or the holder's expiry).
 func (a *acquisition) plain() (*Lease, error) {
 	l := a.l
-	var wake store.Wakeup
 	if a.waitEnd.After(a.start) {
-		wake = a.lease.h.Wakeup() // before the first attempt: a Redlock's puts the call in line
+		a.wake = a.lease.h.Wakeup() // before the first attempt: a Redlock's puts the call in line
 	}
-	p := &pauses{a: a, wake: wake, bo: backoff.Backoff{Min: l.opts.MinRetryBackoff, Max: l.opts.MaxRetryBackoff}}
-	a.letGo = func() {
-		switch {
-		case wake == nil:
-			if a.unsure {
-				l.abandon(a.lease)
-			}
-		case a.unsure:
-			l.abandon(a.lease) // out of a Redlock line too
-			wake.Leave(nil, false)
-		default:
-			wake.Leave(a.lease.h, false)
-		}
-	}
+	p := &pauses{a: a, wake: a.wake, bo: backoff.Backoff{Min: l.opts.MinRetryBackoff, Max: l.opts.MaxRetryBackoff}}
 	for {
 		if a.ended() {
 			return a.giveUp()
@@ -166,8 +172,8 @@ func (a *acquisition) plain() (*Lease, error) {
 				if a.st != nil && !p.wokeAt.IsZero() {
 					a.st.handoff = l.clock.Now().Sub(p.wokeAt)
 				}
-				if wake != nil {
-					wake.Leave(nil, true)
+				if a.wake != nil {
+					a.wake.Leave(nil, true)
 				}
 				return a.complete(at.Fence, start), nil
 			}

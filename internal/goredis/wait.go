@@ -141,8 +141,7 @@ func redirected(ctx context.Context, c *redis.ClusterClient, addr string, redire
 	return nil, fmt.Errorf("the lock's slot is moving: redirected to %s, no master in the slot map", addr)
 }
 
-// Subscribers returns how many connections subscribe to channel on the
-// node that serves it.
+// Subscribers returns how many connections subscribe to channel on the node that serves it.
 func (c *Client) Subscribers(ctx context.Context, channel string) (int, error) {
 	node, err := c.node(ctx, channel)
 	if err != nil {

@@ -46,8 +46,7 @@ func (EveryMessage) Hear(Message) Hearing { return WakeAll }
 // Lingers returns false.
 func (EveryMessage) Lingers() bool { return false }
 
-// A Message is a payload published on a channel, cut once into its first
-// word and the rest.
+// A Message is a payload published on a channel, cut once into its first word and the rest.
 type Message struct {
 	Payload    string
 	Head, Rest string

@@ -87,8 +87,7 @@ const (
 // the caller's context has ended.
 func (r *results[T]) next() (T, bool) { return r.nextOr(nil) }
 
-// nextOr is next, also ending when or fires; a result already there comes
-// first.
+// nextOr is next, also ending when or fires; a result already there comes first.
 func (r *results[T]) nextOr(or <-chan time.Time) (T, bool) {
 	select {
 	case v := <-r.ch:

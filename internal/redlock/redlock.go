@@ -71,8 +71,7 @@ func (q *Quorum) Traits() store.Traits {
 	return t
 }
 
-// SetAnswerTime sets how long a quorum took to answer lately, as if
-// measured (tests).
+// SetAnswerTime sets how long a quorum took to answer lately, as if measured (tests).
 func (q *Quorum) SetAnswerTime(d time.Duration) { q.answerTime.Store(int64(d)) }
 
 // LineTag returns Config.LineTag.
