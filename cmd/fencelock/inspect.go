@@ -73,7 +73,7 @@ func runInspect(ctx context.Context, e *env, args []string) error {
 		return redisError("inspect", &cf, err)
 	}
 	semHeld := len(sem.Holders) > 0
-	rw, err := s.locker.RWLock(name).Inspect(ctx)
+	rw, err := s.inspectRW(ctx, name)
 	if err != nil {
 		return redisError("inspect", &cf, err)
 	}

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -69,6 +71,17 @@ func (s *session) rwNameOf(key string) (string, bool) {
 	return name, true
 }
 
+// inspectRW reads the read-write lock called name: its readers by expiry,
+// those that expire in the same millisecond by fence (Redis orders them by
+// their random tokens).
+func (s *session) inspectRW(ctx context.Context, name string) (fencelock.RWLockInfo, error) {
+	info, err := s.locker.RWLock(name).Inspect(ctx)
+	slices.SortStableFunc(info.Readers, func(a, b fencelock.RWHolder) int {
+		return cmp.Or(cmp.Compare(a.TTL, b.TTL), cmp.Compare(a.Fence, b.Fence))
+	})
+	return info, err
+}
+
 // lsRWLocks reads the read-write locks matching pattern and returns those
 // in use, and the errors.
 func lsRWLocks(ctx context.Context, s *session, pattern string) ([]fencelock.RWLockInfo, []error) {
@@ -77,7 +90,7 @@ func lsRWLocks(ctx context.Context, s *session, pattern string) ([]fencelock.RWL
 		return nil, []error{err}
 	}
 	infos, errs := inspectEach(names, func(name string) (fencelock.RWLockInfo, error) {
-		return s.locker.RWLock(name).Inspect(ctx)
+		return s.inspectRW(ctx, name)
 	})
 	var used []fencelock.RWLockInfo
 	for _, info := range infos {

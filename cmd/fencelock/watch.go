@@ -287,7 +287,7 @@ func (f *follower) read(ctx context.Context) ([]event, error) {
 		return nil, err
 	}
 	semEnd := time.Now()
-	rw, err := f.s.locker.RWLock(f.name).Inspect(ctx)
+	rw, err := f.s.inspectRW(ctx, f.name)
 	if err != nil {
 		return nil, err
 	}
