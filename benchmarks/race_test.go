@@ -1,0 +1,5 @@
+//go:build race
+
+package benchmarks
+
+func init() { raceEnabled = true }
