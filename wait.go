@@ -152,7 +152,7 @@ func (a *acquisition) plain() (*Lease, error) {
 	if a.waitEnd.After(a.start) {
 		a.wake = a.lease.h.Wakeup() // before the first attempt: a Redlock's puts the call in line
 	}
-	p := &pauses{a: a, wake: a.wake, bo: backoff.Backoff{Min: l.opts.MinRetryBackoff, Max: l.opts.MaxRetryBackoff}}
+	p := &pauses{a: a, bo: backoff.Backoff{Min: l.opts.MinRetryBackoff, Max: l.opts.MaxRetryBackoff}}
 	for {
 		if a.ended() {
 			return a.giveUp()
@@ -198,7 +198,6 @@ func (a *acquisition) plain() (*Lease, error) {
 // pauses are the pauses between a plain Acquire's attempts.
 type pauses struct {
 	a      *acquisition
-	wake   store.Wakeup // nil when the call does not wait
 	bo     backoff.Backoff
 	wokeAt time.Time // the wake-up before the coming attempt; zero: none
 }
@@ -217,7 +216,7 @@ func (p *pauses) sleep(at store.Attempt) bool {
 		return false
 	}
 	busy := errors.Is(a.verdict, ErrNotObtained)
-	ch, sleep := p.wake.Next(at, busy, p.bo.Next())
+	ch, sleep := p.a.wake.Next(at, busy, p.bo.Next())
 	sleep = min(sleep, end.Sub(now))
 	if busy && at.Busy.TTL >= 0 && at.Busy.TTL < sleep {
 		sleep = max(at.Busy.TTL, time.Millisecond) // the holder's lock expires first
@@ -234,14 +233,14 @@ func (p *pauses) sleep(at store.Attempt) bool {
 	case <-t.C:
 	case <-ch:
 		p.wokeAt = l.clock.Now()
-		if spread := p.wake.Woken(); spread > 0 && !l.pause(a.ctx, spread) {
+		if spread := p.a.wake.Woken(); spread > 0 && !l.pause(a.ctx, spread) {
 			return false
 		}
 	}
 	if ch != nil {
 		select { // wake-ups before this attempt: it sees what they announced
 		case <-ch:
-			_ = p.wake.Woken() // woken all the same, with the attempt next
+			_ = p.a.wake.Woken() // woken all the same, with the attempt next
 		default:
 		}
 	}
