@@ -834,8 +834,18 @@ func TestRedlockLineEntriesExpire(t *testing.T) {
 			wl, hooks := e.process(t, &Options{MaxRetryBackoff: tc.maxBackoff})
 			wctx, cancel := context.WithCancel(ctx)
 			defer cancel()
-			waitAndHold(wctx, wl, name)
-			e.requireLine(t, key, 1, "the waiter joins the line")
+			w := waitAndHold(wctx, wl, name)
+			var ended error // the waiter's Acquire returned: say why rather than wait out the patience
+			require.Eventually(t, func() bool {
+				select {
+				case ended = <-w.done:
+					return true
+				default:
+				}
+				n, err := e.admins[0].ZCard(ctx, key+":q").Result()
+				return err == nil && n == 1
+			}, redlockPatience, time.Millisecond, "the waiter joins the line")
+			require.NoError(t, ended, "the waiter's Acquire returned before joining the line")
 			within := func(d time.Duration) bool { return d > tc.entryTTL-time.Second/2 && d <= tc.entryTTL }
 			for _, k := range []string{":q", ":qi"} {
 				pttl, err := e.admins[0].PTTL(ctx, key+k).Result()
