@@ -951,12 +951,15 @@ func TestRedlockInLineTriesWhenTheHoldersTTLRunsOut(t *testing.T) {
 	e := newRedlockEnv(t, 3, nil)
 	l := e.locker(t, nil)
 	name := uniqueName(t)
-	held, err := l.Acquire(ctx, name, WithTTL(500*time.Millisecond))
+	// A TTL of 2s leaves a busy machine time to start the waiter before it
+	// runs out; the waiter must then get the lock within the TTL and 7s,
+	// before its first pause (10s at least) ends.
+	held, err := l.Acquire(ctx, name, WithTTL(2*time.Second))
 	require.NoError(t, err)
 	wl, _ := e.process(t, slowPolling)
 	w := waitAndHold(ctx, wl, name)
 	e.requireLine(t, held.Key(), 1, "the waiter is in line")
-	w.obtained(t, 5*time.Second, "when the holder's TTL ran out")
+	w.obtained(t, 7*time.Second, "when the holder's TTL ran out")
 	w.finish(t)
 }
 
