@@ -10,11 +10,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
+	"github.com/fencelock/fencelock/internal/deployment"
 	"github.com/fencelock/fencelock/internal/glob"
 	"github.com/fencelock/fencelock/internal/goredis"
 	"github.com/fencelock/fencelock/internal/keys"
+	"github.com/fencelock/fencelock/internal/notify"
 	"github.com/fencelock/fencelock/internal/store"
 	"github.com/fencelock/fencelock/internal/tasks"
 )
@@ -155,17 +155,14 @@ type checker struct {
 
 // A checkNode is a deployment Check looks at: New's, or a Redlock node.
 type checkNode struct {
-	name   string                // a Redlock node's; "" for New's
-	client redis.UniversalClient // as given: the scripts go through it
-	single single                // for the test lock
+	name   string            // a Redlock node's; "" for New's
+	client deployment.Client // the scripts go through it
+	single single            // for the test lock
 }
 
-// base returns the client behind an AutoPipeliner: it knows n's servers.
-func (n checkNode) base() redis.UniversalClient { return goredis.Base(n.client) }
-
 type testLock struct {
-	client redis.UniversalClient
-	keys   []string
+	via  deployment.Node
+	keys []any
 }
 
 // run runs every check, then deletes the test locks' keys.
@@ -219,7 +216,7 @@ func (c *checker) add(f Finding) {
 
 func (c *checker) deployment(ctx context.Context, n checkNode) {
 	node := n.name
-	servers, err := serversOf(ctx, n.base())
+	servers, err := n.client.Servers(ctx)
 	if err != nil {
 		if c.cut(ctx) {
 			return
@@ -230,7 +227,7 @@ func (c *checker) deployment(ctx context.Context, n checkNode) {
 		return
 	}
 	for _, s := range servers {
-		name := s.Options().Addr
+		name := s.Addr
 		if node != "" {
 			name = node
 		}
@@ -243,75 +240,47 @@ func (c *checker) deployment(ctx context.Context, n checkNode) {
 		return
 	}
 	base := "fencelock-check:" + string(keys.NewToken())
-	cl, ok := n.base().(*redis.ClusterClient)
-	if !ok {
+	if n.client.Network().Topology() != notify.Cluster {
 		c.permissions(ctx, n, nil, node, base)
 		return
 	}
 	for _, m := range servers { // ACLs are each master's own
-		where := m.Options().Addr
+		where := m.Addr
 		if node != "" {
 			where = node + " (" + where + ")"
 		}
-		name, ok := c.nameOn(ctx, cl, m, base)
-		switch {
-		case c.cut(ctx):
-			return
-		case ok:
-			c.permissions(ctx, n, m, where, name)
-		default:
+		if name, ok := c.nameOn(m, base); ok {
+			c.permissions(ctx, n, m.Node, where, name)
+		} else {
 			c.add(Finding{Severity: SeverityInfo, Check: "permissions", Node: where,
 				Seen:  "no test lock name found whose keys the master serves",
 				Means: "Check did not try the ACL there (with a hash tag in KeyPrefix, no lock is there either)"})
+		}
+		if c.cut(ctx) {
+			return
 		}
 	}
 }
 
 // nameOn returns a test lock's name, base with a suffix, whose keys m serves.
-func (c *checker) nameOn(ctx context.Context, cl *redis.ClusterClient, m *redis.Client, base string) (string, bool) {
-	addr := m.Options().Addr
+func (c *checker) nameOn(m deployment.Server, base string) (string, bool) {
 	for i := range 1 << 16 { // a master with one slot of 16384 is found 98 times in 100
 		name := base + ":" + strconv.Itoa(i)
-		s, err := cl.MasterForKey(ctx, keys.Lock(c.l.opts.KeyPrefix, name))
-		if err != nil {
-			return "", false
-		}
-		if s.Options().Addr == addr {
-			return name, true
+		slot := keys.Slot(keys.Lock(c.l.opts.KeyPrefix, name))
+		for _, r := range m.Slots {
+			if r[0] <= slot && slot <= r[1] {
+				return name, true
+			}
 		}
 	}
 	return "", false
 }
 
-// serversOf returns a client for each server that holds locks, sorted.
-func serversOf(ctx context.Context, client redis.UniversalClient) ([]*redis.Client, error) {
-	var mu sync.Mutex // the callbacks run concurrently
-	var out []*redis.Client
-	collect := func(_ context.Context, c *redis.Client) error {
-		mu.Lock()
-		defer mu.Unlock()
-		out = append(out, c)
-		return nil
-	}
-	var err error
-	switch cl := client.(type) {
-	case *redis.Client:
-		return []*redis.Client{cl}, nil
-	case *redis.ClusterClient:
-		err = cl.ForEachMaster(ctx, collect)
-	case *redis.Ring:
-		err = cl.ForEachShard(ctx, collect)
-	default:
-		return nil, fmt.Errorf("cannot inspect a %T", client)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Options().Addr < out[j].Options().Addr })
-	return out, err
-}
-
 // info returns an INFO section as a map, or records that it could not.
-func (c *checker) info(ctx context.Context, s *redis.Client, node, section string) map[string]string {
-	text, err := s.Info(ctx, section).Result()
+func (c *checker) info(ctx context.Context, s deployment.Node, node, section string) map[string]string {
+	reply, err := s.Call(ctx, []any{"INFO", section})
 	if err == nil {
+		text, _ := reply.(string)
 		return pairs(text, "\n", ":")
 	}
 	if !c.cut(ctx) {
@@ -326,8 +295,9 @@ func (c *checker) info(ctx context.Context, s *redis.Client, node, section strin
 }
 
 // server checks one server's role, memory policy, persistence and replicas.
-func (c *checker) server(ctx context.Context, s *redis.Client, node string) {
-	if err := s.Ping(ctx).Err(); err != nil && classify(err) != store.Misconfigured {
+func (c *checker) server(ctx context.Context, server deployment.Server, node string) {
+	s := server.Node
+	if _, err := s.Call(ctx, []any{"PING"}); err != nil && classify(err) != store.Misconfigured {
 		if c.cut(ctx) { // no verdict: the server may answer yet
 			return
 		}
@@ -343,7 +313,7 @@ func (c *checker) server(ctx context.Context, s *redis.Client, node string) {
 	if c.ended {
 		return
 	}
-	info := serverInfo{node: node, addr: s.Options().Addr, runID: srv["run_id"], replID: repl["master_replid"]}
+	info := serverInfo{node: node, addr: server.Addr, runID: srv["run_id"], replID: repl["master_replid"]}
 	if repl["role"] == "slave" {
 		info.master = hostPort(repl["master_host"], repl["master_port"])
 		c.add(Finding{Severity: SeverityCritical, Check: "role", Node: node,
@@ -396,18 +366,18 @@ func (c *checker) settings(node string, srv, mem map[string]string) {
 }
 
 // persistence checks a server's persistence, and reports whether ctx ended.
-func (c *checker) persistence(ctx context.Context, s *redis.Client, node string, pers map[string]string) bool {
+func (c *checker) persistence(ctx context.Context, s deployment.Node, node string, pers map[string]string) bool {
 	if pers == nil {
 		return false
 	}
 	aof := pers["aof_enabled"] == "1"
 	fsync := ""
 	if aof {
-		v, err := s.ConfigGet(ctx, "appendfsync").Result()
+		v, err := s.Call(ctx, []any{"CONFIG", "GET", "appendfsync"})
 		if err != nil && c.cut(ctx) {
 			return true
 		}
-		fsync = v["appendfsync"]
+		fsync = configValue(v, "appendfsync")
 	}
 	switch {
 	case !aof:
@@ -422,6 +392,24 @@ func (c *checker) persistence(ctx context.Context, s *redis.Client, node string,
 			Fix:   "appendfsync always, if that cost is acceptable"})
 	}
 	return false
+}
+
+// configValue returns name's value in CONFIG GET's reply: pairs in an
+// array (RESP2), or a map (RESP3).
+func configValue(reply any, name string) string {
+	var v any
+	switch r := reply.(type) {
+	case []any:
+		for i := 0; i+1 < len(r); i += 2 {
+			if r[i] == name {
+				v = r[i+1]
+			}
+		}
+	case map[any]any:
+		v = r[name]
+	}
+	s, _ := v.(string)
+	return s
 }
 
 func hostPort(host, port string) string {
@@ -444,11 +432,11 @@ func pairs(s, sep, eq string) map[string]string {
 }
 
 // roundTrip compares PING's round trip with TTL's drift allowance; false: no answer.
-func (c *checker) roundTrip(ctx context.Context, client redis.UniversalClient, node string) bool {
+func (c *checker) roundTrip(ctx context.Context, client deployment.Node, node string) bool {
 	var worst time.Duration
 	for range 5 {
 		start := c.l.clock.Now()
-		if err := client.Ping(ctx).Err(); err != nil {
+		if _, err := client.Call(ctx, []any{"PING"}); err != nil {
 			// Unreachable: the server checks'; a refusal: the permissions check's.
 			return !c.cut(ctx) && classify(err) != store.Unavailable
 		}
@@ -469,15 +457,19 @@ func (c *checker) roundTrip(ctx context.Context, client redis.UniversalClient, n
 
 // permissions tries aclRules, test lock name and its channel as the library uses
 // them; master is a Cluster's master that serves name's keys, else nil.
-func (c *checker) permissions(ctx context.Context, n checkNode, master *redis.Client, node, name string) {
+func (c *checker) permissions(ctx context.Context, n checkNode, master deployment.Node, node, name string) {
 	if c.cut(ctx) { // nothing sent, nothing to delete
 		return
 	}
 	token := keys.NewToken()
 	ks := keys.ForLease(c.l.opts.KeyPrefix, name, token)
 	key := ks[keys.LockKey]
-	c.written = append(c.written, testLock{n.client, append(ks[:], key+":acl")}) // one hash tag: one slot on a Cluster
-	channel := keys.Channel(key, clientDB(n.base()))
+	written := testLock{n.client, []any{"DEL", key + ":acl"}} // one hash tag: one slot on a Cluster
+	for _, k := range ks {
+		written.keys = append(written.keys, k)
+	}
+	c.written = append(c.written, written)
+	channel := keys.Channel(key, n.client.DB())
 	if !c.tryRules(ctx, n, master, node, key+":acl", channel) {
 		return
 	}
@@ -504,14 +496,7 @@ func (c *checker) permissions(ctx context.Context, n checkNode, master *redis.Cl
 	}
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	ps := n.client.SSubscribe(sctx, channel)
-	defer func() { _ = ps.Close() }() // the one in use: the fallback's too
-	_, err := ps.ReceiveTimeout(sctx, 2*time.Second)
-	if err != nil && goredis.IsUnknownCommand(err) {
-		_ = ps.Close()
-		ps = n.client.Subscribe(sctx, channel)
-		_, err = ps.ReceiveTimeout(sctx, 2*time.Second)
-	}
+	unsub, err, unsubErr := subscribeTest(sctx, n.client.Network(), channel)
 	if err != nil && !c.cut(ctx) && classify(err) == store.Misconfigured {
 		c.add(Finding{Severity: SeverityWarning, Check: "permissions", Node: node,
 			Seen:  "subscribing to a lock channel failed: " + store.OneLine(err.Error()),
@@ -519,25 +504,43 @@ func (c *checker) permissions(ctx context.Context, n checkNode, master *redis.Cl
 			Fix:   "let the ACL user subscribe to the lock channels: &" + glob.Escape(c.l.opts.KeyPrefix) + "*"})
 		return
 	}
+	c.refused(node, unsub, unsubErr) // what waiters send at the end of one
+}
+
+// subscribeTest subscribes to channel as a waiter does (sharded, or classic
+// on a server without sharded pub/sub), then unsubscribes: the command it
+// sent to unsubscribe, and both errors.
+func subscribeTest(ctx context.Context, net notify.Network, channel string) (unsub string, err, unsubErr error) {
+	node, err := net.Route(ctx, channel)
 	if err != nil {
-		return
+		return "", err, nil
 	}
-	// What waiters send on their subscriptions: PING, and the end of one.
-	if err := ps.Ping(sctx); err == nil {
-		_, err = ps.ReceiveTimeout(sctx, 2*time.Second)
-		c.refused(node, "PING on a subscription", err)
-	}
-	if err := ps.SUnsubscribe(sctx, channel); err == nil {
-		_, err = ps.ReceiveTimeout(sctx, 2*time.Second)
-		if err != nil && goredis.IsUnknownCommand(err) {
-			err = nil // classic pub/sub: UNSUBSCRIBE, as SUBSCRIBE was tried
+	for _, sharded := range []bool{true, false} {
+		conn := net.Open(node, sharded)
+		defer func() { _ = conn.Close() }()
+		ev := notify.Event{Kind: notify.Broken}
+		if ev.Err = conn.Subscribe(ctx, channel); ev.Err == nil {
+			ev = conn.Receive(ctx)
 		}
-		c.refused(node, "SUNSUBSCRIBE", err)
+		if ev.Kind == notify.Refused && ev.Unknown && sharded {
+			continue
+		}
+		unsub = map[bool]string{true: "SUNSUBSCRIBE", false: "UNSUBSCRIBE"}[sharded]
+		if ev.Kind != notify.Subscribed {
+			return unsub, ev.Err, nil
+		}
+		if unsubErr = conn.Unsubscribe(ctx, channel); unsubErr == nil {
+			if ev = conn.Receive(ctx); ev.Kind == notify.Refused {
+				unsubErr = ev.Err
+			}
+		}
+		return unsub, nil, unsubErr
 	}
+	return unsub, nil, nil
 }
 
 // released releases test lock h and publishes a wake-up; false: ctx ended.
-func (c *checker) released(ctx context.Context, n checkNode, master *redis.Client, h store.Lease, node, name, channel string) bool {
+func (c *checker) released(ctx context.Context, n checkNode, master deployment.Node, h store.Lease, node, name, channel string) bool {
 	_, perr, err := h.Release(ctx, store.Release, time.Second)
 	if err == nil && perr == nil {
 		perr = publishTest(ctx, n.client, master, channel)
@@ -560,14 +563,14 @@ func (c *checker) released(ctx context.Context, n checkNode, master *redis.Clien
 
 // publishTest publishes "released" on channel as release.lua does, through
 // master if not nil, and returns the error of a publish the server refused.
-func publishTest(ctx context.Context, client redis.UniversalClient, master *redis.Client, channel string) error {
-	via := redis.Cmdable(client)
+func publishTest(ctx context.Context, client, master deployment.Node, channel string) error {
+	via := client
 	if master != nil {
 		via = master
 	}
-	err := via.SPublish(ctx, channel, "released").Err()
+	_, err := via.Call(ctx, []any{"SPUBLISH", channel, "released"})
 	if err != nil && goredis.IsUnknownCommand(err) {
-		err = via.Publish(ctx, channel, "released").Err()
+		_, err = via.Call(ctx, []any{"PUBLISH", channel, "released"})
 	}
 	if err != nil && !strings.Contains(err.Error(), "NOPERM") {
 		return nil // not a refusal: the network's, reported elsewhere
@@ -584,23 +587,23 @@ func (c *checker) cleanUp(ctx context.Context) {
 	defer cancel()
 	var wg sync.WaitGroup
 	for _, w := range c.written {
-		wg.Go(func() { _ = w.client.Del(ctx, w.keys...).Err() })
+		wg.Go(func() { _, _ = w.via.Call(ctx, w.keys) })
 	}
 	wg.Wait()
 }
 
 // tryRules sends aclRules' commands (to master if not nil) and reports those the ACL
 // refuses; false when ctx ended or no connection can be set up.
-func (c *checker) tryRules(ctx context.Context, n checkNode, master *redis.Client, node, key, channel string) bool {
+func (c *checker) tryRules(ctx context.Context, n checkNode, master deployment.Node, node, key, channel string) bool {
 	o := &c.l.opts
-	db := clientDB(n.base())
-	via := n.client
+	db := n.client.DB()
+	via := deployment.Node(n.client)
 	if master != nil {
 		via = master
 	}
 	for _, r := range aclRules { // go-redis selects the database as it sets up a connection
 		if r.only == onlyDB && db != 0 {
-			err := via.Do(ctx, tryArgs(r.try, key, channel, db)...).Err()
+			_, err := via.Call(ctx, tryArgs(r.try, key, channel, db))
 			if err != nil && c.cut(ctx) || c.refused(node, r.try, err) {
 				return false
 			}
@@ -613,7 +616,7 @@ func (c *checker) tryRules(ctx context.Context, n checkNode, master *redis.Clien
 		}
 		if r.only == onlyCluster {
 			if master != nil && r.try != "" {
-				err := tryThenPing(ctx, master, tryArgs(r.try, key, channel, db))
+				err := master.Pipe(ctx, false, tryArgs(r.try, key, channel, db), []any{"PING"})[0] // PING spends the flag ASKING leaves
 				if err != nil && c.cut(ctx) {
 					return false
 				}
@@ -625,13 +628,13 @@ func (c *checker) tryRules(ctx context.Context, n checkNode, master *redis.Clien
 		if try == "" || r.creates && !keySet { // without the key, try would make one with no TTL
 			continue
 		}
-		err := via.Do(ctx, tryArgs(try, key, channel, db)...).Err()
+		_, err := via.Call(ctx, tryArgs(try, key, channel, db))
 		if r.rule == "+set" {
 			keySet = err == nil
 		}
 		if err != nil && r.try6 != "" && goredis.IsUnknownCommand(err) {
 			try = r.try6
-			err = via.Do(ctx, tryArgs(try, key, channel, db)...).Err()
+			_, err = via.Call(ctx, tryArgs(try, key, channel, db))
 		}
 		if err != nil && c.cut(ctx) {
 			return false
@@ -639,32 +642,17 @@ func (c *checker) tryRules(ctx context.Context, n checkNode, master *redis.Clien
 		c.refused(node, try, err)
 	}
 	// The fencelock command reads a lock in a transaction.
-	cmds, err := via.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Get(ctx, key)
-		return nil
-	})
-	if err != nil && c.cut(ctx) {
-		return false
-	}
-	for _, cmd := range cmds {
-		if e := cmd.Err(); e != nil && strings.Contains(e.Error(), "NOPERM") {
+	var err error
+	for _, e := range via.Pipe(ctx, true, []any{"GET", key}) {
+		if err == nil || e != nil && strings.Contains(e.Error(), "NOPERM") {
 			err = e
 		}
 	}
+	if err != nil && c.cut(ctx) {
+		return false
+	}
 	c.refused(node, "MULTI, GET, EXEC", err)
 	return true
-}
-
-// tryThenPing sends args, then PING, on one connection to m, and returns
-// args' error: PING spends the flag ASKING would leave for a lock's command.
-func tryThenPing(ctx context.Context, m *redis.Client, args []any) error {
-	var cmd *redis.Cmd
-	_, _ = m.Pipelined(ctx, func(p redis.Pipeliner) error {
-		cmd = p.Do(ctx, args...)
-		p.Ping(ctx)
-		return nil
-	})
-	return cmd.Err()
 }
 
 // refused reports and records err if it is the ACL's refusal of what.
@@ -696,17 +684,6 @@ func tryArgs(try, key, channel string, db int) []any {
 		args = append(args, r.Replace(a))
 	}
 	return args
-}
-
-// clientDB returns the database the client's connections select.
-func clientDB(c redis.UniversalClient) int {
-	switch c := c.(type) {
-	case *redis.Client:
-		return c.Options().DB
-	case *redis.Ring:
-		return c.Options().DB
-	}
-	return 0
 }
 
 // independence reports Redlock nodes that are one server or replicate one another.

@@ -187,8 +187,8 @@ func nodeWaits(l *Locker, i int) *notify.Notifier {
 // openHubs returns how many subscription connections l has open.
 func openHubs(l *Locker) int { return waitsOf(l).Hubs() }
 
-// clientOf returns the client of a Locker made by New.
-func clientOf(l *Locker) redis.UniversalClient { return l.checks[0].client }
+// call sends one command through the client of a Locker made by New.
+func call(l *Locker, args ...any) (any, error) { return l.checks[0].client.Call(ctx, args) }
 
 // decodeAcquire reads an acquire script's reply, for hooks: whether it took
 // the lock, and its fence (or the holder's PTTL in ms, and its owner).

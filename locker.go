@@ -3,6 +3,7 @@ package fencelock
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,15 +47,32 @@ func New(client redis.UniversalClient, opts *Options) (*Locker, error) {
 	if err := goredis.Usable(client); err != nil {
 		return nil, invalidf("%v", err)
 	}
+	return NewWith(goRedis(client), opts)
+}
+
+// A Connector makes a Locker's client of one Redis deployment, given the
+// Locker's options as its internal package reads them. fencelock's adapter
+// modules make them (fencerueidis for rueidis, fencevalkey for valkey-go);
+// its types are internal, so no other package can.
+type Connector = func(deployment.ClientOptions) deployment.Client
+
+// NewWith is New for the client connect makes: what the adapter modules
+// call. It returns an error wrapping ErrInvalid, with no Redis call, for a
+// nil connect or an option it cannot honour.
+func NewWith(connect Connector, opts *Options) (*Locker, error) {
+	if connect == nil {
+		return nil, invalidf("nil connector")
+	}
 	o, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
 	}
 	l := newLocker(o)
-	d := deployment.New(l.client(client), l.deploymentConfig(""))
+	c := connect(l.clientOptions())
+	d := deployment.New(c, l.deploymentConfig(""))
 	l.store, l.traits, l.single = d, d.Traits(), d
 	l.lock = kind{lease: d.Lock, queued: l.fairLock}
-	l.checks = []checkNode{{client: client, single: d}}
+	l.checks = []checkNode{{client: c, single: d}}
 	return l, nil
 }
 
@@ -72,15 +90,39 @@ func NewRedlock(clients []redis.UniversalClient, opts *Options) (*Locker, error)
 	if err := goredis.UsableAll(clients); err != nil {
 		return nil, invalidf("%v", err)
 	}
+	connect := make([]Connector, len(clients))
+	for i, c := range clients {
+		connect[i] = goRedis(c)
+	}
+	return NewRedlockWith(connect, opts)
+}
+
+// NewRedlockWith is NewRedlock for the clients connect makes, one per node:
+// what the adapter modules call. It returns an error matching ErrInvalid,
+// with no Redis call, for none or more than 64, a nil one, or an option it
+// cannot honour.
+func NewRedlockWith(connect []Connector, opts *Options) (*Locker, error) {
+	if len(connect) == 0 || len(connect) > 64 {
+		return nil, invalidf("%d redis clients: a Redlock needs 1 to 64", len(connect))
+	}
+	for i, c := range connect {
+		if c == nil {
+			return nil, invalidf("redis client %d is nil", i)
+		}
+	}
 	o, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
 	}
 	l := newLocker(o)
-	nodes := make([]*deployment.Deployment, len(clients))
-	for i, c := range clients {
-		name := goredis.NodeName(i, c)
-		nodes[i] = deployment.New(l.client(c), l.deploymentConfig(name))
+	nodes := make([]*deployment.Deployment, len(connect))
+	for i, connect := range connect {
+		c := connect(l.clientOptions())
+		name := "node " + strconv.Itoa(i)
+		if addr := c.Addr(); addr != "" {
+			name += " (" + addr + ")"
+		}
+		nodes[i] = deployment.New(c, l.deploymentConfig(name))
 		l.checks = append(l.checks, checkNode{client: c, single: nodes[i], name: name})
 	}
 	q := redlock.New(nodes, redlock.Config{KeyPrefix: o.KeyPrefix, Owner: o.Owner, ReleaseTimeout: o.ReleaseTimeout,
@@ -89,6 +131,11 @@ func NewRedlock(clients []redis.UniversalClient, opts *Options) (*Locker, error)
 	l.store, l.traits = q, q.Traits()
 	l.lock = kind{lease: q.Lock}
 	return l, nil
+}
+
+// goRedis returns the Connector of a go-redis client, which goredis.Usable accepts.
+func goRedis(c redis.UniversalClient) Connector {
+	return func(o deployment.ClientOptions) deployment.Client { return goredis.New(c, o) }
 }
 
 func newLocker(o Options) *Locker {
@@ -103,9 +150,8 @@ func (l *Locker) deploymentConfig(name string) deployment.Config {
 		FenceRetention: o.FenceRetention, Logger: o.Logger, Clock: o.Clock, Tasks: l.bg, Name: name}
 }
 
-// client returns the deployment client of c, which goredis.Usable accepts.
-func (l *Locker) client(c redis.UniversalClient) *goredis.Client {
-	return goredis.New(c, goredis.Options{Replicas: l.opts.Replicas, ReplicaTimeout: l.opts.ReplicaTimeout, ReplicaFsync: l.opts.ReplicaFsync})
+func (l *Locker) clientOptions() deployment.ClientOptions {
+	return deployment.ClientOptions{Replicas: l.opts.Replicas, ReplicaTimeout: l.opts.ReplicaTimeout, ReplicaFsync: l.opts.ReplicaFsync}
 }
 
 // A kind makes the store's leases of one kind: a lock's, a semaphore's

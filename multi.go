@@ -9,13 +9,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fencelock/fencelock/internal/goredis"
 	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/notify"
 	"github.com/fencelock/fencelock/internal/script"
 	"github.com/fencelock/fencelock/internal/store"
 	"github.com/fencelock/fencelock/internal/tasks"
-	"github.com/redis/go-redis/v9"
 )
 
 const maxNames = 1000 // the most names one AcquireAll takes
@@ -90,43 +88,28 @@ func (l *Locker) acquireAllObserved(ctx context.Context, names []string, co call
 // acquireAll takes names with one script where one can, else one by one in sorted
 // order: two overlapping calls never wait for each other in a circle.
 func (l *Locker) acquireAll(ctx context.Context, names []string, co callOptions, open bool, st *acquireStats) ([]*Lease, error) {
-	if l.single != nil && together(goredis.Base(l.checks[0].client), names) {
+	if l.single != nil && together(l.checks[0].client.Network().Topology(), l.opts.KeyPrefix, names) {
 		return l.acquireTogether(ctx, names, co, open, st)
 	}
 	return l.acquireInOrder(ctx, names, co, open, st)
 }
 
-// together reports whether one script can take all of names through c.
-func together(c redis.UniversalClient, names []string) bool {
-	switch c.(type) {
-	case *redis.ClusterClient:
-		slot := keySlot(names[0])
+// together reports whether one script can take all of names on a
+// deployment of topology t: a Cluster's when their keys share a slot.
+func together(t notify.Topology, prefix string, names []string) bool {
+	switch t {
+	case notify.Cluster:
+		slot := keys.Slot(keys.Lock(prefix, names[0]))
 		for _, name := range names[1:] {
-			if keySlot(name) != slot {
+			if keys.Slot(keys.Lock(prefix, name)) != slot {
 				return false
 			}
 		}
 		return true
-	case *redis.Ring:
+	case notify.Ring:
 		return len(names) == 1
 	}
 	return true
-}
-
-// keySlot is the Cluster slot of hash tag tag: CRC16 (XMODEM) mod 16384.
-func keySlot(tag string) int {
-	var crc uint16
-	for i := 0; i < len(tag); i++ {
-		crc ^= uint16(tag[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return int(crc) & 16383
 }
 
 // acquireTogether takes names in one script per attempt, as one acquisition.

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencelock/fencelock/internal/notify"
 	"github.com/fencelock/fencelock/internal/redistest"
 	"github.com/fencelock/fencelock/internal/script"
 )
@@ -477,26 +478,13 @@ func TestRunWithLocksLoss(t *testing.T) {
 	requireEveryKeyExpires(t, e.admin)
 }
 
-// TestKeySlot: the Cluster slot of a hash tag, as Redis computes it
-// (CRC16/XMODEM modulo 16384; the vectors are Redis's own).
-func TestKeySlot(t *testing.T) {
-	for tag, slot := range map[string]int{"123456789": 12739, "foo": 12182, "bar": 5061, "": 0} {
-		assert.Equal(t, slot, keySlot(tag), tag)
-	}
-}
-
 // TestTogether: one script takes several locks on one server, or when
 // their names share a Cluster slot; a Ring's shards are its own hash's.
 func TestTogether(t *testing.T) {
-	cluster := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
-	t.Cleanup(func() { _ = cluster.Close() })
-	assert.True(t, together(cluster, []string{"123456789", "123456789"}))
-	assert.False(t, together(cluster, []string{"foo", "bar"}))
-	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
-	t.Cleanup(func() { _ = ring.Close() })
-	assert.True(t, together(ring, []string{"foo"}))
-	assert.False(t, together(ring, []string{"foo", "bar"}))
-	single := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
-	t.Cleanup(func() { _ = single.Close() })
-	assert.True(t, together(single, []string{"foo", "bar"}))
+	assert.True(t, together(notify.Cluster, "", []string{"123456789", "123456789"}))
+	assert.True(t, together(notify.Cluster, "{p}", []string{"foo", "bar"}))
+	assert.False(t, together(notify.Cluster, "", []string{"foo", "bar"}))
+	assert.True(t, together(notify.Ring, "", []string{"foo"}))
+	assert.False(t, together(notify.Ring, "", []string{"foo", "bar"}))
+	assert.True(t, together(notify.Single, "", []string{"foo", "bar"}))
 }

@@ -182,9 +182,10 @@ func TestWaitUnavailableThroughout(t *testing.T) {
 
 func TestMiniredisFallsBackToClassicPubSub(t *testing.T) {
 	m, l := newMini(t)
-	l2, err := New(redis.NewClient(&redis.Options{Addr: m.Addr()}), slowPolling)
+	c2 := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	l2, err := New(c2, slowPolling)
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = l2.Close(); _ = clientOf(l2).Close() })
+	t.Cleanup(func() { _ = l2.Close(); _ = c2.Close() })
 	held, err := l.Acquire(ctx, "job", WithTTL(time.Minute))
 	require.NoError(t, err)
 	got := waitInBackground(l2, "job")

@@ -30,6 +30,27 @@ type Client interface {
 	Mark() store.Mark
 	Since(m store.Mark) (cause error, unsent bool)
 	LastDialError() error // nil when none failed
+	Node                  // the client itself: a command goes where its first key lives
+	Addr() string         // the server's address; "" for a client of several
+	// Servers returns each server that holds locks (a Cluster's or a Ring's
+	// masters), sorted by address: what Check looks at.
+	Servers(ctx context.Context) ([]Server, error)
+}
+
+// A Node sends commands to a server, or through a client that routes them.
+// An error reply is an error with a RedisError method.
+type Node interface {
+	Call(ctx context.Context, args []any) (any, error) // one command
+	// Pipe sends cmds on one connection in order, within MULTI and EXEC
+	// with tx, and returns each one's error (EXEC's last).
+	Pipe(ctx context.Context, tx bool, cmds ...[]any) []error
+}
+
+// A Server is one server of a deployment.
+type Server struct {
+	Addr  string
+	Slots [][2]int // a Cluster master's slot ranges, first and last
+	Node  Node     // its own connections: no redirect is followed
 }
 
 // Config is what a Deployment needs of the Locker's options.

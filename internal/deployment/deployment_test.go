@@ -1,4 +1,4 @@
-package deployment
+package deployment_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/fencelock/fencelock/internal/deployment"
 	"github.com/fencelock/fencelock/internal/goredis"
 	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/redistest"
@@ -30,7 +31,7 @@ func (realClock) NewTimer(d time.Duration) *time.Timer { return time.NewTimer(d)
 
 // env is a Deployment on a redis-server of its own, and an admin client.
 type env struct {
-	d     *Deployment
+	d     *deployment.Deployment
 	admin *redis.Client
 }
 
@@ -41,7 +42,7 @@ func newEnv(t *testing.T) env {
 	admin := srv.Client(nil)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	g := tasks.New(realClock{}, time.Second, log, func(error) bool { return false })
-	d := New(goredis.New(client, goredis.Options{}), Config{KeyPrefix: "lock:", TTL: 10 * time.Second, Owner: "me",
+	d := deployment.New(goredis.New(client, deployment.ClientOptions{}), deployment.Config{KeyPrefix: "lock:", TTL: 10 * time.Second, Owner: "me",
 		ReleaseTimeout: time.Second, FenceRetention: time.Hour, Logger: log, Clock: realClock{}, Tasks: g})
 	t.Cleanup(func() {
 		by := time.Now().Add(5 * time.Second)
@@ -237,7 +238,7 @@ func TestAcquireStopsAtItsDeadline(t *testing.T) {
 	t.Cleanup(func() { _ = client.Close() })
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	g := tasks.New(realClock{}, time.Second, log, func(error) bool { return false })
-	d := New(goredis.New(client, goredis.Options{}), Config{KeyPrefix: "lock:", TTL: time.Second, Owner: "me",
+	d := deployment.New(goredis.New(client, deployment.ClientOptions{}), deployment.Config{KeyPrefix: "lock:", TTL: time.Second, Owner: "me",
 		ReleaseTimeout: time.Second, FenceRetention: time.Hour, Logger: log, Clock: realClock{}, Tasks: g})
 	t.Cleanup(func() { d.Close(time.Now().Add(time.Second)); g.Close(time.Now().Add(time.Second)) })
 	require.True(t, d.Traits().Deadlines)

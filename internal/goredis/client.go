@@ -9,30 +9,22 @@ import (
 	"fmt"
 	"net"
 	"reflect"
-	"strconv"
 	"sync/atomic"
-	"time"
 	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fencelock/fencelock/internal/deployment"
 	"github.com/fencelock/fencelock/internal/notify"
 	"github.com/fencelock/fencelock/internal/script"
 	"github.com/fencelock/fencelock/internal/store"
 )
 
-// Options are what a Client needs of the Locker's options.
-type Options struct {
-	Replicas       int // how many replicas acknowledge a script's writes (WAIT); 0: none
-	ReplicaTimeout time.Duration
-	ReplicaFsync   bool // WAITAOF
-}
-
 // A Client is one deployment's go-redis client.
 type Client struct {
 	client  redis.UniversalClient // runs the scripts; may be an AutoPipeliner
 	base    redis.UniversalClient // the one behind it: subscriptions, WAIT, its kind
-	o       Options
+	o       deployment.ClientOptions
 	network *Network
 
 	dials, failures atomic.Int64          // of the client, counted by dialWatch
@@ -79,18 +71,9 @@ func UsableAll(clients []redis.UniversalClient) error {
 	return nil
 }
 
-// NodeName names the Redlock node of client i in errors.
-func NodeName(i int, client redis.UniversalClient) string {
-	name := "node " + strconv.Itoa(i)
-	if rc, ok := client.(*redis.Client); ok {
-		name += " (" + rc.Options().Addr + ")"
-	}
-	return name
-}
-
 // New returns the Client of client, which Usable accepts, and adds a hook to
 // client that counts its dials (see Since).
-func New(client redis.UniversalClient, o Options) *Client {
+func New(client redis.UniversalClient, o deployment.ClientOptions) *Client {
 	base := Base(client)
 	c := &Client{client: client, base: base, o: o, network: NewNetwork(base)}
 	base.AddHook(dialWatch{c})

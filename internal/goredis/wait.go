@@ -8,7 +8,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencelock/fencelock/internal/script"
-	"github.com/fencelock/fencelock/internal/store"
 )
 
 // Run runs s on keys as Eval does (EVAL alone when eval is set). With
@@ -29,7 +28,7 @@ func (c *Client) Run(ctx context.Context, s *script.Script, eval bool, keys, arg
 	if err := wait.Err(); err != nil {
 		return cmd.Val(), translate(err)
 	}
-	return cmd.Val(), c.acknowledged(wait.Val())
+	return cmd.Val(), c.o.Acknowledged(wait.Val())
 }
 
 // pipeline sends s and WAIT in one pipeline to the node that serves the first
@@ -40,7 +39,6 @@ func (c *Client) pipeline(ctx context.Context, s *script.Script, eval bool, keys
 	if err != nil {
 		return nil, nil, err
 	}
-	timeout := store.Millis(c.o.ReplicaTimeout)
 	asking := false
 	exec := func(eval bool) {
 		pipe := node.Pipeline()
@@ -48,11 +46,7 @@ func (c *Client) pipeline(ctx context.Context, s *script.Script, eval bool, keys
 			pipe.Do(ctx, "ASKING") // the next command on this connection only
 		}
 		cmd = pipe.Do(ctx, script.Args(s, eval, keys, argv)...)
-		if c.o.ReplicaFsync {
-			wait = pipe.Do(ctx, "WAITAOF", 1, c.o.Replicas, timeout)
-		} else {
-			wait = pipe.Do(ctx, "WAIT", c.o.Replicas, timeout)
-		}
+		wait = pipe.Do(ctx, c.o.Wait()...)
 		_, _ = pipe.Exec(ctx)
 	}
 	for redirects := 0; ; redirects++ {
@@ -75,25 +69,6 @@ func (c *Client) pipeline(ctx context.Context, s *script.Script, eval bool, keys
 		}
 		asking = !moved
 	}
-}
-
-// acknowledged reads WAIT's (or WAITAOF's) reply: a *store.ReplicaError
-// when too few replicas acknowledged, or the master did not fsync.
-func (c *Client) acknowledged(reply any) error {
-	acked, local := int64(0), int64(1)
-	switch v := reply.(type) {
-	case int64: // WAIT
-		acked = v
-	case []any: // WAITAOF: [local, replicas]
-		if len(v) == 2 {
-			local, _ = v[0].(int64)
-			acked, _ = v[1].(int64)
-		}
-	}
-	if acked < int64(c.o.Replicas) || local < 1 {
-		return &store.ReplicaError{Acked: acked, Want: c.o.Replicas, Local: local, Fsync: c.o.ReplicaFsync, Timeout: c.o.ReplicaTimeout}
-	}
-	return nil
 }
 
 // node returns the client of the node that serves key, or the base client:

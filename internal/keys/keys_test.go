@@ -61,3 +61,14 @@ func TestBox(t *testing.T) {
 	assert.True(t, v == any("lock:{name}:t:42"))
 	assert.Zero(t, testing.AllocsPerRun(100, func() { _ = Box(&s) }))
 }
+
+// TestSlot: the Cluster slot of a key, as Redis computes it (CRC16/XMODEM
+// of its hash tag modulo 16384; the vectors are Redis's own).
+func TestSlot(t *testing.T) {
+	for key, slot := range map[string]int{"123456789": 12739, "foo": 12182, "bar": 5061, "": 0,
+		"x{foo}y": 12182, "{bar}{foo}": 5061, "{}foo": 9500 /* an empty tag: the whole key */, "a{foo": 113} {
+		if got := Slot(key); got != slot {
+			t.Errorf("Slot(%q) = %d, want %d", key, got, slot)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"strconv"
 	"testing"
 	"time"
 
@@ -50,9 +51,9 @@ func newEnv(t *testing.T, n int) env {
 		admin := srv.Client(nil)
 		t.Cleanup(func() { _ = client.Close(); _ = admin.Close() })
 		e.srvs, e.admins = append(e.srvs, srv), append(e.admins, admin)
-		nodes[i] = deployment.New(goredis.New(client, goredis.Options{}), deployment.Config{KeyPrefix: "lock:",
+		nodes[i] = deployment.New(goredis.New(client, deployment.ClientOptions{}), deployment.Config{KeyPrefix: "lock:",
 			TTL: 10 * time.Second, Owner: "me", ReleaseTimeout: time.Second, FenceRetention: time.Hour,
-			Logger: log, Clock: realClock{}, Tasks: g, Name: goredis.NodeName(i, client)})
+			Logger: log, Clock: realClock{}, Tasks: g, Name: "node " + strconv.Itoa(i)})
 	}
 	e.q = New(nodes, Config{KeyPrefix: "lock:", Owner: "me", ReleaseTimeout: time.Second, FenceRetention: time.Hour,
 		MinRetryBackoff: 8 * time.Millisecond, MaxRetryBackoff: 512 * time.Millisecond, Clock: realClock{}, Tasks: g, Closed: closed})
