@@ -67,7 +67,7 @@ package fencelock
 //	        | store.Store, store.Lease (one per token), store.Wakeup
 //	        v
 //	internal/store       the seam: results, attempts, error classes; no client
-//	internal/deployment  one deployment: the lock's scripts through a Client
+//	internal/deployment  one deployment: the lock's scripts through a Client, the client seam
 //	internal/redlock     a quorum of deployments: grants, fences, its line
 //	internal/goredis     the go-redis Client: commands, WAIT, dials, pub/sub
 //	internal/notify      wake-ups: hubs, connections, waiters; no protocol
@@ -76,3 +76,8 @@ package fencelock
 //	internal/tasks       tracked goroutines: bounded calls, give-backs
 //	internal/deadline    one timer for the contexts of the calls
 //	internal/backoff     the retry pause
+//
+// A client library plugs in at deployment.Client (its scripts, WAIT, its
+// servers for Check, its pub/sub as a notify.Network): internal/goredis for
+// New, the rueidis/ and valkeygo/ modules (fencerueidis, fencevalkey) through
+// NewWith. internal/conformance is the suite all three pass.

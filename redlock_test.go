@@ -2,6 +2,7 @@ package fencelock
 
 import (
 	"context"
+	"fmt"
 	"errors"
 	"math"
 	"slices"
@@ -836,15 +837,18 @@ func TestRedlockLineEntriesExpire(t *testing.T) {
 			defer cancel()
 			w := waitAndHold(wctx, wl, name)
 			var ended error // the waiter's Acquire returned: say why rather than wait out the patience
+			seen := new(strings.Builder) // a Stringer: the message reads it at the end
 			require.Eventually(t, func() bool {
 				select {
 				case ended = <-w.done:
 					return true
 				default:
 				}
-				n, err := e.admins[0].ZCard(ctx, key+":q").Result()
-				return err == nil && n == 1
-			}, redlockPatience, time.Millisecond, "the waiter joins the line")
+				line, err := e.admins[0].ZRangeWithScores(ctx, key+":q", 0, -1).Result()
+				seen.Reset()
+				_, _ = fmt.Fprint(seen, line, err)
+				return err == nil && len(line) == 1
+			}, redlockPatience, time.Millisecond, "the waiter joins the line; node 0's line last read %s", seen)
 			require.NoError(t, ended, "the waiter's Acquire returned before joining the line")
 			within := func(d time.Duration) bool { return d > tc.entryTTL-time.Second/2 && d <= tc.entryTTL }
 			for _, k := range []string{":q", ":qi"} {
