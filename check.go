@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/fencelock/fencelock/internal/deployment"
+	"github.com/fencelock/fencelock/internal/driver"
 	"github.com/fencelock/fencelock/internal/glob"
 	"github.com/fencelock/fencelock/internal/goredis"
 	"github.com/fencelock/fencelock/internal/keys"
@@ -155,13 +155,13 @@ type checker struct {
 
 // A checkNode is a deployment Check looks at: New's, or a Redlock node.
 type checkNode struct {
-	name   string            // a Redlock node's; "" for New's
-	client deployment.Client // the scripts go through it
-	single single            // for the test lock
+	name   string        // a Redlock node's; "" for New's
+	client driver.Client // the scripts go through it
+	single single        // for the test lock
 }
 
 type testLock struct {
-	via  deployment.Node
+	via  driver.Node
 	keys []any
 }
 
@@ -263,7 +263,7 @@ func (c *checker) deployment(ctx context.Context, n checkNode) {
 }
 
 // nameOn returns a test lock's name, base with a suffix, whose keys m serves.
-func (c *checker) nameOn(m deployment.Server, base string) (string, bool) {
+func (c *checker) nameOn(m driver.Server, base string) (string, bool) {
 	for i := range 1 << 16 { // a master with one slot of 16384 is found 98 times in 100
 		name := base + ":" + strconv.Itoa(i)
 		slot := keys.Slot(keys.Lock(c.l.opts.KeyPrefix, name))
@@ -277,7 +277,7 @@ func (c *checker) nameOn(m deployment.Server, base string) (string, bool) {
 }
 
 // info returns an INFO section as a map, or records that it could not.
-func (c *checker) info(ctx context.Context, s deployment.Node, node, section string) map[string]string {
+func (c *checker) info(ctx context.Context, s driver.Node, node, section string) map[string]string {
 	reply, err := s.Call(ctx, []any{"INFO", section})
 	if err == nil {
 		text, _ := reply.(string)
@@ -295,7 +295,7 @@ func (c *checker) info(ctx context.Context, s deployment.Node, node, section str
 }
 
 // server checks one server's role, memory policy, persistence and replicas.
-func (c *checker) server(ctx context.Context, server deployment.Server, node string) {
+func (c *checker) server(ctx context.Context, server driver.Server, node string) {
 	s := server.Node
 	if _, err := s.Call(ctx, []any{"PING"}); err != nil && classify(err) != store.Misconfigured {
 		if c.cut(ctx) { // no verdict: the server may answer yet
@@ -366,7 +366,7 @@ func (c *checker) settings(node string, srv, mem map[string]string) {
 }
 
 // persistence checks a server's persistence, and reports whether ctx ended.
-func (c *checker) persistence(ctx context.Context, s deployment.Node, node string, pers map[string]string) bool {
+func (c *checker) persistence(ctx context.Context, s driver.Node, node string, pers map[string]string) bool {
 	if pers == nil {
 		return false
 	}
@@ -432,7 +432,7 @@ func pairs(s, sep, eq string) map[string]string {
 }
 
 // roundTrip compares PING's round trip with TTL's drift allowance; false: no answer.
-func (c *checker) roundTrip(ctx context.Context, client deployment.Node, node string) bool {
+func (c *checker) roundTrip(ctx context.Context, client driver.Node, node string) bool {
 	var worst time.Duration
 	for range 5 {
 		start := c.l.clock.Now()
@@ -457,7 +457,7 @@ func (c *checker) roundTrip(ctx context.Context, client deployment.Node, node st
 
 // permissions tries aclRules, test lock name and its channel as the library uses
 // them; master is a Cluster's master that serves name's keys, else nil.
-func (c *checker) permissions(ctx context.Context, n checkNode, master deployment.Node, node, name string) {
+func (c *checker) permissions(ctx context.Context, n checkNode, master driver.Node, node, name string) {
 	if c.cut(ctx) { // nothing sent, nothing to delete
 		return
 	}
@@ -540,7 +540,7 @@ func subscribeTest(ctx context.Context, net notify.Network, channel string) (uns
 }
 
 // released releases test lock h and publishes a wake-up; false: ctx ended.
-func (c *checker) released(ctx context.Context, n checkNode, master deployment.Node, h store.Lease, node, name, channel string) bool {
+func (c *checker) released(ctx context.Context, n checkNode, master driver.Node, h store.Lease, node, name, channel string) bool {
 	_, perr, err := h.Release(ctx, store.Release, time.Second)
 	if err == nil && perr == nil {
 		perr = publishTest(ctx, n.client, master, channel)
@@ -563,7 +563,7 @@ func (c *checker) released(ctx context.Context, n checkNode, master deployment.N
 
 // publishTest publishes "released" on channel as release.lua does, through
 // master if not nil, and returns the error of a publish the server refused.
-func publishTest(ctx context.Context, client, master deployment.Node, channel string) error {
+func publishTest(ctx context.Context, client, master driver.Node, channel string) error {
 	via := client
 	if master != nil {
 		via = master
@@ -594,10 +594,10 @@ func (c *checker) cleanUp(ctx context.Context) {
 
 // tryRules sends aclRules' commands (to master if not nil) and reports those the ACL
 // refuses; false when ctx ended or no connection can be set up.
-func (c *checker) tryRules(ctx context.Context, n checkNode, master deployment.Node, node, key, channel string) bool {
+func (c *checker) tryRules(ctx context.Context, n checkNode, master driver.Node, node, key, channel string) bool {
 	o := &c.l.opts
 	db := n.client.DB()
-	via := deployment.Node(n.client)
+	via := driver.Node(n.client)
 	if master != nil {
 		via = master
 	}

@@ -43,7 +43,9 @@
 // # Redis clients
 //
 // A Locker accepts any go-redis v9 UniversalClient (standalone, Sentinel,
-// Cluster or Ring) on Redis 6.2 or later. Acquire, RunWithLock, Release and
+// Cluster or Ring) on Redis 6.2 or later; the modules
+// github.com/fencelock/fencelock/rueidis and .../valkeygo make the same
+// Lockers on rueidis and valkey-go clients, whose locks are the same locks. Acquire, RunWithLock, Release and
 // Extend return within a few milliseconds of their context's end, whatever
 // the client's options ("Deadlines and the watchdog"; docs/failures.md).
 //
@@ -60,6 +62,7 @@ package fencelock
 //
 //	root (package fencelock): the public API and the lease lifecycle
 //	    locker.go lease.go watchdog.go run.go wait.go   the core
+//	    redlock.go                                        NewRedlock: a quorum of deployments
 //	    fair.go                                           fair waiting: a line, a state machine
 //	    semaphore.go rwlock.go multi.go                   the kinds, each a store.Lease of its own over one deployment
 //	    check.go acl.go  options.go errors.go observer.go
@@ -67,7 +70,8 @@ package fencelock
 //	        | store.Store, store.Lease (one per token), store.Wakeup
 //	        v
 //	internal/store       the seam: results, attempts, error classes; no client
-//	internal/deployment  one deployment: the lock's scripts through a Client, the client seam
+//	internal/deployment  one deployment: the lock's scripts through a driver.Client
+//	internal/driver      what fencelock needs of a client library: the seam of the adapters
 //	internal/redlock     a quorum of deployments: grants, fences, its line
 //	internal/goredis     the go-redis Client: commands, WAIT, dials, pub/sub
 //	internal/notify      wake-ups: hubs, connections, waiters; no protocol
@@ -77,7 +81,7 @@ package fencelock
 //	internal/deadline    one timer for the contexts of the calls
 //	internal/backoff     the retry pause
 //
-// A client library plugs in at deployment.Client (its scripts, WAIT, its
+// A client library plugs in at driver.Client (its scripts, WAIT, its
 // servers for Check, its pub/sub as a notify.Network): internal/goredis for
 // New, the rueidis/ and valkeygo/ modules (fencerueidis, fencevalkey) through
 // NewWith. internal/conformance is the suite all three pass.

@@ -2,8 +2,8 @@ package fencelock
 
 import (
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strconv"
@@ -836,7 +836,7 @@ func TestRedlockLineEntriesExpire(t *testing.T) {
 			wctx, cancel := context.WithCancel(ctx)
 			defer cancel()
 			w := waitAndHold(wctx, wl, name)
-			var ended error // the waiter's Acquire returned: say why rather than wait out the patience
+			var ended error              // the waiter's Acquire returned: say why rather than wait out the patience
 			seen := new(strings.Builder) // a Stringer: the message reads it at the end
 			require.Eventually(t, func() bool {
 				select {

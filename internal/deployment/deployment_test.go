@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/fencelock/fencelock/internal/deployment"
+	"github.com/fencelock/fencelock/internal/driver"
 	"github.com/fencelock/fencelock/internal/goredis"
 	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/redistest"
@@ -42,7 +43,7 @@ func newEnv(t *testing.T) env {
 	admin := srv.Client(nil)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	g := tasks.New(realClock{}, time.Second, log, func(error) bool { return false })
-	d := deployment.New(goredis.New(client, deployment.ClientOptions{}), deployment.Config{KeyPrefix: "lock:", TTL: 10 * time.Second, Owner: "me",
+	d := deployment.New(goredis.New(client, driver.Options{}), deployment.Config{KeyPrefix: "lock:", TTL: 10 * time.Second, Owner: "me",
 		ReleaseTimeout: time.Second, FenceRetention: time.Hour, Logger: log, Clock: realClock{}, Tasks: g})
 	t.Cleanup(func() {
 		by := time.Now().Add(5 * time.Second)
@@ -238,7 +239,7 @@ func TestAcquireStopsAtItsDeadline(t *testing.T) {
 	t.Cleanup(func() { _ = client.Close() })
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	g := tasks.New(realClock{}, time.Second, log, func(error) bool { return false })
-	d := deployment.New(goredis.New(client, deployment.ClientOptions{}), deployment.Config{KeyPrefix: "lock:", TTL: time.Second, Owner: "me",
+	d := deployment.New(goredis.New(client, driver.Options{}), deployment.Config{KeyPrefix: "lock:", TTL: time.Second, Owner: "me",
 		ReleaseTimeout: time.Second, FenceRetention: time.Hour, Logger: log, Clock: realClock{}, Tasks: g})
 	t.Cleanup(func() { d.Close(time.Now().Add(time.Second)); g.Close(time.Now().Add(time.Second)) })
 	require.True(t, d.Traits().Deadlines)

@@ -14,7 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fencelock/fencelock/internal/deployment"
+	"github.com/fencelock/fencelock/internal/driver"
 	"github.com/fencelock/fencelock/internal/notify"
 	"github.com/fencelock/fencelock/internal/script"
 	"github.com/fencelock/fencelock/internal/store"
@@ -24,7 +24,7 @@ import (
 type Client struct {
 	client  redis.UniversalClient // runs the scripts; may be an AutoPipeliner
 	base    redis.UniversalClient // the one behind it: subscriptions, WAIT, its kind
-	o       deployment.ClientOptions
+	o       driver.Options
 	network *Network
 
 	dials, failures atomic.Int64          // of the client, counted by dialWatch
@@ -73,7 +73,7 @@ func UsableAll(clients []redis.UniversalClient) error {
 
 // New returns the Client of client, which Usable accepts, and adds a hook to
 // client that counts its dials (see Since).
-func New(client redis.UniversalClient, o deployment.ClientOptions) *Client {
+func New(client redis.UniversalClient, o driver.Options) *Client {
 	base := Base(client)
 	c := &Client{client: client, base: base, o: o, network: NewNetwork(base)}
 	base.AddHook(dialWatch{c})

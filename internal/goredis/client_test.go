@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fencelock/fencelock/internal/deployment"
+	"github.com/fencelock/fencelock/internal/driver"
 	"github.com/fencelock/fencelock/internal/redistest"
 	"github.com/fencelock/fencelock/internal/store"
 )
@@ -27,8 +27,8 @@ func TestAutoPipelinerClientFound(t *testing.T) {
 	assert.Same(t, c, behind(ap), "the client behind the AutoPipeliner")
 	assert.Same(t, c, Base(ap))
 	require.NoError(t, Usable(ap))
-	assert.True(t, New(c, deployment.ClientOptions{}).Deadlines())
-	cl := New(ap, deployment.ClientOptions{})
+	assert.True(t, New(c, driver.Options{}).Deadlines())
+	cl := New(ap, driver.Options{})
 	assert.False(t, cl.Deadlines(), "it runs batches on its own context")
 	assert.Equal(t, 3, cl.DB(), "its client's database")
 	assert.Same(t, ap, cl.client, "the scripts go through the AutoPipeliner")

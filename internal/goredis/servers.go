@@ -8,10 +8,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fencelock/fencelock/internal/deployment"
+	"github.com/fencelock/fencelock/internal/driver"
 )
 
-// Pipe sends cmds through the client: see deployment.Node.
+// Pipe sends cmds through the client: see driver.Node.
 func (c *Client) Pipe(ctx context.Context, tx bool, cmds ...[]any) []error {
 	return pipe(ctx, c.client, tx, cmds)
 }
@@ -25,19 +25,19 @@ func (c *Client) Addr() string {
 }
 
 // Servers returns the client's server, a Cluster's masters or a Ring's shards.
-func (c *Client) Servers(ctx context.Context) ([]deployment.Server, error) {
+func (c *Client) Servers(ctx context.Context) ([]driver.Server, error) {
 	var mu sync.Mutex // the callbacks run concurrently
-	var out []deployment.Server
+	var out []driver.Server
 	collect := func(_ context.Context, s *redis.Client) error {
 		mu.Lock()
 		defer mu.Unlock()
-		out = append(out, deployment.Server{Addr: s.Options().Addr, Node: server{s}})
+		out = append(out, driver.Server{Addr: s.Options().Addr, Node: server{s}})
 		return nil
 	}
 	var err error
 	switch cl := c.base.(type) {
 	case *redis.Client:
-		return []deployment.Server{{Addr: cl.Options().Addr, Node: server{cl}}}, nil
+		return []driver.Server{{Addr: cl.Options().Addr, Node: server{cl}}}, nil
 	case *redis.ClusterClient:
 		if err = cl.ForEachMaster(ctx, collect); err == nil {
 			err = slots(ctx, cl, out)
@@ -52,7 +52,7 @@ func (c *Client) Servers(ctx context.Context) ([]deployment.Server, error) {
 }
 
 // slots fills in the slot ranges of a Cluster's masters.
-func slots(ctx context.Context, cl *redis.ClusterClient, masters []deployment.Server) error {
+func slots(ctx context.Context, cl *redis.ClusterClient, masters []driver.Server) error {
 	ranges, err := cl.ClusterSlots(ctx).Result()
 	for _, r := range ranges {
 		for i := range masters {
@@ -64,7 +64,7 @@ func slots(ctx context.Context, cl *redis.ClusterClient, masters []deployment.Se
 	return err
 }
 
-// A server is one server's client, as a deployment.Node.
+// A server is one server's client, as a driver.Node.
 type server struct{ c *redis.Client }
 
 func (s server) Call(ctx context.Context, args []any) (any, error) {

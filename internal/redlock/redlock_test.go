@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/fencelock/fencelock/internal/deployment"
+	"github.com/fencelock/fencelock/internal/driver"
 	"github.com/fencelock/fencelock/internal/goredis"
 	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/redistest"
@@ -51,7 +52,7 @@ func newEnv(t *testing.T, n int) env {
 		admin := srv.Client(nil)
 		t.Cleanup(func() { _ = client.Close(); _ = admin.Close() })
 		e.srvs, e.admins = append(e.srvs, srv), append(e.admins, admin)
-		nodes[i] = deployment.New(goredis.New(client, deployment.ClientOptions{}), deployment.Config{KeyPrefix: "lock:",
+		nodes[i] = deployment.New(goredis.New(client, driver.Options{}), deployment.Config{KeyPrefix: "lock:",
 			TTL: 10 * time.Second, Owner: "me", ReleaseTimeout: time.Second, FenceRetention: time.Hour,
 			Logger: log, Clock: realClock{}, Tasks: g, Name: "node " + strconv.Itoa(i)})
 	}
