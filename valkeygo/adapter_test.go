@@ -600,3 +600,56 @@ func TestSentinel(t *testing.T) {
 		assert.NotEqual(t, fencelock.SeverityCritical, f.Severity, "%+v", f)
 	}
 }
+
+// A subscription connection the server ends is opened again: the waiter is
+// still woken by a release.
+func TestSubscriptionReopened(t *testing.T) {
+	s := redistest.Start(t)
+	l := newLocker(t, newClient(t, s.Addr), wakeOpts)
+	gr := goRedisLocker(t, s, nil)
+	ctx := ctxFor(t, 30*time.Second)
+	held, err := gr.Acquire(ctx, "reopened")
+	require.NoError(t, err)
+	got := make(chan error, 1)
+	go func() {
+		lease, err := l.Acquire(ctx, "reopened", fencelock.WithWait(25*time.Second))
+		if err == nil {
+			err = lease.Release(ctx)
+		}
+		got <- err
+	}()
+	time.Sleep(500 * time.Millisecond)
+	_, err = s.Do("CLIENT", "KILL", "TYPE", "pubsub")
+	require.NoError(t, err)
+	time.Sleep(time.Second) // the hub subscribes again
+	start := time.Now()
+	require.NoError(t, held.Release(ctx))
+	select {
+	case err := <-got:
+		require.NoError(t, err)
+		assert.Less(t, time.Since(start), 3*time.Second)
+	case <-time.After(8 * time.Second):
+		t.Fatal("the waiter was not woken after its subscription broke")
+	}
+}
+
+// Check reports what the ACL refuses, with the rule to grant.
+func TestCheckNoPerm(t *testing.T) {
+	s := redistest.Start(t)
+	_, err := s.Do("ACL", "SETUSER", "app", "on", ">pw", "~*", "&*", "+@all", "-@scripting")
+	require.NoError(t, err)
+	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: []string{s.Addr}, Username: "app", Password: "pw", DisableCache: true})
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	l := newLocker(t, c, nil)
+	findings, err := l.Check(ctxFor(t, 20*time.Second))
+	require.NoError(t, err)
+	var critical []fencelock.Finding
+	for _, f := range findings {
+		if f.Severity == fencelock.SeverityCritical {
+			critical = append(critical, f)
+		}
+	}
+	require.NotEmpty(t, critical, "%+v", findings)
+	assert.Contains(t, fmt.Sprintf("%+v", critical), "NOPERM")
+}
