@@ -330,11 +330,12 @@ func (m missing) Pipe(_ context.Context, tx bool, cmds ...[]any) []error {
 	return errs
 }
 
-// pipe sends cmds through c on one connection, in order: within MULTI and
-// EXEC on a dedicated connection with tx (no other caller's command comes
-// between them), else in one DoMulti, which valkey-go writes together. On a
-// Cluster's client, commands of several slots are refused, as they would be
-// sent to several nodes.
+// pipe sends cmds through c on one connection, in order, in one DoMulti,
+// within MULTI and EXEC with tx: the client writes a DoMulti's commands
+// together, so no other caller's command comes between MULTI and EXEC (a
+// dedicated connection is only needed for WATCH, which fencelock does not
+// use, and taking one would not heed ctx). On a Cluster's client, commands
+// of several slots are refused, as they would be sent to several nodes.
 func pipe(ctx context.Context, c valkey.Client, cluster, tx bool, args [][]any) []error {
 	b := c.B()
 	cmds := make([]valkey.Completed, 0, len(args)+2)
@@ -356,15 +357,7 @@ func pipe(ctx context.Context, c valkey.Client, cluster, tx bool, args [][]any) 
 	if tx {
 		cmds = append(cmds, b.Arbitrary("EXEC").Build())
 	}
-	var res []valkey.ValkeyResult
-	if tx {
-		_ = c.Dedicated(func(d valkey.DedicatedClient) error {
-			res = d.DoMulti(ctx, cmds...)
-			return nil
-		})
-	} else {
-		res = c.DoMulti(ctx, cmds...)
-	}
+	res := c.DoMulti(ctx, cmds...)
 	errs := make([]error, len(args), len(args)+1)
 	if !tx {
 		for i := range args {
