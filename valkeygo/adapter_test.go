@@ -653,3 +653,24 @@ func TestCheckNoPerm(t *testing.T) {
 	require.NotEmpty(t, critical, "%+v", findings)
 	assert.Contains(t, fmt.Sprintf("%+v", critical), "NOPERM")
 }
+
+// A server that is down is ErrUnavailable (with valkey-go's error: EOF on the
+// connection that broke, then the dial's).
+func TestServerDown(t *testing.T) {
+	s := redistest.Start(t)
+	l := newLocker(t, newClient(t, s.Addr), nil)
+	s.Kill()
+	_, err := l.Acquire(ctxFor(t, 5*time.Second), "down")
+	require.ErrorIs(t, err, fencelock.ErrUnavailable)
+}
+
+func TestClosedClusterClient(t *testing.T) {
+	cl := redistest.StartClusterN(t, 3, 0)
+	c, err := valkey.NewClient(valkey.ClientOption{InitAddress: cl.Addrs(), DisableCache: true})
+	require.NoError(t, err)
+	l := newLocker(t, c, &fencelock.Options{Replicas: 1})
+	c.Close()
+	_, err = l.Acquire(ctxFor(t, 5*time.Second), "closed")
+	require.ErrorIs(t, err, fencelock.ErrMisconfigured)
+	assert.Contains(t, err.Error(), "valkey-go client is closed")
+}
