@@ -674,3 +674,12 @@ func TestClosedClusterClient(t *testing.T) {
 	require.ErrorIs(t, err, fencelock.ErrMisconfigured)
 	assert.Contains(t, err.Error(), "valkey-go client is closed")
 }
+
+// Where the server has no sharded pub/sub (as before Redis 7), waiters
+// subscribe with SUBSCRIBE and are woken by PUBLISH.
+func TestClassicPubSub(t *testing.T) {
+	s := redistest.Start(t, "--rename-command", "ssubscribe", "", "--rename-command", "spublish", "")
+	l := newLocker(t, newClient(t, s.Addr), wakeOpts)
+	wokenBy(t, l, l, "classic")
+	wokenBy(t, goRedisLocker(t, s, wakeOpts), l, "classic-2")
+}
