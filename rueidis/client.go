@@ -244,6 +244,9 @@ func (c *client) Run(ctx context.Context, s *script.Script, eval bool, ks, argv 
 		}
 		var re *redisError
 		if !errors.As(err, &re) || !c.cluster {
+			if err != nil && c.cluster && store.ClassOf(err) == store.Unavailable {
+				c.slots.reload() // the master may have failed over
+			}
 			if err != nil {
 				return nil, err
 			}
