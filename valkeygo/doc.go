@@ -21,5 +21,6 @@
 //     reverse): it polls.
 //
 // This module has its own go.mod, so that a go-redis user never downloads
-// valkey.
+// valkey-go. Its code is a port of fencerueidis's (valkey-go is a fork of
+// rueidis with the same API): keep the two the same.
 package fencevalkey
