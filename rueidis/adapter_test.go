@@ -683,3 +683,18 @@ func TestClassicPubSub(t *testing.T) {
 	wokenBy(t, l, l, "classic")
 	wokenBy(t, goRedisLocker(t, s, wakeOpts), l, "classic-2")
 }
+
+// A client on RESP2 (its pub/sub on a connection of its own) works the same.
+func TestRESP2(t *testing.T) {
+	s := redistest.Start(t)
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{s.Addr}, AlwaysRESP2: true, DisableCache: true})
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	l := newLocker(t, c, wakeOpts)
+	wokenBy(t, goRedisLocker(t, s, wakeOpts), l, "resp2")
+	findings, err := l.Check(ctxFor(t, 20*time.Second))
+	require.NoError(t, err)
+	for _, f := range findings {
+		assert.NotEqual(t, fencelock.SeverityCritical, f.Severity, "%+v", f)
+	}
+}
