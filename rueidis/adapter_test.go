@@ -24,7 +24,10 @@ func TestMain(m *testing.M) {
 		// rueidis closes a Cluster node's old connection 5s after the
 		// slot map moved off it, whatever the client's Close.
 		goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*clusterClient)._refresh.func2"),
-		goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*clusterClient).redirectOrNew.func1"))
+		goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*clusterClient).redirectOrNew.func1"),
+		// A Cluster's client refreshes its slot map after a random delay
+		// (up to a second) once a node failed or redirected, also after Close.
+		goleak.IgnoreAnyFunction("github.com/redis/rueidis.(*call).DelayDo.func1"))
 }
 
 // newClient returns a rueidis client of addrs, closed when the test ends.
