@@ -12,6 +12,7 @@ import (
 	"github.com/valkey-io/valkey-go"
 
 	"github.com/fencelock/fencelock/internal/deployment"
+	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/redistest"
 	"github.com/fencelock/fencelock/internal/script"
 	"github.com/fencelock/fencelock/internal/store"
@@ -114,4 +115,36 @@ func TestServersStandalone(t *testing.T) {
 	require.Len(t, servers, 1)
 	assert.Equal(t, s.Addr, servers[0].Addr)
 	assert.Equal(t, s.Addr, c.Addr())
+}
+
+// With a stale slot map, Run follows MOVED to the slot's new master, and
+// sends WAIT there.
+func TestRunFollowsMoved(t *testing.T) {
+	cl := redistest.StartClusterN(t, 2, 0)
+	rc, err := valkey.NewClient(valkey.ClientOption{InitAddress: cl.Addrs(), DisableCache: true})
+	require.NoError(t, err)
+	t.Cleanup(rc.Close)
+	c := newClient(rc, deployment.ClientOptions{Replicas: 1, ReplicaTimeout: 10 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	key := "lock:{moved}"
+	slot := keys.Slot(key)
+	before, err := c.slots.master(ctx, slot)
+	require.NoError(t, err)
+	to := cl.Masters[0]
+	if cl.MasterOf(slot) == to {
+		to = cl.Masters[1]
+	}
+	cl.MigrateSlot(slot, to)
+	stale, err := c.slots.master(ctx, slot)
+	require.NoError(t, err)
+	require.Equal(t, before, stale, "the map is not reloaded by itself")
+
+	reply, err := c.Run(ctx, script.Inspect, false, []any{key, key + ":fence"}, nil)
+	assert.True(t, store.ReplicaShort(err), "WAIT ran on the new master (no replica there): %v", err)
+	assert.NotNil(t, reply)
+	require.Eventually(t, func() bool {
+		addr, err := c.slots.master(ctx, slot)
+		return err == nil && addr == to.Addr
+	}, 5*time.Second, 20*time.Millisecond, "MOVED reloads the slot map")
 }
