@@ -148,3 +148,33 @@ func TestRunFollowsMoved(t *testing.T) {
 		return err == nil && addr == to.Addr
 	}, 5*time.Second, 20*time.Millisecond, "MOVED reloads the slot map")
 }
+
+// While the slot migrates, Run follows ASK: ASKING, the script and WAIT on
+// the importing master.
+func TestRunFollowsAsk(t *testing.T) {
+	cl := redistest.StartClusterN(t, 2, 0)
+	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: cl.Addrs(), DisableCache: true})
+	require.NoError(t, err)
+	t.Cleanup(rc.Close)
+	c := newClient(rc, deployment.ClientOptions{Replicas: 1, ReplicaTimeout: 10 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	key := "lock:{asked}"
+	slot := keys.Slot(key)
+	from := cl.MasterOf(slot)
+	to := cl.Masters[0]
+	if from == to {
+		to = cl.Masters[1]
+	}
+	_, err = to.Do("CLUSTER", "SETSLOT", slot, "IMPORTING", cl.NodeID(from))
+	require.NoError(t, err)
+	_, err = from.Do("CLUSTER", "SETSLOT", slot, "MIGRATING", cl.NodeID(to))
+	require.NoError(t, err)
+
+	// One key, missing on the migrating master: ASK (with several, Redis
+	// answers TRYAGAIN).
+	exists := &script.Script{Name: "exists", Src: "return redis.call('EXISTS', KEYS[1])"}
+	reply, err := c.Run(ctx, exists, true, []any{key}, nil)
+	assert.True(t, store.ReplicaShort(err), "WAIT ran after the script: %v", err)
+	assert.Equal(t, int64(0), reply)
+}
