@@ -178,3 +178,31 @@ func TestRunFollowsAsk(t *testing.T) {
 	assert.True(t, store.ReplicaShort(err), "WAIT ran after the script: %v", err)
 	assert.Equal(t, int64(0), reply)
 }
+
+// A slot that keeps moving (ASK to a master that answers MOVED back) is
+// Unavailable after a few redirects, not the redirect (a refusal).
+func TestRunRedirectLoop(t *testing.T) {
+	cl := redistest.StartClusterN(t, 2, 0)
+	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: cl.Addrs(), DisableCache: true})
+	require.NoError(t, err)
+	t.Cleanup(rc.Close)
+	c := newClient(rc, deployment.ClientOptions{Replicas: 1, ReplicaTimeout: 10 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	key := "lock:{loop}"
+	slot := keys.Slot(key)
+	from := cl.MasterOf(slot)
+	to := cl.Masters[0]
+	if from == to {
+		to = cl.Masters[1]
+	}
+	_, err = from.Do("CLUSTER", "SETSLOT", slot, "MIGRATING", cl.NodeID(to)) // to does not import it
+	require.NoError(t, err)
+	exists := &script.Script{Name: "exists", Src: "return redis.call('EXISTS', KEYS[1])"}
+	_, err = c.Run(ctx, exists, true, []any{key}, nil)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "slot is moving")
+	assert.Equal(t, store.Unavailable, store.ClassOf(err))
+	_, err = from.Do("CLUSTER", "SETSLOT", slot, "STABLE")
+	require.NoError(t, err)
+}
