@@ -11,7 +11,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/fencelock/fencelock"
-	"github.com/fencelock/fencelock/internal/deployment"
+	"github.com/fencelock/fencelock/internal/driver"
 	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/notify"
 	"github.com/fencelock/fencelock/internal/script"
@@ -58,7 +58,7 @@ func NewRedlock(clients []rueidis.Client, opts *fencelock.Options) (*fencelock.L
 }
 
 func connector(c rueidis.Client) fencelock.Connector {
-	return func(o deployment.ClientOptions) deployment.Client { return newClient(c, o) }
+	return func(o driver.Options) driver.Client { return newClient(c, o) }
 }
 
 func isNil(c rueidis.Client) bool {
@@ -77,15 +77,15 @@ const maxRedirects = 3
 // package uses it.
 type client struct {
 	c       rueidis.Client
-	o       deployment.ClientOptions
+	o       driver.Options
 	cluster bool
 	slots   *slotMap // a Cluster's; nil else
 	network *network
 }
 
-var _ deployment.Client = (*client)(nil)
+var _ driver.Client = (*client)(nil)
 
-func newClient(c rueidis.Client, o deployment.ClientOptions) *client {
+func newClient(c rueidis.Client, o driver.Options) *client {
 	cl := &client{c: c, o: o, cluster: c.Mode() == rueidis.ClientModeCluster}
 	if cl.cluster {
 		cl.slots = &slotMap{c: c}
@@ -101,7 +101,7 @@ func (c *client) Call(ctx context.Context, args []any) (any, error) {
 	return result(c.c.Do(ctx, cmd))
 }
 
-// Pipe sends cmds on one connection in order: see deployment.Node.
+// Pipe sends cmds on one connection in order: see driver.Node.
 func (c *client) Pipe(ctx context.Context, tx bool, cmds ...[]any) []error {
 	return pipe(ctx, c.c, c.cluster, tx, cmds)
 }
@@ -143,9 +143,9 @@ func (c *client) Addr() string {
 }
 
 // Servers returns the client's server, or a Cluster's masters with their slots.
-func (c *client) Servers(ctx context.Context) ([]deployment.Server, error) {
+func (c *client) Servers(ctx context.Context) ([]driver.Server, error) {
 	if !c.cluster {
-		return []deployment.Server{{Addr: c.Addr(), Node: node{c.c, false}}}, nil
+		return []driver.Server{{Addr: c.Addr(), Node: node{c.c, false}}}, nil
 	}
 	table, err := c.slots.load(ctx)
 	if err != nil {
@@ -153,13 +153,13 @@ func (c *client) Servers(ctx context.Context) ([]deployment.Server, error) {
 	}
 	nodes := c.c.Nodes()
 	at := make(map[string]int) // index in out, by address
-	var out []deployment.Server
+	var out []driver.Server
 	for _, r := range table {
 		i, ok := at[r.addr]
 		if !ok {
 			i = len(out)
 			at[r.addr] = i
-			out = append(out, deployment.Server{Addr: r.addr, Node: nodeOf(nodes, r.addr)})
+			out = append(out, driver.Server{Addr: r.addr, Node: nodeOf(nodes, r.addr)})
 		}
 		out[i].Slots = append(out[i].Slots, [2]int{r.start, r.end})
 	}
@@ -168,7 +168,7 @@ func (c *client) Servers(ctx context.Context) ([]deployment.Server, error) {
 }
 
 // nodeOf returns the Node of the server at addr in nodes.
-func nodeOf(nodes map[string]rueidis.Client, addr string) deployment.Node {
+func nodeOf(nodes map[string]rueidis.Client, addr string) driver.Node {
 	if n := nodes[addr]; n != nil {
 		return node{n, false}
 	}
@@ -206,7 +206,7 @@ func (c *client) Subscribers(ctx context.Context, channel string) (int, error) {
 
 // nodeFor returns the Node of the server that serves key: on a Cluster, its
 // slot's master as the slot map says; else the client.
-func (c *client) nodeFor(ctx context.Context, key string) (deployment.Node, error) {
+func (c *client) nodeFor(ctx context.Context, key string) (driver.Node, error) {
 	if !c.cluster {
 		return node{c.c, false}, nil
 	}
@@ -293,7 +293,7 @@ func (c *client) runWait(ctx context.Context, via rueidis.Client, s *script.Scri
 }
 
 // A node is one server's rueidis client (or the client itself), as a
-// deployment.Node.
+// driver.Node.
 type node struct {
 	c       rueidis.Client
 	cluster bool

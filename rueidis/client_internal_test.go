@@ -11,14 +11,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fencelock/fencelock/internal/deployment"
+	"github.com/fencelock/fencelock/internal/driver"
 	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/redistest"
 	"github.com/fencelock/fencelock/internal/script"
 	"github.com/fencelock/fencelock/internal/store"
 )
 
-func testClient(t *testing.T, o deployment.ClientOptions) (*client, *redistest.Server) {
+func testClient(t *testing.T, o driver.Options) (*client, *redistest.Server) {
 	t.Helper()
 	s := redistest.Start(t)
 	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{s.Addr}, DisableCache: true})
@@ -29,7 +29,7 @@ func testClient(t *testing.T, o deployment.ClientOptions) (*client, *redistest.S
 
 // Replies look as go-redis's Do gives them.
 func TestReplies(t *testing.T) {
-	c, _ := testClient(t, deployment.ClientOptions{})
+	c, _ := testClient(t, driver.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	call := func(args ...any) any {
@@ -59,7 +59,7 @@ func TestReplies(t *testing.T) {
 
 // Error replies have a RedisError method and the server's message.
 func TestErrorReplies(t *testing.T) {
-	c, _ := testClient(t, deployment.ClientOptions{})
+	c, _ := testClient(t, driver.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_, err := c.Call(ctx, []any{"NOSUCHCOMMAND"})
@@ -95,7 +95,7 @@ func TestErrorReplies(t *testing.T) {
 // A script and WAIT: the reply with a ReplicaError when too few replicas
 // acknowledged; the script is loaded with EVAL after NOSCRIPT.
 func TestRunWait(t *testing.T) {
-	c, s := testClient(t, deployment.ClientOptions{Replicas: 1, ReplicaTimeout: 50 * time.Millisecond})
+	c, s := testClient(t, driver.Options{Replicas: 1, ReplicaTimeout: 50 * time.Millisecond})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_, err := s.Do("SCRIPT", "FLUSH")
@@ -109,7 +109,7 @@ func TestRunWait(t *testing.T) {
 }
 
 func TestServersStandalone(t *testing.T) {
-	c, s := testClient(t, deployment.ClientOptions{})
+	c, s := testClient(t, driver.Options{})
 	servers, err := c.Servers(context.Background())
 	require.NoError(t, err)
 	require.Len(t, servers, 1)
@@ -124,7 +124,7 @@ func TestRunFollowsMoved(t *testing.T) {
 	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: cl.Addrs(), DisableCache: true})
 	require.NoError(t, err)
 	t.Cleanup(rc.Close)
-	c := newClient(rc, deployment.ClientOptions{Replicas: 1, ReplicaTimeout: 10 * time.Millisecond})
+	c := newClient(rc, driver.Options{Replicas: 1, ReplicaTimeout: 10 * time.Millisecond})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	key := "lock:{moved}"
@@ -156,7 +156,7 @@ func TestRunFollowsAsk(t *testing.T) {
 	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: cl.Addrs(), DisableCache: true})
 	require.NoError(t, err)
 	t.Cleanup(rc.Close)
-	c := newClient(rc, deployment.ClientOptions{Replicas: 1, ReplicaTimeout: 10 * time.Millisecond})
+	c := newClient(rc, driver.Options{Replicas: 1, ReplicaTimeout: 10 * time.Millisecond})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	key := "lock:{asked}"
@@ -186,7 +186,7 @@ func TestRunRedirectLoop(t *testing.T) {
 	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: cl.Addrs(), DisableCache: true})
 	require.NoError(t, err)
 	t.Cleanup(rc.Close)
-	c := newClient(rc, deployment.ClientOptions{Replicas: 1, ReplicaTimeout: 10 * time.Millisecond})
+	c := newClient(rc, driver.Options{Replicas: 1, ReplicaTimeout: 10 * time.Millisecond})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	key := "lock:{loop}"
