@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"testing"
+	"time"
 
 	"github.com/redis/rueidis"
 	"github.com/valkey-io/valkey-go"
@@ -178,4 +180,47 @@ func anys(s []string) []any {
 		a[i] = x
 	}
 	return a
+}
+
+// TestRenewHookOnEachClient checks that the worker's renewHook sees the
+// renewals of each client's Locker (the "renew after release" column and
+// the renewal counts rest on it): a lease held for 2.5×TTL is renewed, and
+// the hook counts those renewals and none after the release.
+func TestRenewHookOnEachClient(t *testing.T) {
+	const ttl = 200 * time.Millisecond
+	n := startRedis(t, "redis")
+	for _, client := range []string{goRedis, rueidisC, valkeyC} {
+		t.Run(client, func(t *testing.T) {
+			cfg := defaults(n.addr, ttl)
+			cfg.Client = client
+			w := &worker{cfg: cfg, hook: newRenewHook()}
+			if err := w.setup(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				_ = w.locker.Close()
+				for _, c := range w.closers {
+					c()
+				}
+			}()
+			var token string
+			err := w.locker.RunWithLock(context.Background(), "hook-"+client, func(ctx context.Context, lease *fencelock.Lease) error {
+				token = lease.Token()
+				if !sleepCtx(ctx, 5*ttl/2) {
+					return context.Cause(ctx)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatalf("RunWithLock: %v", err)
+			}
+			r := w.hook.released(token)
+			if r.ok == 0 || r.fail != 0 {
+				t.Errorf("the hook counted %d renewals that succeeded and %d that failed, want some and none", r.ok, r.fail)
+			}
+			if n := w.hook.afterRelease.Load(); n != 0 {
+				t.Errorf("the hook counted %d renewals after the release, want 0", n)
+			}
+		})
+	}
 }
