@@ -13,8 +13,12 @@
 // (fencelock.Semaphore: scenario N1, the pauses, partitions and restarts of
 // S1, S2 and S5 in turn, with four workers). S0-S3 run twice: with plain
 // waiters (WithWait) and with fair ones (WithWait and WithFair, the
-// workers' Fair setting), on the same faults. GUARANTEES.md at the
-// repository root reports the runs.
+// workers' Fair setting), on the same faults. The workers hold the lock
+// through go-redis; the paused holder (S1) and the failovers (S3, S4) run
+// again, with plain waiters, on rueidis and on valkey-go, through their
+// adapters (fencerueidis, fencevalkey: the workers' Client setting), each
+// row naming its client. GUARANTEES.md at the repository root reports the
+// runs.
 //
 // FENCELOCK_CHAOS_LOG=1 gives the workers a debug-level fencelock logger on
 // their stderr, which a failed scenario (or FENCELOCK_CHAOS_DUMP=1) writes

@@ -61,7 +61,7 @@ func TestChaos(t *testing.T) {
 	t.Run("S3_failover_unreplicated", func(t *testing.T) { testS3(t, plain) })
 	t.Run("S3_failover_unreplicated_fair", func(t *testing.T) { testS3(t, fair) })
 	t.Run("S3r_failover_with_replicas_1", testS3Replicas)
-	t.Run("S4_sentinel", testS4)
+	t.Run("S4_sentinel", func(t *testing.T) { testS4(t, plain) })
 	t.Run("S5_restart", testS5)
 	t.Run("S6_slow_clock_inside", func(t *testing.T) { testS6(t, true) })
 	t.Run("S6_slow_clock_beyond", func(t *testing.T) { testS6(t, false) })
@@ -72,6 +72,14 @@ func TestChaos(t *testing.T) {
 	t.Run("R2_redlock_minority_paused", testR2)
 	t.Run("R3_redlock_holder_paused", testR3)
 	t.Run("R4_redlock_restart_double_grant", testR4)
+	// The paused holder and the failovers on the other clients, through
+	// their adapters (fencerueidis, fencevalkey).
+	for _, v := range []variant{onRueid, onValkey} {
+		suffix := "_" + strings.TrimSuffix(v.client, "-go")
+		t.Run("S1_holder_paused"+suffix, func(t *testing.T) { testS1(t, v) })
+		t.Run("S3_failover_unreplicated"+suffix, func(t *testing.T) { testS3(t, v) })
+		t.Run("S4_sentinel"+suffix, func(t *testing.T) { testS4(t, v) })
+	}
 
 	table.mu.Lock()
 	defer table.mu.Unlock()

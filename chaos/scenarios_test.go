@@ -34,26 +34,35 @@ func defaults(addr string, ttl time.Duration) workerConfig {
 // A variant is how a scenario's workers wait for the lock: plain waiters
 // (WithWait) or fair ones (WithWait and WithFair), which wait in the lock's
 // line and are handed the lock by the release. S0-S3 run both ways, on the
-// same faults and with the same assertions.
+// same faults and with the same assertions. It also names the client the
+// workers hold the lock through (workerConfig.Client): S1, S3 and S4 run
+// with plain waiters on rueidis and valkey-go too.
 type variant struct {
-	fair bool
+	fair   bool
+	client string // "": go-redis
 }
 
 var (
-	plain = variant{}
-	fair  = variant{fair: true}
+	plain    = variant{}
+	fair     = variant{fair: true}
+	onRueid  = variant{client: rueidisC}
+	onValkey = variant{client: valkeyC}
 )
 
-// config returns c with the variant's way of waiting.
+// config returns c with the variant's way of waiting and client.
 func (v variant) config(c workerConfig) workerConfig {
 	c.Fair = v.fair
+	c.Client = v.client
 	return c
 }
 
 // row returns the name of a scenario's row in the table.
 func (v variant) row(name string) string {
 	if v.fair {
-		return name + ", fair"
+		name += ", fair"
+	}
+	if v.client != "" {
+		name += ", " + v.client
 	}
 	return name
 }
@@ -61,7 +70,10 @@ func (v variant) row(name string) string {
 // artifact returns the prefix of a scenario's artifact files.
 func (v variant) artifact(name string) string {
 	if v.fair {
-		return name + "f"
+		name += "f"
+	}
+	if v.client != "" {
+		name += "-" + v.client
 	}
 	return name
 }
@@ -753,10 +765,11 @@ func inSync(master, replica *redisNode) error {
 	return nil
 }
 
-// S4: Sentinel (1 master, 2 replicas, 3 sentinels) and go-redis's failover
-// client; the master is killed (and restarted), killed again, then
-// SIGSTOPped for 3s.
-func testS4(t *testing.T) {
+// S4: Sentinel (1 master, 2 replicas, 3 sentinels) and the variant's
+// Sentinel client (go-redis's failover client, or rueidis's or valkey-go's
+// with its Sentinel option); the master is killed (and restarted), killed
+// again, then SIGSTOPped for 3s.
+func testS4(t *testing.T, v variant) {
 	const ttl = 300 * time.Millisecond
 	setupStart := time.Now()
 	m := startRedis(t, "redis0")
@@ -802,7 +815,7 @@ func testS4(t *testing.T) {
 	t.Cleanup(func() {
 		if t.Failed() || os.Getenv("FENCELOCK_CHAOS_DUMP") == "1" {
 			for _, n := range append(append([]*redisNode{}, nodes...), sentinels...) {
-				path := filepath.Join(artifactDir(), "S4-"+n.name+".log")
+				path := filepath.Join(artifactDir(), v.artifact("S4")+"-"+n.name+".log")
 				if err := os.WriteFile(path, []byte(n.log()), 0o644); err == nil {
 					t.Logf("chaos: %s's log written to %s", n.name, path)
 				}
@@ -813,7 +826,7 @@ func testS4(t *testing.T) {
 		cfg := defaults("", ttl)
 		cfg.SentinelAddrs, cfg.MasterName = addrs, "fl"
 		cfg.Hold = 20 * time.Millisecond
-		return cfg
+		return v.config(cfg)
 	})
 	if !c.awaitAcquired(0, 10, 10*time.Second) {
 		t.Fatalf("no acquisitions through Sentinel")
@@ -921,10 +934,10 @@ func testS4(t *testing.T) {
 		}
 		c.awaitAcquired(c.mark(), 5, 10*time.Second)
 	}
-	f, _ := finish(t, c, "S4")
+	f, _ := finish(t, c, v.artifact("S4"))
 	notes = append(notes, fmt.Sprintf("failovers: %d of 3 faults; unavailability (longest time with no holder): %s; overlaps: %d; double grants: %d",
 		failovers, ms(f.MaxGap), f.Overlaps, f.DoubleGrants))
-	report(t, "S4 Sentinel stop/kill", f, notes...)
+	report(t, v.row("S4 Sentinel stop/kill"), f, notes...)
 	assertSafe(t, f)
 }
 

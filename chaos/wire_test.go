@@ -70,8 +70,9 @@ type reply struct {
 // workerConfig is what a worker runs: the lock, its options and the shape of
 // a critical section.
 type workerConfig struct {
+	Client        string   // the Redis client: "" or "go-redis", "rueidis" (fencerueidis), "valkey-go" (fencevalkey)
 	Addr          string   // Redis, or this worker's proxy to it
-	SentinelAddrs []string // instead of Addr: a go-redis failover client
+	SentinelAddrs []string // instead of Addr: a Sentinel client (go-redis's failover client, rueidis's or valkey-go's Sentinel option)
 	MasterName    string
 	RedlockAddrs  []string // instead of Addr: NewRedlock over these independent nodes (this worker's proxies to them)
 
@@ -89,7 +90,7 @@ type workerConfig struct {
 	ReleaseTimeout time.Duration
 	Replicas       int           // fencelock.Options.Replicas (WAIT)
 	ReplicaTimeout time.Duration // fencelock.Options.ReplicaTimeout
-	IOTimeout      time.Duration // go-redis dial, read and write timeouts
+	IOTimeout      time.Duration // the client's dial, read and write timeouts
 	ClockRate      float64       // the lock's clock runs at this rate; 0 means the system clock
 	ClockSince     time.Duration // the clock has been running at ClockRate for this long when the worker starts
 }

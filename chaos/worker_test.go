@@ -60,8 +60,8 @@ func workerMain() int {
 		return 2
 	}
 	defer func() {
-		for _, c := range w.clients {
-			_ = c.Close()
+		for _, c := range w.closers {
+			c()
 		}
 	}()
 	ctx := context.Background()
@@ -83,7 +83,8 @@ type worker struct {
 	cfg     workerConfig
 	link    *link
 	hook    *renewHook
-	clients []redis.UniversalClient // one, or one per Redlock node
+	closers []func() // the Close of each Redis client
+	nodes   int      // deployments the lock is held on: 1, or Redlock's nodes
 	locker  *fencelock.Locker
 	clock   realClock
 }
@@ -101,36 +102,8 @@ func (w *worker) call(req request) reply {
 
 func (w *worker) setup() error {
 	c := w.cfg
-	client := func(addr string) redis.UniversalClient {
-		return redis.NewClient(&redis.Options{
-			Addr:     addr,
-			Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true,
-			DialTimeout: c.IOTimeout, ReadTimeout: c.IOTimeout, WriteTimeout: c.IOTimeout,
-			MaxRetries: 1, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 10 * time.Millisecond,
-			DialerRetries: 1, PoolSize: 8,
-			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-		})
-	}
-	switch {
-	case len(c.SentinelAddrs) > 0:
-		w.clients = []redis.UniversalClient{redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName: c.MasterName, SentinelAddrs: c.SentinelAddrs,
-			Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true,
-			DialTimeout: c.IOTimeout, ReadTimeout: c.IOTimeout, WriteTimeout: c.IOTimeout,
-			MaxRetries: 1, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 10 * time.Millisecond,
-			DialerRetries: 1, PoolSize: 8,
-		})}
-	case len(c.RedlockAddrs) > 0:
-		for _, a := range c.RedlockAddrs {
-			w.clients = append(w.clients, client(a))
-		}
-		w.hook.redlock = true
-	default:
-		w.clients = []redis.UniversalClient{client(c.Addr)}
-	}
-	for _, cl := range w.clients {
-		cl.AddHook(w.hook)
-	}
+	w.nodes = max(1, len(c.RedlockAddrs))
+	w.hook.redlock = len(c.RedlockAddrs) > 0
 	opts := &fencelock.Options{
 		TTL:             c.TTL,
 		MinRetryBackoff: c.MinBackoff,
@@ -150,12 +123,58 @@ func (w *worker) setup() error {
 		w.clock = systemClock{}
 	}
 	var err error
-	if len(c.RedlockAddrs) > 0 {
-		w.locker, err = fencelock.NewRedlock(w.clients, opts)
-	} else {
-		w.locker, err = fencelock.New(w.clients[0], opts)
+	switch c.Client {
+	case "", goRedis:
+		w.locker, err = w.goRedisLocker(opts)
+	case rueidisC:
+		w.locker, err = w.rueidisLocker(opts)
+	case valkeyC:
+		w.locker, err = w.valkeyLocker(opts)
+	default:
+		err = fmt.Errorf("unknown client %q", c.Client)
 	}
 	return err
+}
+
+// goRedisLocker builds the worker's Locker on go-redis clients, with the
+// worker's renewHook on each.
+func (w *worker) goRedisLocker(opts *fencelock.Options) (*fencelock.Locker, error) {
+	c := w.cfg
+	client := func(addr string) redis.UniversalClient {
+		return redis.NewClient(&redis.Options{
+			Addr:     addr,
+			Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true,
+			DialTimeout: c.IOTimeout, ReadTimeout: c.IOTimeout, WriteTimeout: c.IOTimeout,
+			MaxRetries: 1, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 10 * time.Millisecond,
+			DialerRetries: 1, PoolSize: 8,
+			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+		})
+	}
+	var clients []redis.UniversalClient // one, or one per Redlock node
+	switch {
+	case len(c.SentinelAddrs) > 0:
+		clients = []redis.UniversalClient{redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName: c.MasterName, SentinelAddrs: c.SentinelAddrs,
+			Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true,
+			DialTimeout: c.IOTimeout, ReadTimeout: c.IOTimeout, WriteTimeout: c.IOTimeout,
+			MaxRetries: 1, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 10 * time.Millisecond,
+			DialerRetries: 1, PoolSize: 8,
+		})}
+	case len(c.RedlockAddrs) > 0:
+		for _, a := range c.RedlockAddrs {
+			clients = append(clients, client(a))
+		}
+	default:
+		clients = []redis.UniversalClient{client(c.Addr)}
+	}
+	for _, cl := range clients {
+		cl.AddHook(w.hook)
+		w.closers = append(w.closers, func() { _ = cl.Close() })
+	}
+	if len(c.RedlockAddrs) > 0 {
+		return fencelock.NewRedlock(clients, opts)
+	}
+	return fencelock.New(clients[0], opts)
 }
 
 // attempt is one RunWithLock call, reported to the test process.
@@ -203,7 +222,7 @@ func (w *worker) attempt(ctx context.Context, seq int) {
 func (w *worker) section(ctx context.Context, seq int, lease *fencelock.Lease) error {
 	fence := lease.Fence()
 	now := time.Now()
-	granted := w.hook.granted(lease.Token(), len(w.clients)/2+1)
+	granted := w.hook.granted(lease.Token(), w.nodes/2+1)
 	w.call(request{Op: "acquired", W: w.id, Seq: seq, Fence: fence,
 		Wall: wallMicros(now), Deadline: wallMicros(w.clock.realAt(lease.Deadline())), Granted: granted})
 
@@ -367,39 +386,58 @@ func (h *renewHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 
 func (h *renewHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if h.redlock {
-			if token, repair, ok := grantToken(cmd); ok && repair {
-				return h.repair(ctx, next, cmd, token)
-			} else if ok {
-				err := next(ctx, cmd)
-				if reply, _ := cmd.(*redis.Cmd).Slice(); err == nil && len(reply) == 3 && reply[0] == int64(1) {
-					s, _ := reply[2].(string)
+		c, isCmd := cmd.(*redis.Cmd)
+		if !isCmd {
+			return next(ctx, cmd)
+		}
+		end := h.begin(cmd.Args())
+		err := next(ctx, cmd)
+		if end != nil {
+			end(c.Val(), err)
+		}
+		return err
+	}
+}
+
+// begin is called before a command is sent, with its arguments (its name
+// first), whichever client sends it: it returns what to call with the
+// command's reply (int64, string or []any, as go-redis gives them) and
+// error, or nil for a command the hook does not watch.
+func (h *renewHook) begin(args []any) func(reply any, err error) {
+	if h.redlock {
+		if token, repair, ok := grantToken(args); ok && repair {
+			return h.repair(token)
+		} else if ok {
+			return func(reply any, err error) {
+				r, _ := reply.([]any)
+				if err == nil && len(r) == 3 && r[0] == int64(1) {
+					s, _ := r[2].(string)
 					if at, perr := strconv.ParseInt(s, 10, 64); perr == nil {
 						h.mu.Lock()
 						h.lease(token).grants = append(h.lease(token).grants, at)
 						h.mu.Unlock()
 					}
 				}
-				return err
 			}
 		}
-		token, ok := extendToken(cmd)
-		if !ok && !h.redlock {
-			token, ok = semExtendToken(cmd)
+	}
+	token, ok := extendToken(args)
+	if !ok && !h.redlock {
+		token, ok = semExtendToken(args)
+	}
+	if !ok {
+		return nil
+	}
+	h.mu.Lock()
+	if h.lease(token).released {
+		h.afterRelease.Add(1)
+	}
+	h.mu.Unlock()
+	return func(reply any, err error) {
+		if isNoScript(err) {
+			return // the EVALSHA half of one Script.Run: the EVAL follows
 		}
-		if !ok {
-			return next(ctx, cmd)
-		}
-		h.mu.Lock()
-		if h.lease(token).released {
-			h.afterRelease.Add(1)
-		}
-		h.mu.Unlock()
-		err := next(ctx, cmd)
-		if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-			return err // the EVALSHA half of one Script.Run: the EVAL follows
-		}
-		n, _ := cmd.(*redis.Cmd).Int64()
+		n, _ := reply.(int64)
 		h.mu.Lock()
 		if err == nil && n == 1 {
 			h.lease(token).ok++
@@ -407,95 +445,86 @@ func (h *renewHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			h.lease(token).fail++
 		}
 		h.mu.Unlock()
-		return err
 	}
 }
 
-// repair runs a repair of token's lease and counts it.
-func (h *renewHook) repair(ctx context.Context, next redis.ProcessHook, cmd redis.Cmder, token string) error {
+func isNoScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }
+
+// repair returns what counts a repair of token's lease once it has run.
+func (h *renewHook) repair(token string) func(reply any, err error) {
 	h.mu.Lock()
 	after := h.lease(token).released
 	h.mu.Unlock()
-	err := next(ctx, cmd)
-	if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-		return err // the EVALSHA half of one Script.Run: the EVAL follows
+	return func(reply any, err error) {
+		if isNoScript(err) {
+			return // the EVALSHA half of one Script.Run: the EVAL follows
+		}
+		if after {
+			h.repairsAfterRelease.Add(1)
+		}
+		r, _ := reply.([]any)
+		h.mu.Lock()
+		l := h.lease(token)
+		l.repairs++
+		if err == nil && len(r) > 0 && r[0] == int64(1) {
+			l.repaired++
+		}
+		h.mu.Unlock()
 	}
-	if after {
-		h.repairsAfterRelease.Add(1)
+}
+
+// isScript reports whether args (a command's, its name first) run a script
+// with n keys and m arguments.
+func isScript(args []any, n, m int) bool {
+	if len(args) != 3+n+m {
+		return false
 	}
-	reply, _ := cmd.(*redis.Cmd).Slice()
-	h.mu.Lock()
-	r := h.lease(token)
-	r.repairs++
-	if err == nil && len(reply) > 0 && reply[0] == int64(1) {
-		r.repaired++
+	name := strings.ToLower(fmt.Sprint(args[0]))
+	return (name == "evalsha" || name == "eval") && fmt.Sprint(args[2]) == strconv.Itoa(n)
+}
+
+// str returns a string argument (a go-redis command's may be a []byte).
+func str(arg any) (string, bool) {
+	switch s := arg.(type) {
+	case string:
+		return s, true
+	case []byte:
+		return string(s), true
 	}
-	h.mu.Unlock()
-	return err
+	return "", false
 }
 
 // grantToken returns the token of a Redlock grant script call, and whether
 // it is a repair (its fence argument is not "0").
-func grantToken(cmd redis.Cmder) (token string, repair, ok bool) {
-	if _, isCmd := cmd.(*redis.Cmd); !isCmd {
+func grantToken(args []any) (token string, repair, ok bool) {
+	if !isScript(args, 5, 7) {
 		return "", false, false
 	}
-	args := cmd.Args()
-	if len(args) != 15 || (cmd.Name() != "evalsha" && cmd.Name() != "eval") {
-		return "", false, false
-	}
-	if fmt.Sprint(args[2]) != "5" {
-		return "", false, false
-	}
-	repair = fmt.Sprint(args[10]) != "0"
-	switch token := args[8].(type) {
-	case string:
-		return token, repair, true
-	case []byte:
-		return string(token), repair, true
-	}
-	return "", false, false
+	token, ok = str(args[8])
+	return token, ok && fmt.Sprint(args[10]) != "0", ok
 }
 
 // semExtendToken returns the token of a semaphore's extend script call
 // (semaphore_extend.lua): two keys and two arguments, the second an integer
 // TTL, which no other script of one deployment has (redlock_fence.lua has
 // that shape, and a Redlock worker does not ask).
-func semExtendToken(cmd redis.Cmder) (string, bool) {
-	if _, isCmd := cmd.(*redis.Cmd); !isCmd {
-		return "", false
-	}
-	args := cmd.Args()
-	if len(args) != 7 || (cmd.Name() != "evalsha" && cmd.Name() != "eval") || fmt.Sprint(args[2]) != "2" {
+func semExtendToken(args []any) (string, bool) {
+	if !isScript(args, 2, 2) {
 		return "", false
 	}
 	if _, err := strconv.ParseInt(fmt.Sprint(args[6]), 10, 64); err != nil {
 		return "", false
 	}
-	token, ok := args[5].(string)
-	return token, ok
+	return str(args[5])
 }
 
 // extendToken returns the token of an extend script call.
-func extendToken(cmd redis.Cmder) (string, bool) {
-	if _, isCmd := cmd.(*redis.Cmd); !isCmd {
-		return "", false
-	}
-	args := cmd.Args()
-	if len(args) != 6 || (cmd.Name() != "evalsha" && cmd.Name() != "eval") {
-		return "", false
-	}
-	if fmt.Sprint(args[2]) != "1" {
+func extendToken(args []any) (string, bool) {
+	if !isScript(args, 1, 2) {
 		return "", false
 	}
 	if _, err := strconv.ParseInt(fmt.Sprint(args[5]), 10, 64); err != nil {
 		return "", false
 	}
-	switch token := args[4].(type) {
-	case string:
-		return token, true
-	case []byte:
-		return string(token), true
-	}
-	return "", false
+	return str(args[4])
 }
