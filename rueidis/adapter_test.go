@@ -701,3 +701,24 @@ func TestRESP2(t *testing.T) {
 		assert.NotEqual(t, fencelock.SeverityCritical, f.Severity, "%+v", f)
 	}
 }
+
+// A release on a connection the server closed while it was idle (a
+// failover, a restart, CLIENT KILL) is sent again on a new one: rueidis
+// finds such a connection dead only by the EOF of the next command on it,
+// and resends no write. Without the resend the release failed and the lock
+// waited out its TTL (the chaos suite's S3 on rueidis).
+func TestReleaseAfterIdleConnectionClosed(t *testing.T) {
+	s := redistest.Start(t)
+	l := newLocker(t, newClient(t, s.Addr), nil)
+	ctx := ctxFor(t, 10*time.Second)
+	for _, name := range []string{"a", "b", "c"} {
+		lease, err := l.Acquire(ctx, name, fencelock.WithTTL(time.Minute))
+		require.NoError(t, err)
+		_, err = s.Do("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+		require.NoError(t, err)
+		require.NoError(t, lease.Release(ctx), "a release on a connection the server closed")
+		info, err := l.Inspect(ctx, name)
+		require.NoError(t, err)
+		assert.False(t, info.Held, name)
+	}
+}

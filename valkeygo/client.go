@@ -9,9 +9,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"reflect"
 	"sort"
 	"strings"
+	"syscall"
 
 	"github.com/valkey-io/valkey-go"
 
@@ -102,8 +104,7 @@ func newClient(c valkey.Client, o driver.Options) *client {
 // Call sends one command through the client: on a Cluster, to the node that
 // serves its first key, following redirects as valkey-go does.
 func (c *client) Call(ctx context.Context, args []any) (any, error) {
-	cmd, _, _ := build(c.c.B(), args)
-	return result(c.c.Do(ctx, cmd))
+	return do(ctx, c.c, args)
 }
 
 // Pipe sends cmds on one connection in order: see driver.Node.
@@ -243,9 +244,9 @@ func (c *client) Run(ctx context.Context, s *script.Script, eval bool, ks, argv 
 	}
 	asking := false
 	for redirects := 0; ; redirects++ {
-		reply, err, wait, werr := c.runWait(ctx, via, s, eval, asking, ks, argv)
+		reply, err, wait, werr := c.runWait(ctx, via, s, eval, asking, 0, ks, argv)
 		if !eval && script.IsNoScript(err) {
-			reply, err, wait, werr = c.runWait(ctx, via, s, true, asking, ks, argv)
+			reply, err, wait, werr = c.runWait(ctx, via, s, true, asking, 0, ks, argv)
 		}
 		var re *redisError
 		if !errors.As(err, &re) || !c.cluster {
@@ -279,10 +280,11 @@ func (c *client) Run(ctx context.Context, s *script.Script, eval bool, ks, argv 
 	}
 }
 
-// runWait sends s and WAIT in one batch, after ASKING with asking. WAIT is
+// runWait sends s and WAIT in one batch, after ASKING with asking, again
+// (resent times so far) when its connection was dead, as do. WAIT is
 // marked blocking: valkey-go sends the batch on a connection of its own, which
 // no other caller's command waits behind.
-func (c *client) runWait(ctx context.Context, via valkey.Client, s *script.Script, eval, asking bool, ks, argv []any) (reply any, err error, wait any, werr error) {
+func (c *client) runWait(ctx context.Context, via valkey.Client, s *script.Script, eval, asking bool, resent int, ks, argv []any) (reply any, err error, wait any, werr error) {
 	b := via.B()
 	var cmds []valkey.Completed
 	if asking {
@@ -294,6 +296,9 @@ func (c *client) runWait(ctx context.Context, via valkey.Client, s *script.Scrip
 	n := len(res)
 	reply, err = result(res[n-2])
 	wait, werr = result(res[n-1])
+	if deadConn(err) && resent < maxResends && ctx.Err() == nil { // as do
+		return c.runWait(ctx, via, s, eval, asking, resent+1, ks, argv)
+	}
 	return reply, err, wait, werr
 }
 
@@ -305,8 +310,35 @@ type node struct {
 }
 
 func (n node) Call(ctx context.Context, args []any) (any, error) {
-	cmd, _, _ := build(n.c.B(), args)
-	return result(n.c.Do(ctx, cmd))
+	return do(ctx, n.c, args)
+}
+
+// maxResends bounds how many times do sends a command again on finding its
+// connection dead: each such connection is dropped, and a client has a few
+// (its pipe, and those of calls with a deadline or a blocking command).
+const maxResends = 3
+
+// do sends args through c, and again when the connection they went on
+// turned out to be dead (EOF, a reset): valkey finds a connection the
+// server closed while it was idle (a failover, a restart) only by the next
+// command's EOF, and resends no write. Every script of fencelock is safe to
+// run twice, as go-redis's retries (3 by default) do: a token's second run
+// finds what its first did.
+func do(ctx context.Context, c valkey.Client, args []any) (any, error) {
+	for try := 0; ; try++ {
+		cmd, _, _ := build(c.B(), args)
+		reply, err := result(c.Do(ctx, cmd))
+		if try == maxResends || !deadConn(err) || ctx.Err() != nil {
+			return reply, err
+		}
+	}
+}
+
+// deadConn reports whether err is the end of a connection found at a
+// command: the server had closed it.
+func deadConn(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 func (n node) Pipe(ctx context.Context, tx bool, cmds ...[]any) []error {
