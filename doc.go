@@ -43,11 +43,14 @@
 // # Redis clients
 //
 // A Locker accepts any go-redis v9 UniversalClient (standalone, Sentinel,
-// Cluster or Ring) on Redis 6.2 or later; the modules
-// github.com/fencelock/fencelock/rueidis and .../valkeygo make the same
-// Lockers on rueidis and valkey-go clients, whose locks are the same locks. Acquire, RunWithLock, Release and
-// Extend return within a few milliseconds of their context's end, whatever
-// the client's options ("Deadlines and the watchdog"; docs/failures.md).
+// Cluster or Ring) on Redis 6.2 or later. The modules
+// github.com/fencelock/fencelock/rueidis (fencerueidis) and .../valkeygo
+// (fencevalkey) make the same Locker on rueidis and valkey-go clients
+// (NewWith is what they call): their locks are the same locks, so processes
+// on different clients exclude each other, share fences and wake each
+// other's waiters. Acquire, RunWithLock, Release and Extend return within a
+// few milliseconds of their context's end, whatever the client's options
+// ("Deadlines and the watchdog"; docs/failures.md).
 //
 // [GUARANTEES.md]: https://github.com/fencelock/fencelock/blob/main/GUARANTEES.md#how-it-works
 package fencelock
