@@ -601,13 +601,20 @@ func (e *redlockEnv) holding(t *testing.T) (*Locker, string, *Lease) {
 	name := uniqueName(t)
 	held, err := l.Acquire(ctx, name, WithTTL(time.Minute))
 	require.NoError(t, err)
-	// Acquire returns once a quorum granted it; the tests count on every
-	// node holding it (a node killed next must not leave a bare quorum).
+	e.heldEverywhere(t, held)
+	return l, name, held
+}
+
+// heldEverywhere waits until every node holds lease: Acquire returns once a
+// quorum granted it, and the tests count on every node holding it (a node
+// killed next must not leave a bare quorum; a waiter must find it busy on
+// node 0, where its line is, not free).
+func (e *redlockEnv) heldEverywhere(t *testing.T, lease *Lease) {
+	t.Helper()
 	for i, a := range e.admins {
-		require.Eventually(t, func() bool { return strings.HasPrefix(a.Get(ctx, held.Key()).Val(), held.Token()+" ") },
+		require.Eventually(t, func() bool { return strings.HasPrefix(a.Get(ctx, lease.Key()).Val(), lease.Token()+" ") },
 			redlockPatience, time.Millisecond, "node %d holds the lease", i)
 	}
-	return l, name, held
 }
 
 // requireLine waits until the line of the lock at key on node 0 has n
@@ -831,6 +838,7 @@ func TestRedlockLineEntriesExpire(t *testing.T) {
 			held, err := l.Acquire(ctx, name, WithTTL(time.Minute))
 			require.NoError(t, err)
 			defer held.Release(ctx)
+			e.heldEverywhere(t, held)
 			key := held.Key()
 			wl, hooks := e.process(t, &Options{MaxRetryBackoff: tc.maxBackoff})
 			wctx, cancel := context.WithCancel(ctx)
@@ -1676,8 +1684,7 @@ func TestRedlockHungNodeHoldsUpNoRead(t *testing.T) {
 	name := uniqueName(t)
 	lease, err := l.Acquire(ctx, name, WithTTL(time.Minute))
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return e.holders(t, lease.Key(), lease.Token()) == 5 },
-		time.Second, time.Millisecond, "held on every node")
+	e.heldEverywhere(t, lease)
 	e.srvs[4].Pause()
 	t.Cleanup(e.srvs[4].Resume)
 
