@@ -5,9 +5,11 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/internal/redistest"
+	fencerueidis "github.com/fencelock/fencelock/rueidis"
 )
 
 // raceEnabled is set by race_test.go under -race.
@@ -15,27 +17,40 @@ var raceEnabled bool
 
 // TestAllocsPerCycle holds the line of BenchmarkUncontended's allocs/op:
 // an uncontended acquire+release allocates at most 32 times on go-redis's
-// default options, 25 with ContextTimeoutEnabled (client and library
-// together; deterministic, unlike its time).
+// default options, 25 with ContextTimeoutEnabled, 20 on a rueidis client
+// with default options through fencerueidis (client and library together;
+// deterministic, unlike its time).
 func TestAllocsPerCycle(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector adds allocations (sync.Pool drops items at random)")
 	}
 	srv := redistest.Start(t)
-	for _, c := range []struct {
-		name string
-		opts redis.Options
-		max  float64
-	}{
-		{"default options", redis.Options{}, 32},
-		{"ContextTimeoutEnabled", redis.Options{ContextTimeoutEnabled: true}, 25},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			opts := c.opts
+	goRedis := func(opts redis.Options) func(t *testing.T) (*fencelock.Locker, error) {
+		return func(t *testing.T) (*fencelock.Locker, error) {
 			opts.Addr = srv.Addr
 			client := redis.NewClient(&opts)
 			t.Cleanup(func() { _ = client.Close() })
-			l, err := fencelock.New(client, nil)
+			return fencelock.New(client, nil)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		open func(t *testing.T) (*fencelock.Locker, error)
+		max  float64
+	}{
+		{"default options", goRedis(redis.Options{}), 32},
+		{"ContextTimeoutEnabled", goRedis(redis.Options{ContextTimeoutEnabled: true}), 25},
+		{"rueidis", func(t *testing.T) (*fencelock.Locker, error) {
+			client, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(client.Close)
+			return fencerueidis.New(client, nil)
+		}, 20},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			l, err := c.open(t)
 			if err != nil {
 				t.Fatal(err)
 			}

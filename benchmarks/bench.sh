@@ -40,9 +40,10 @@
 # compared run seconds apart in every round, so a change in the machine's
 # load (another job on a shared VM) moves all of them, and the results file
 # records the load average at the start of every round. The single suite
-# takes about 8.5 minutes on 2 CPUs (6 implementations in Uncontended,
-# Interleaved and Parallel; 8 in the 3 contended benchmarks, which add
-# fencelock-fair and raw-1ms, of 3.25 s each per implementation and round).
+# takes about 10.5 minutes on 2 CPUs (8 implementations in Uncontended,
+# Interleaved and Parallel; 10 in the 3 contended benchmarks, which drop
+# fencelock-ap and add fencelock-fair, fencelock-rueidis-fair and raw-1ms,
+# of 3.25 s each per implementation and round).
 #
 # The Redlock suite's rounds are one run of RedlockUncontended (pinned like
 # Uncontended; the 5 servers inherit the pinning), one of RedlockContended

@@ -13,6 +13,7 @@ import (
 
 	"github.com/bsm/redislock"
 	"github.com/fencelock/fencelock"
+	fencerueidis "github.com/fencelock/fencelock/rueidis"
 	"github.com/go-redsync/redsync/v4"
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/redis/go-redis/v9"
@@ -71,14 +72,16 @@ var drivers = []driver{
 	{"redislock", openRedislock},
 	{"redsync", openRedsync},
 	{"rueidislock", openRueidislock},
+	{"fencelock-rueidis", openFencelockRueidis},
 	{"raw", openRaw},
 }
 
 // contendedDrivers lists the implementations of the contended benchmarks
-// (Contended, ContendedHandoff, ContendedHandoff64): drivers plus two ways
+// (Contended, ContendedHandoff, ContendedHandoff64): drivers plus three ways
 // of waiting that only a contended benchmark tells apart, fencelock's fair
-// waiting (fencelock-fair) and the raw baseline polling every millisecond
-// (raw-1ms). Without a waiter they are fencelock and raw.
+// waiting on go-redis and on rueidis (fencelock-fair,
+// fencelock-rueidis-fair) and the raw baseline polling every millisecond
+// (raw-1ms). Without a waiter they are fencelock, fencelock-rueidis and raw.
 var contendedDrivers = []driver{
 	{"fencelock", openFencelock},
 	{"fencelock-fair", openFencelockFair},
@@ -86,6 +89,8 @@ var contendedDrivers = []driver{
 	{"redislock", openRedislock},
 	{"redsync", openRedsync},
 	{"rueidislock", openRueidislock},
+	{"fencelock-rueidis", openFencelockRueidis},
+	{"fencelock-rueidis-fair", openFencelockRueidisFair},
 	{"raw", openRaw},
 	{"raw-1ms", openRaw1ms},
 }
@@ -190,11 +195,42 @@ func openFencelockFair(b testing.TB, addr string) func() session {
 
 func openFencelockOn(b testing.TB, client redis.UniversalClient) func() session {
 	locker, err := fencelock.New(client, &fencelock.Options{TTL: ttl})
+	return openFencelockLocker(b, locker, err)
+}
+
+func openFencelockLocker(b testing.TB, locker *fencelock.Locker, err error) func() session {
 	if err != nil {
 		b.Fatal(err)
 	}
 	closeLater(b, locker)
 	return func() session { return &fencelockSession{locker: locker} }
+}
+
+// openFencelockRueidis is fencelock on rueidis (the fencerueidis adapter)
+// over a rueidis client with default options, the address aside: what a
+// rueidis user gets without setting any (client-side caching and
+// auto-pipelining on, as rueidis defaults them; fencelock uses neither
+// cache nor DoCache, so the cache costs only the CLIENT TRACKING of the
+// dial).
+func openFencelockRueidis(b testing.TB, addr string) func() session {
+	client, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(client.Close) // after the locker's Close: cleanups run last first
+	locker, err := fencerueidis.New(client, &fencelock.Options{TTL: ttl})
+	return openFencelockLocker(b, locker, err)
+}
+
+// openFencelockRueidisFair is fencelock-rueidis waiting in line (WithWait
+// and WithFair), as fencelock-fair is fencelock.
+func openFencelockRueidisFair(b testing.TB, addr string) func() session {
+	newSession := openFencelockRueidis(b, addr)
+	return func() session {
+		s := newSession().(*fencelockSession)
+		s.fair = true
+		return s
+	}
 }
 
 type fencelockSession struct {

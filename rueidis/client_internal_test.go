@@ -206,3 +206,37 @@ func TestRunRedirectLoop(t *testing.T) {
 	_, err = from.Do("CLUSTER", "SETSLOT", slot, "STABLE")
 	require.NoError(t, err)
 }
+
+// evalCmd sends what build makes of script.Args, routed by the same slot;
+// Eval and Run load a script the server lacks with EVAL after NOSCRIPT.
+func TestEvalCmd(t *testing.T) {
+	c, s := testClient(t, driver.Options{})
+	b := c.c.B()
+	ks := []any{"lock:{x}", "lock:{x}:fence"}
+	argv := []any{"token", int64(10000), 3, 1.5, true, time.Second}
+	for _, eval := range []bool{false, true} {
+		want, key, keyed := build(b, script.Args(script.Inspect, eval, ks, argv))
+		got := evalCmd(b, script.Inspect, eval, ks, argv)
+		assert.Equal(t, want.Commands()[1:], got.Commands()[1:])
+		assert.True(t, strings.EqualFold(want.Commands()[0], got.Commands()[0]))
+		assert.Equal(t, want.Slot(), got.Slot())
+		assert.True(t, keyed)
+		assert.Equal(t, "lock:{x}", key)
+	}
+	none := evalCmd(b, script.Inspect, false, nil, nil)
+	assert.Equal(t, []string{"EVALSHA", script.Inspect.Hash.(string), "0"}, none.Commands())
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, run := range []func() (any, error){
+		func() (any, error) { return c.Eval(ctx, script.Inspect, ks, nil) },
+		func() (any, error) { return c.Run(ctx, script.Inspect, false, ks, nil) },
+		func() (any, error) { return c.Run(ctx, script.Inspect, true, ks, nil) },
+	} {
+		_, err := s.Do("SCRIPT", "FLUSH")
+		require.NoError(t, err)
+		reply, err := run()
+		require.NoError(t, err)
+		assert.NotNil(t, reply)
+	}
+}

@@ -114,7 +114,18 @@ func (c *client) Pipe(ctx context.Context, tx bool, cmds ...[]any) []error {
 
 // Eval runs s on keys: EVALSHA, then EVAL when the server does not have it.
 func (c *client) Eval(ctx context.Context, s *script.Script, keys, argv []any) (any, error) {
-	return script.Run(ctx, c, s, false, keys, argv)
+	return c.eval(ctx, s, false, keys, argv)
+}
+
+// eval runs s on keys as script.Run does through Call (EVALSHA, then EVAL
+// on NOSCRIPT; EVAL alone with eval), building each command from the
+// arguments directly.
+func (c *client) eval(ctx context.Context, s *script.Script, eval bool, keys, argv []any) (any, error) {
+	reply, err := result(c.c.Do(ctx, evalCmd(c.c.B(), s, eval, keys, argv)))
+	if !eval && err != nil && script.IsNoScript(err) {
+		reply, err = result(c.c.Do(ctx, evalCmd(c.c.B(), s, true, keys, argv)))
+	}
+	return reply, err
 }
 
 // Network returns the client's pub/sub, for a notifier.
@@ -229,7 +240,7 @@ func (c *client) nodeFor(ctx context.Context, key string) (driver.Node, error) {
 // a *store.ReplicaError when too few acknowledged.
 func (c *client) Run(ctx context.Context, s *script.Script, eval bool, ks, argv []any) (any, error) {
 	if c.o.Replicas == 0 {
-		return script.Run(ctx, c, s, eval, ks, argv)
+		return c.eval(ctx, s, eval, ks, argv)
 	}
 	via := c.c
 	if c.cluster {
@@ -290,8 +301,7 @@ func (c *client) runWait(ctx context.Context, via valkey.Client, s *script.Scrip
 	if asking {
 		cmds = append(cmds, b.Arbitrary("ASKING").Build())
 	}
-	cmd, _, _ := build(b, script.Args(s, eval, ks, argv))
-	cmds = append(cmds, cmd, b.Arbitrary(strs(c.o.Wait())...).Blocking())
+	cmds = append(cmds, evalCmd(b, s, eval, ks, argv), b.Arbitrary(strs(c.o.Wait())...).Blocking())
 	res := via.DoMulti(ctx, cmds...)
 	n := len(res)
 	reply, err = result(res[n-2])

@@ -15,6 +15,7 @@ import (
 
 	"github.com/valkey-io/valkey-go"
 
+	"github.com/fencelock/fencelock/internal/script"
 	"github.com/fencelock/fencelock/internal/store"
 )
 
@@ -215,25 +216,53 @@ var keyless = map[string]bool{
 // build returns args as a valkey-go command, with the slot of its first key
 // (EVAL's and EVALSHA's first in KEYS; the first argument of other commands
 // but the keyless ones) for a Cluster's routing; key is that key, or "" with
-// keyed false.
+// keyed false. Each argument goes into the command as it is converted: no
+// slice of them is made on the way.
 func build(b valkey.Builder, args []any) (cmd valkey.Completed, key string, keyed bool) {
-	s := strs(args)
-	name := strings.ToUpper(s[0])
+	first := arg(args[0])
 	at := -1
-	switch name {
+	switch name := strings.ToUpper(first); name {
 	case "EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "FCALL", "FCALL_RO":
-		if len(s) > 3 {
-			if n, err := strconv.Atoi(s[2]); err == nil && n > 0 {
+		if len(args) > 3 {
+			if n, err := strconv.Atoi(arg(args[2])); err == nil && n > 0 {
 				at = 3
 			}
 		}
 	default:
-		if !keyless[name] && len(s) > 1 {
+		if !keyless[name] && len(args) > 1 {
 			at = 1
 		}
 	}
-	if at < 0 {
-		return b.Arbitrary(s...).Build(), "", false
+	a := b.Arbitrary(first)
+	for i := 1; i < len(args); i++ {
+		if i == at {
+			key = arg(args[i])
+			a = a.Keys(key)
+		} else {
+			a = a.Args(arg(args[i]))
+		}
 	}
-	return b.Arbitrary(s[:at]...).Keys(s[at]).Args(s[at+1:]...).Build(), s[at], true
+	return a.Build(), key, at >= 0
+}
+
+// evalCmd returns the command that runs s on keys with argv, as
+// build(b, script.Args(s, eval, keys, argv)) does, without the slice of
+// arguments: EVALSHA (EVAL with eval), routed by the first key.
+func evalCmd(b valkey.Builder, s *script.Script, eval bool, keys, argv []any) valkey.Completed {
+	name, body := "EVALSHA", s.Hash
+	if eval {
+		name, body = "EVAL", s.Src
+	}
+	a := b.Arbitrary(name, arg(body), strconv.Itoa(len(keys)))
+	for i, k := range keys {
+		if i == 0 {
+			a = a.Keys(arg(k))
+		} else {
+			a = a.Args(arg(k))
+		}
+	}
+	for _, v := range argv {
+		a = a.Args(arg(v))
+	}
+	return a.Build()
 }

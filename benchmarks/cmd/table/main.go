@@ -55,7 +55,7 @@ const (
 )
 
 // impls is the order of the rows; implementations not listed follow.
-var impls = []string{subject, subjectFair, subjectCTE, subjectAP, "redislock", "redsync", "rueidislock", baseline, baseline1ms}
+var impls = []string{subject, subjectFair, subjectCTE, subjectAP, "redislock", "redsync", "rueidislock", "fencelock-rueidis", "fencelock-rueidis-fair", baseline, baseline1ms}
 
 // subjects are the implementations compared with each other one (each in
 // the groups that have it); issue13Subjects are those issue 13's targets
