@@ -114,13 +114,17 @@ func (c *client) Eval(ctx context.Context, s *script.Script, keys, argv []any) (
 
 // eval runs s on keys as script.Run does through Call (EVALSHA, then EVAL
 // on NOSCRIPT; EVAL alone with eval), building each command from the
-// arguments directly.
+// arguments directly, and again when its connection was dead, as do.
 func (c *client) eval(ctx context.Context, s *script.Script, eval bool, keys, argv []any) (any, error) {
-	reply, err := result(c.c.Do(ctx, evalCmd(c.c.B(), s, eval, keys, argv)))
-	if !eval && err != nil && script.IsNoScript(err) {
-		reply, err = result(c.c.Do(ctx, evalCmd(c.c.B(), s, true, keys, argv)))
+	for try := 0; ; try++ {
+		reply, err := result(c.c.Do(ctx, evalCmd(c.c.B(), s, eval, keys, argv)))
+		if !eval && err != nil && script.IsNoScript(err) {
+			reply, err = result(c.c.Do(ctx, evalCmd(c.c.B(), s, true, keys, argv)))
+		}
+		if try == maxResends || !deadConn(err) || ctx.Err() != nil {
+			return reply, err
+		}
 	}
-	return reply, err
 }
 
 // Network returns the client's pub/sub, for a notifier.
