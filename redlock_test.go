@@ -608,7 +608,9 @@ func (e *redlockEnv) holding(t *testing.T) (*Locker, string, *Lease) {
 // heldEverywhere waits until every node holds lease: Acquire returns once a
 // quorum granted it, and the tests count on every node holding it (a node
 // killed next must not leave a bare quorum; a waiter must find it busy on
-// node 0, where its line is, not free).
+// node 0, where its line is, not free; a release that reached node 0
+// before its late grant names no one there, and the next waiter in line
+// then waits for its pause).
 func (e *redlockEnv) heldEverywhere(t *testing.T, lease *Lease) {
 	t.Helper()
 	for i, a := range e.admins {
@@ -802,7 +804,7 @@ func TestRedlockReleaseWakesTheNextInLine(t *testing.T) {
 	for turn := range 3 {
 		// Within redlockPatience, less than the waiters' pauses: by the
 		// release, not a pause.
-		waiters[turn].obtained(t, redlockPatience, "woken by name")
+		lease := waiters[turn].obtained(t, redlockPatience, "woken by name")
 		t.Logf("turn %d: the lock %v after the release", turn, time.Since(released))
 		time.Sleep(100 * time.Millisecond) // a waiter woken in vain would try meanwhile
 		for later := turn + 1; later < 3; later++ {
@@ -811,6 +813,7 @@ func TestRedlockReleaseWakesTheNextInLine(t *testing.T) {
 		assert.Eventually(t, func() bool { // node 0 may answer after the quorum
 			return slices.Equal(members[turn+1:], lineOf(t, e.admins[0], held.Key()))
 		}, redlockPatience, time.Millisecond, "turn %d: the lease's call left the line, the others kept their places", turn)
+		e.heldEverywhere(t, lease) // its release then names the next on node 0
 		released = time.Now()
 		waiters[turn].finish(t)
 	}
@@ -1526,6 +1529,7 @@ func TestRedlockTurnIsAnnouncedToItsLockerAlone(t *testing.T) {
 	assert.Equal(t, "next "+first.h.(interface{ Line() string }).Line(), m.Payload)
 	_, err = sub.ReceiveTimeout(ctx, 200*time.Millisecond)
 	assert.Error(t, err, "nothing else: not on the lock's channel, not to the other Locker")
+	e.heldEverywhere(t, first) // node 0 may grant after the quorum: its release names the next there
 	waiters[0].finish(t)
 	waiters[1].obtained(t, redlockPatience, "the second's turn, on its channel")
 	waiters[1].finish(t)
