@@ -608,15 +608,19 @@ func (e *redlockEnv) holding(t *testing.T) (*Locker, string, *Lease) {
 // heldEverywhere waits until every node holds lease: Acquire returns once a
 // quorum granted it, and the tests count on every node holding it (a node
 // killed next must not leave a bare quorum; a waiter must find it busy on
-// node 0, where its line is, not free; a release that reached node 0
-// before its late grant names no one there, and the next waiter in line
-// then waits for its pause).
+// node 0, where its line is, not free).
 func (e *redlockEnv) heldEverywhere(t *testing.T, lease *Lease) {
 	t.Helper()
-	for i, a := range e.admins {
-		require.Eventually(t, func() bool { return strings.HasPrefix(a.Get(ctx, lease.Key()).Val(), lease.Token()+" ") },
-			redlockPatience, time.Millisecond, "node %d holds the lease", i)
+	for i := range e.admins {
+		e.heldOn(t, i, lease)
 	}
+}
+
+// heldOn waits until node i holds lease.
+func (e *redlockEnv) heldOn(t *testing.T, i int, lease *Lease) {
+	t.Helper()
+	require.Eventually(t, func() bool { return strings.HasPrefix(e.admins[i].Get(ctx, lease.Key()).Val(), lease.Token()+" ") },
+		redlockPatience, time.Millisecond, "node %d holds the lease", i)
 }
 
 // requireLine waits until the line of the lock at key on node 0 has n
@@ -768,6 +772,7 @@ func TestRedlockReleaseWakesTheNextInLine(t *testing.T) {
 	// grants[i] counts the scripts waiter i sent to node 1: one per
 	// attempt, until it holds the lock.
 	grants := make([]atomic.Int64, 3)
+	answered := make([]atomic.Int64, 3) // and node 1's answers to them
 	for i := range 3 {
 		wl, h := e.process(t, namedOnly)
 		// The line's channel lingers redlockPatience after its last
@@ -783,7 +788,13 @@ func TestRedlockReleaseWakesTheNextInLine(t *testing.T) {
 				grants[i].Add(1)
 			}
 			return nil
-		}, after[1])
+		}, func(c context.Context, cmd redis.Cmder) error {
+			err := after[1](c, cmd)
+			if cmd.Name() == "evalsha" || cmd.Name() == "eval" {
+				answered[i].Add(1)
+			}
+			return err
+		})
 		waiters = append(waiters, waitAndHold(ctx, wl, name))
 		e.requireLine(t, held.Key(), i+1, "waiter %d joins the line", i)
 	}
@@ -795,7 +806,14 @@ func TestRedlockReleaseWakesTheNextInLine(t *testing.T) {
 		assert.Zero(t, m[held.Key()], "node %d: a waiter in line does not hear its releases", i)
 	}
 	attempts := func(i int) int64 { return grants[i].Load() }
-	time.Sleep(50 * time.Millisecond) // confirmations: only the first in line tries again on its own
+	// The first in line tries again on its subscription's confirmation (it
+	// may have been released meanwhile). That attempt must be over on node 1
+	// before the release: one found busy on node 0 and granted on nodes 1
+	// and 2 after the release reached them would hold a quorum without node
+	// 0, whose line it then never leaves (it failed so beside a load).
+	require.Eventually(t, func() bool { return answered[0].Load() >= 2 }, redlockPatience, time.Millisecond,
+		"the first in line tries again on its subscription's confirmation")
+	time.Sleep(50 * time.Millisecond) // the others' confirmations: only the first in line tries again on its own
 	before := []int64{attempts(0), attempts(1), attempts(2)}
 	assert.Equal(t, []int64{1, 1}, before[1:], "behind the first, the confirmation of a subscription wakes no one")
 
@@ -813,7 +831,7 @@ func TestRedlockReleaseWakesTheNextInLine(t *testing.T) {
 		assert.Eventually(t, func() bool { // node 0 may answer after the quorum
 			return slices.Equal(members[turn+1:], lineOf(t, e.admins[0], held.Key()))
 		}, redlockPatience, time.Millisecond, "turn %d: the lease's call left the line, the others kept their places", turn)
-		e.heldEverywhere(t, lease) // its release then names the next on node 0
+		e.heldOn(t, 0, lease) // a release that reached node 0 before its late grant would name no one there
 		released = time.Now()
 		waiters[turn].finish(t)
 	}
@@ -1529,7 +1547,7 @@ func TestRedlockTurnIsAnnouncedToItsLockerAlone(t *testing.T) {
 	assert.Equal(t, "next "+first.h.(interface{ Line() string }).Line(), m.Payload)
 	_, err = sub.ReceiveTimeout(ctx, 200*time.Millisecond)
 	assert.Error(t, err, "nothing else: not on the lock's channel, not to the other Locker")
-	e.heldEverywhere(t, first) // node 0 may grant after the quorum: its release names the next there
+	e.heldOn(t, 0, first) // a release that reached node 0 before its late grant would name no one there
 	waiters[0].finish(t)
 	waiters[1].obtained(t, redlockPatience, "the second's turn, on its channel")
 	waiters[1].finish(t)
