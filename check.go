@@ -12,7 +12,6 @@ import (
 
 	"github.com/fencelock/fencelock/internal/driver"
 	"github.com/fencelock/fencelock/internal/glob"
-	"github.com/fencelock/fencelock/internal/goredis"
 	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/notify"
 	"github.com/fencelock/fencelock/internal/store"
@@ -569,7 +568,7 @@ func publishTest(ctx context.Context, client, master driver.Node, channel string
 		via = master
 	}
 	_, err := via.Call(ctx, []any{"SPUBLISH", channel, "released"})
-	if err != nil && goredis.IsUnknownCommand(err) {
+	if err != nil && store.IsUnknownCommand(err) {
 		_, err = via.Call(ctx, []any{"PUBLISH", channel, "released"})
 	}
 	if err != nil && !strings.Contains(err.Error(), "NOPERM") {
@@ -632,7 +631,7 @@ func (c *checker) tryRules(ctx context.Context, n checkNode, master driver.Node,
 		if r.rule == "+set" {
 			keySet = err == nil
 		}
-		if err != nil && r.try6 != "" && goredis.IsUnknownCommand(err) {
+		if err != nil && r.try6 != "" && store.IsUnknownCommand(err) {
 			try = r.try6
 			_, err = via.Call(ctx, tryArgs(try, key, channel, db))
 		}

@@ -7,7 +7,6 @@ import (
 	"io"
 	"reflect"
 	"sort"
-	"strings"
 	"syscall"
 
 	"github.com/redis/rueidis"
@@ -199,7 +198,7 @@ func (c *client) Subscribers(ctx context.Context, channel string) (int, error) {
 		return 0, err
 	}
 	reply, err := via.Call(ctx, []any{"PUBSUB", "SHARDNUMSUB", channel})
-	if err != nil && isUnknownCommand(err) {
+	if err != nil && store.IsUnknownCommand(err) {
 		reply, err = via.Call(ctx, []any{"PUBSUB", "NUMSUB", channel})
 	}
 	if err != nil {
@@ -443,15 +442,4 @@ func fail(n int, tx bool, err error) []error {
 		errs = append(errs, err)
 	}
 	return errs
-}
-
-// isUnknownCommand reports whether err is Redis refusing a command or a
-// subcommand it does not know (sharded pub/sub before Redis 7).
-func isUnknownCommand(err error) bool {
-	var re *redisError
-	if !errors.As(err, &re) {
-		return false
-	}
-	msg := strings.ToLower(re.msg)
-	return strings.Contains(msg, "unknown command") || strings.Contains(msg, "unknown subcommand")
 }

@@ -66,7 +66,7 @@ func TestErrorReplies(t *testing.T) {
 	var rerr interface{ RedisError() }
 	require.ErrorAs(t, err, &rerr)
 	assert.True(t, strings.HasPrefix(err.Error(), "ERR unknown command"), err.Error())
-	assert.True(t, isUnknownCommand(err))
+	assert.True(t, store.IsUnknownCommand(err))
 	assert.Equal(t, store.Misconfigured, store.ClassOf(err))
 
 	_, err = c.Call(ctx, []any{"EVALSHA", "0123456789012345678901234567890123456789", 0})

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fencelock/fencelock/internal/keys"
 	"github.com/fencelock/fencelock/internal/notify"
+	"github.com/fencelock/fencelock/internal/store"
 )
 
 // A network is the notify.Network of a client: a Cluster's channels go to
@@ -126,7 +127,7 @@ func (c *pubsubConn) send(ctx context.Context, cmd valkey.Completed) error {
 	err := c.d.Do(ctx, cmd).Error()
 	if re, ok := valkey.IsValkeyErr(err); ok {
 		rerr := newRedisError(re)
-		c.push(notify.Event{Kind: notify.Refused, Err: rerr, Unknown: isUnknownCommand(rerr)})
+		c.push(notify.Event{Kind: notify.Refused, Err: rerr, Unknown: store.IsUnknownCommand(rerr)})
 		return nil
 	}
 	return translate(err)

@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/fencelock/fencelock/internal/goredis"
+	"github.com/fencelock/fencelock/internal/store"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -488,7 +488,7 @@ func (l *listener) subscribe(ctx context.Context, sharded *bool) (*redis.PubSub,
 			ps = l.client.Subscribe(ctx, l.channels...)
 		}
 		_, err := ps.ReceiveTimeout(ctx, 5*time.Second)
-		if err != nil && *sharded && goredis.IsUnknownCommand(err) {
+		if err != nil && *sharded && store.IsUnknownCommand(err) {
 			_ = ps.Close()
 			*sharded = false
 			continue

@@ -3,12 +3,12 @@ package goredis
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencelock/fencelock/internal/notify"
+	"github.com/fencelock/fencelock/internal/store"
 )
 
 // A Network is the notify.Network of a go-redis client, a Client, a
@@ -114,7 +114,7 @@ func (c *pubsubConn) Receive(ctx context.Context) notify.Event {
 		if err != nil {
 			var rerr redis.Error
 			if errors.As(err, &rerr) {
-				return notify.Event{Kind: notify.Refused, Err: err, Unknown: IsUnknownCommand(err)}
+				return notify.Event{Kind: notify.Refused, Err: err, Unknown: store.IsUnknownCommand(err)}
 			}
 			return notify.Event{Kind: notify.Broken, Err: err}
 		}
@@ -137,11 +137,4 @@ func (c *pubsubConn) Close() error {
 		return nil
 	}
 	return c.ps.Close()
-}
-
-// IsUnknownCommand reports whether err is Redis refusing a command or a
-// subcommand it does not know (sharded pub/sub before Redis 7).
-func IsUnknownCommand(err error) bool {
-	msg := strings.ToLower(err.Error())
-	return strings.Contains(msg, "unknown command") || strings.Contains(msg, "unknown subcommand")
 }

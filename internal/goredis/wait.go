@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencelock/fencelock/internal/script"
+	"github.com/fencelock/fencelock/internal/store"
 )
 
 // Run runs s on keys as Eval does (EVAL alone when eval is set). With
@@ -123,7 +124,7 @@ func (c *Client) Subscribers(ctx context.Context, channel string) (int, error) {
 		return 0, translate(err)
 	}
 	n, err := node.PubSubShardNumSub(ctx, channel).Result()
-	if err != nil && IsUnknownCommand(err) {
+	if err != nil && store.IsUnknownCommand(err) {
 		n, err = node.PubSubNumSub(ctx, channel).Result()
 	}
 	if err != nil {

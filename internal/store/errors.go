@@ -117,6 +117,14 @@ func Timeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
+// IsUnknownCommand reports whether err is Redis refusing a command or a
+// subcommand it does not know (sharded pub/sub before Redis 7), whichever
+// client sent it.
+func IsUnknownCommand(err error) bool {
+	msg := strings.ToLower(err.Error())
+	return strings.Contains(msg, "unknown command") || strings.Contains(msg, "unknown subcommand")
+}
+
 // OneLine replaces line breaks.
 func OneLine(s string) string {
 	if !strings.ContainsAny(s, "\r\n") {

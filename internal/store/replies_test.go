@@ -1,6 +1,7 @@
 package store
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -41,5 +42,19 @@ func TestAcquireReply(t *testing.T) {
 		} else {
 			assert.Equal(t, tc.val, int64(a.Busy.TTL/time.Millisecond))
 		}
+	}
+}
+
+func TestIsUnknownCommand(t *testing.T) {
+	for _, tc := range []struct {
+		reply string
+		want  bool
+	}{
+		{"ERR unknown command 'ssubscribe', with args beginning with: 'lock:{x}'", true},
+		{"ERR Unknown subcommand or wrong number of arguments for 'shardnumsub'. Try PUBSUB HELP.", true}, // Redis 6.2
+		{"NOPERM this user has no permissions to access the 'lock:{x}' channel", false},
+		{"MOVED 1234 127.0.0.1:7001", false},
+	} {
+		assert.Equal(t, tc.want, IsUnknownCommand(errors.New(tc.reply)), tc.reply)
 	}
 }
